@@ -1,0 +1,169 @@
+package bundle
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Compiler is what the .cwasm cache needs from the engine; sandbox/engine.Engine
+// implements it.
+type Compiler interface {
+	// Fingerprint names the engine configuration compiled code depends on.
+	Fingerprint() string
+	// Precompile compiles a module's bytes to the engine's serialized form.
+	Precompile(wasm []byte) ([]byte, error)
+	// Check loads the .cwasm at path, proving the engine accepts it on this host.
+	Check(path string) error
+}
+
+// Sidecar is the JSON file written beside each .cwasm. It records what the .cwasm was
+// compiled from and for, and the size and SHA-256 of the .cwasm itself.
+type Sidecar struct {
+	Key         string `json:"key"`
+	Fingerprint string `json:"fingerprint"`
+	WasmSHA256  string `json:"wasm_sha256"`
+	Size        int64  `json:"size"`
+	SHA256      string `json:"sha256"`
+}
+
+// ErrStale is wrapped by CheckPrecompiled when a .cwasm cannot be trusted: no
+// sidecar, another key, another size or SHA-256, or the engine refuses it.
+var ErrStale = errors.New("bundle: precompiled module is stale or damaged")
+
+// Key is the cache key of a .cwasm: the first 32 hex digits of the SHA-256 of the
+// engine fingerprint and the python.wasm SHA-256.
+func Key(fingerprint, wasmSHA256 string) string {
+	sum := sha256.Sum256([]byte(fingerprint + "\x00" + wasmSHA256))
+	return hex.EncodeToString(sum[:16])
+}
+
+// PrecompiledName is the file name of the .cwasm for key.
+func PrecompiledName(key string) string { return "python-" + key + ".cwasm" }
+
+// Precompiled says where the usable .cwasm is and how it was found.
+type Precompiled struct {
+	// Path is the .cwasm to pass to workers.
+	Path string
+	// Key is its cache key.
+	Key string
+	// Rebuilt is true when it was compiled just now; Stale then says why the
+	// existing files were not used.
+	Rebuilt bool
+	Stale   []string
+}
+
+// Precompiled returns a .cwasm for c that passes CheckPrecompiled: the bundle
+// directory's own, else cacheDir's, else a new one compiled from the verified
+// python.wasm into cacheDir (which may be the bundle directory). Compiling takes
+// seconds; the result is written atomically, so concurrent callers are safe.
+func (b *Bundle) Precompiled(c Compiler, cacheDir string) (Precompiled, error) {
+	key := Key(c.Fingerprint(), Pinned.SHA256)
+	out := Precompiled{Key: key}
+	dirs := []string{b.Dir}
+	if cacheDir != "" && filepath.Clean(cacheDir) != filepath.Clean(b.Dir) {
+		dirs = append(dirs, cacheDir)
+	} else {
+		cacheDir = b.Dir
+	}
+	for _, d := range dirs {
+		p := filepath.Join(d, PrecompiledName(key))
+		err := CheckPrecompiled(c, p, key)
+		if err == nil {
+			out.Path = p
+			return out, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			out.Stale = append(out.Stale, err.Error())
+		}
+	}
+	p, err := b.Precompile(c, cacheDir)
+	if err != nil {
+		return out, err
+	}
+	out.Path, out.Rebuilt = p, true
+	return out, nil
+}
+
+// Precompile compiles the bundle's python.wasm for c into dir and writes its sidecar.
+// It returns the .cwasm's path.
+func (b *Bundle) Precompile(c Compiler, dir string) (string, error) {
+	wasm, err := os.ReadFile(b.WasmPath())
+	if err != nil {
+		return "", fmt.Errorf("bundle: read %s: %w", Pinned.Name, err)
+	}
+	// The bytes we compile are the bytes we hash: a file swapped after Open is caught.
+	if sum := hashBytes(wasm); sum != Pinned.SHA256 {
+		return "", fmt.Errorf("%w: %s: sha256 %s, expected %s", ErrMismatch, Pinned.Name, sum, Pinned.SHA256)
+	}
+	code, err := c.Precompile(wasm)
+	if err != nil {
+		return "", err
+	}
+	key := Key(c.Fingerprint(), Pinned.SHA256)
+	sc := Sidecar{Key: key, Fingerprint: c.Fingerprint(), WasmSHA256: Pinned.SHA256,
+		Size: int64(len(code)), SHA256: hashBytes(code)}
+	side, err := json.MarshalIndent(sc, "", "  ")
+	if err != nil {
+		return "", fmt.Errorf("bundle: encode sidecar: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("bundle: create %s: %w", dir, err)
+	}
+	p := filepath.Join(dir, PrecompiledName(key))
+	// Sidecar last: a .cwasm without its matching sidecar is never trusted.
+	if err := writeAtomic(p, code, 0o644); err != nil {
+		return "", err
+	}
+	if err := writeAtomic(p+".json", append(side, '\n'), 0o644); err != nil {
+		return "", err
+	}
+	return p, nil
+}
+
+// CheckPrecompiled verifies the .cwasm at path for key: its sidecar names key, the
+// file has the recorded size and SHA-256, and c loads it. Errors wrap ErrStale, or
+// fs.ErrNotExist when the .cwasm does not exist.
+func CheckPrecompiled(c Compiler, path, key string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("bundle: %w", err)
+	}
+	defer f.Close()
+	raw, err := os.ReadFile(path + ".json")
+	if err != nil {
+		return fmt.Errorf("%w: %s: no sidecar: %v", ErrStale, filepath.Base(path), err)
+	}
+	var sc Sidecar
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&sc); err != nil {
+		return fmt.Errorf("%w: %s: bad sidecar: %v", ErrStale, filepath.Base(path), err)
+	}
+	if sc.Key != key || sc.Key != Key(sc.Fingerprint, sc.WasmSHA256) {
+		return fmt.Errorf("%w: %s: sidecar key %s, expected %s", ErrStale, filepath.Base(path), sc.Key, key)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("bundle: stat %s: %w", path, err)
+	}
+	if st.Size() != sc.Size {
+		return fmt.Errorf("%w: %s: size %d, sidecar says %d", ErrStale, filepath.Base(path), st.Size(), sc.Size)
+	}
+	sum, err := hashReader(f)
+	if err != nil {
+		return fmt.Errorf("bundle: read %s: %w", path, err)
+	}
+	if sum != sc.SHA256 {
+		return fmt.Errorf("%w: %s: sha256 %s, sidecar says %s", ErrStale, filepath.Base(path), sum, sc.SHA256)
+	}
+	if err := c.Check(path); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrStale, filepath.Base(path), err)
+	}
+	return nil
+}

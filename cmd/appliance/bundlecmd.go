@@ -1,0 +1,97 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sandcell/sandcell/bundle"
+	"github.com/sandcell/sandcell/sandbox/engine"
+)
+
+func newBundleCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bundle",
+		Short: "Install, verify and precompile the pinned python.wasm",
+	}
+	var dir string
+	cmd.PersistentFlags().StringVar(&dir, "dir", defaultBundleDir(), "bundle directory")
+
+	install := &cobra.Command{
+		Use:   "install PYTHON.WASM",
+		Short: "Verify a python.wasm against the pinned hash and install it with its MANIFEST",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := bundle.Install(args[0], dir); err != nil {
+				return err
+			}
+			fmt.Printf("installed %s %s (sha256 %s) in %s\n", bundle.Pinned.Name, bundle.Pinned.Version, bundle.Pinned.SHA256, dir)
+			return nil
+		},
+	}
+	precompile := &cobra.Command{
+		Use:   "precompile",
+		Short: "Compile python.wasm to .cwasm for every engine variant (plain and fuel-metered)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := bundle.Open(dir)
+			if err != nil {
+				return err
+			}
+			if err := b.Verify(); err != nil {
+				return err
+			}
+			for _, fuel := range []bool{false, true} {
+				pre, err := b.Precompiled(engine.New(engine.Options{Fuel: fuel}), dir)
+				if err != nil {
+					return err
+				}
+				state := "up to date"
+				if pre.Rebuilt {
+					state = "compiled"
+				}
+				fmt.Printf("%s: %s (fuel=%v)\n", pre.Path, state, fuel)
+			}
+			return nil
+		},
+	}
+	verify := &cobra.Command{
+		Use:   "verify",
+		Short: "Check python.wasm, MANIFEST and every .cwasm present",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := bundle.Open(dir)
+			if err != nil {
+				return err
+			}
+			if err := b.Verify(); err != nil {
+				return err
+			}
+			fmt.Printf("%s: %s %s ok\n", b.WasmPath(), bundle.Pinned.Name, bundle.Pinned.Version)
+			for _, fuel := range []bool{false, true} {
+				e := engine.New(engine.Options{Fuel: fuel})
+				key := bundle.Key(e.Fingerprint(), bundle.Pinned.SHA256)
+				p := b.Dir + "/" + bundle.PrecompiledName(key)
+				if err := bundle.CheckPrecompiled(e, p, key); err != nil {
+					return err
+				}
+				fmt.Printf("%s: ok (fuel=%v)\n", p, fuel)
+			}
+			return nil
+		},
+	}
+	cmd.AddCommand(install, precompile, verify)
+	return cmd
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version, the wasmtime release and the pinned interpreter",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, args []string) {
+			fmt.Printf("sandcell %s (revision %s)\nwasmtime %s\n%s %s sha256 %s\n",
+				version, revision, engine.WasmtimeVersion, bundle.Pinned.Name, bundle.Pinned.Version, bundle.Pinned.SHA256)
+		},
+	}
+}

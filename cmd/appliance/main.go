@@ -1,0 +1,40 @@
+// Command appliance is the sandcell binary: the CLI, the daemon, and (through the
+// hidden `__worker` verb, dispatched before anything else) the sandboxed worker.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/sandcell/sandcell/sandbox/worker"
+)
+
+// Set through -ldflags by the Makefile.
+var (
+	version  = "dev"
+	revision = "unknown"
+)
+
+func main() {
+	// The worker first: no CLI parsing, no config, nothing else initialised.
+	if len(os.Args) > 1 && os.Args[1] == worker.Command {
+		os.Exit(worker.Main())
+	}
+	os.Exit(execute(os.Args[1:]))
+}
+
+// execute runs the CLI and returns the process exit status.
+func execute(args []string) int {
+	root := newRootCmd()
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
+	if err == nil {
+		return 0
+	}
+	var ec exitCode
+	if asExitCode(err, &ec) {
+		return int(ec)
+	}
+	fmt.Fprintf(os.Stderr, "sandcell %s: %v\n", cmd.Name(), err)
+	return exitUsage
+}

@@ -1,0 +1,248 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sandcell/sandcell/bundle"
+	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/engine"
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+type runFlags struct {
+	code      string
+	workspace string
+	stdin     string
+	timeout   time.Duration
+	cpu       time.Duration
+	memoryMiB int64
+	fuel      uint64
+	maxOutput int64
+	env       []string
+	json      bool
+	bundleDir string
+	cacheDir  string
+}
+
+func newRunCmd() *cobra.Command {
+	var f runFlags
+	cmd := &cobra.Command{
+		Use:   "run [-c CODE | FILE.py] [flags] [-- ARGS...]",
+		Short: "Run Python in a fresh sandboxed worker",
+		Long: `Run Python code (-c) or a host FILE.py in a fresh worker: python.wasm under
+wasmtime, with only the workspace visible (as /ws, also the working directory), an
+empty environment, no network and no processes.
+
+The program's stdout and stderr are printed as they are, and sandcell exits with the
+program's exit status. Runs that do not end by themselves exit with:
+  124 timeout   125 sandcell failed (usage, bundle, internal error)   126 rejected
+  130 cancelled   134 trap   137 memory_limit   152 cpu_limit   153 output_limit
+--json prints the whole result object on stdout instead, with the same exit status.`,
+		RunE: func(cmd *cobra.Command, args []string) error { return runRun(cmd, &f, args) },
+	}
+	fl := cmd.Flags()
+	fl.StringVarP(&f.code, "code", "c", "", "Python source to run")
+	fl.StringVarP(&f.workspace, "workspace", "w", "", "host directory seen as /ws (default: a private temporary one, removed afterwards)")
+	fl.StringVar(&f.stdin, "stdin", "", "file to give the program as stdin, or - for this process's stdin")
+	fl.DurationVar(&f.timeout, "timeout", 30*time.Second, "wall-clock limit")
+	fl.DurationVar(&f.cpu, "cpu", 0, "CPU-time limit (0: only the wall clock)")
+	fl.Int64Var(&f.memoryMiB, "memory", 256, "guest memory limit in MiB")
+	fl.Uint64Var(&f.fuel, "fuel", 0, "fuel budget (wasm instructions, roughly); 0 turns fuel metering off")
+	fl.Int64Var(&f.maxOutput, "max-output", policy.MiB, "cap on each of stdout and stderr, in bytes")
+	fl.StringArrayVarP(&f.env, "env", "e", nil, "NAME=VALUE to put in the guest's otherwise empty environment (repeatable)")
+	fl.BoolVar(&f.json, "json", false, "print the result as JSON")
+	fl.StringVar(&f.bundleDir, "bundle-dir", defaultBundleDir(), "directory holding python.wasm and MANIFEST ($SANDCELL_BUNDLE_DIR)")
+	fl.StringVar(&f.cacheDir, "cache-dir", defaultCacheDir(), "where a rebuilt .cwasm is kept ($SANDCELL_CACHE_DIR)")
+	return cmd
+}
+
+func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
+	req := protocol.Request{Limits: protocol.Limits{
+		TimeoutMS:      f.timeout.Milliseconds(),
+		CPUMS:          f.cpu.Milliseconds(),
+		MemoryBytes:    f.memoryMiB * policy.MiB,
+		Fuel:           f.fuel,
+		MaxStdoutBytes: f.maxOutput,
+		MaxStderrBytes: f.maxOutput,
+	}}
+	switch {
+	case cmd.Flags().Changed("code"):
+		req.Code, req.Args = f.code, args
+	case len(args) > 0:
+		src, err := os.ReadFile(args[0])
+		if err != nil {
+			return err
+		}
+		req.Code, req.Filename, req.Args = string(src), filepath.Base(args[0]), args[1:]
+	default:
+		return errors.New("give -c CODE or FILE.py")
+	}
+	if req.Code == "" {
+		return errors.New("the program is empty")
+	}
+	pol := policy.Default()
+	limits, err := pol.Resolve(req.Limits)
+	if err != nil {
+		return err
+	}
+	req.Limits = limits
+	if len(f.env) > 0 {
+		req.Env = map[string]string{}
+		for _, kv := range f.env {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return fmt.Errorf("--env %q: want NAME=VALUE", kv)
+			}
+			req.Env[k] = v
+		}
+	}
+	if f.stdin != "" {
+		if req.Stdin, err = readStdin(f.stdin); err != nil {
+			return err
+		}
+	}
+
+	if f.workspace == "" {
+		dir, err := os.MkdirTemp("", "sandcell-ws-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		req.Workspace = dir
+	} else {
+		dir, err := filepath.Abs(f.workspace)
+		if err != nil {
+			return err
+		}
+		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
+			return fmt.Errorf("workspace %s is not a directory", f.workspace)
+		}
+		req.Workspace = dir
+	}
+
+	if req.ModulePath, err = precompiled(f.bundleDir, f.cacheDir, req.Limits.Fuel > 0); err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := sandbox.SelfSpawner().Run(ctx, req)
+	if err != nil {
+		return err
+	}
+	if f.json {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(res); err != nil {
+			return err
+		}
+	} else {
+		os.Stdout.Write(res.Stdout)
+		os.Stderr.Write(res.Stderr)
+		for _, line := range notes(res, req.Limits) {
+			fmt.Fprintln(os.Stderr, "sandcell:", line)
+		}
+	}
+	if code := exitStatus(res); code != 0 {
+		return exitCode(code)
+	}
+	return nil
+}
+
+// precompiled opens the bundle and returns a verified .cwasm for the engine variant,
+// compiling one (seconds, once per host) when none is usable.
+func precompiled(bundleDir, cacheDir string, fuel bool) (string, error) {
+	b, err := bundle.Open(bundleDir)
+	if err != nil {
+		return "", fmt.Errorf("%w (bundle directory %s; run `make bundle`)", err, bundleDir)
+	}
+	pre, err := b.Precompiled(engine.New(engine.Options{Fuel: fuel}), cacheDir)
+	if err != nil {
+		return "", err
+	}
+	if pre.Rebuilt {
+		fmt.Fprintf(os.Stderr, "sandcell: compiled the interpreter for this host into %s\n", pre.Path)
+	}
+	return pre.Path, nil
+}
+
+func readStdin(name string) ([]byte, error) {
+	var r io.Reader = os.Stdin
+	if name != "-" {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		r = f
+	}
+	data, err := io.ReadAll(io.LimitReader(r, protocol.MaxFrame/2+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > protocol.MaxFrame/2 {
+		return nil, fmt.Errorf("stdin is larger than %d bytes", protocol.MaxFrame/2)
+	}
+	return data, nil
+}
+
+// exitStatus maps a result to the CLI's exit status (see the run command's help).
+func exitStatus(res protocol.Result) int {
+	switch res.Reason {
+	case protocol.Exited:
+		return res.ExitCode
+	case protocol.Timeout:
+		return exitTimeout
+	case protocol.Cancelled:
+		return exitCancelled
+	case protocol.Trap:
+		return exitTrap
+	case protocol.MemoryLimit:
+		return exitMemoryLimit
+	case protocol.CPULimit:
+		return exitCPULimit
+	case protocol.OutputLimit:
+		return exitOutputLimit
+	case protocol.Rejected:
+		return exitRejected
+	default:
+		return exitUsage
+	}
+}
+
+// notes explains, on stderr, a run that did not simply exit.
+func notes(res protocol.Result, l protocol.Limits) []string {
+	var out []string
+	switch res.Reason {
+	case protocol.Exited:
+	case protocol.Timeout:
+		out = append(out, fmt.Sprintf("timeout: killed after the %v wall-clock limit", time.Duration(l.TimeoutMS)*time.Millisecond))
+	case protocol.OutputLimit:
+		out = append(out, fmt.Sprintf("output_limit: killed at the %d-byte output cap", l.MaxStdoutBytes))
+	default:
+		out = append(out, string(res.Reason))
+	}
+	for _, d := range res.Diagnostics {
+		out = append(out, "  "+d)
+	}
+	if res.StdoutTruncated {
+		out = append(out, "stdout truncated")
+	}
+	if res.StderrTruncated {
+		out = append(out, "stderr truncated")
+	}
+	return out
+}

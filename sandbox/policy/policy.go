@@ -1,0 +1,178 @@
+// Package policy holds the limits a run gets by default and the maxima no request may
+// exceed. It is a leaf: the supervisor's configuration and the CLI both build a Policy
+// and call Resolve for every request.
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+
+	"github.com/hashicorp/go-multierror"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// MiB is 2^20 bytes.
+const MiB = 1 << 20
+
+// wasm32MaxMemory is the most linear memory a wasm32 module can address (4 GiB).
+const wasm32MaxMemory = 4096 * MiB
+
+// ErrLimit is wrapped by Resolve for a request that asks for more than the maxima or
+// for a nonsensical value.
+var ErrLimit = errors.New("policy: limit out of range")
+
+// Policy is the default limits of a run and the maxima a request may ask for.
+type Policy struct {
+	// Default fills every limit a request leaves at zero.
+	Default protocol.Limits
+	// Max caps every limit a request sets; a zero field in Max means no cap.
+	Max protocol.Limits
+	// EnvAllow lists the environment variable names a request may pass to the guest.
+	// Empty means the guest gets an empty environment.
+	EnvAllow []string
+}
+
+// Default returns the built-in policy: 30 s wall clock (at most 10 min), 256 MiB of
+// guest memory (at most 4 GiB), 1 MiB each of stdout and stderr (at most 64 MiB), no
+// CPU-time or fuel limit unless asked for, and an empty environment.
+func Default() Policy {
+	return Policy{
+		Default: protocol.Limits{
+			TimeoutMS:      30_000,
+			MemoryBytes:    256 * MiB,
+			MaxStdoutBytes: 1 * MiB,
+			MaxStderrBytes: 1 * MiB,
+		},
+		Max: protocol.Limits{
+			TimeoutMS:      600_000,
+			CPUMS:          600_000,
+			MemoryBytes:    wasm32MaxMemory,
+			MaxStdoutBytes: 64 * MiB,
+			MaxStderrBytes: 64 * MiB,
+		},
+	}
+}
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Validate reports every inconsistency in p, one error per problem.
+func (p Policy) Validate() error {
+	var errs *multierror.Error
+	if err := checkLimits("default", p.Default, true); err != nil {
+		errs = multierror.Append(errs, err)
+	}
+	if err := checkLimits("max", p.Max, false); err != nil {
+		errs = multierror.Append(errs, err)
+	}
+	if err := exceeds(p.Default, p.Max); err != nil {
+		errs = multierror.Append(errs, fmt.Errorf("default: %w", err))
+	}
+	for _, n := range p.EnvAllow {
+		if !envName.MatchString(n) {
+			errs = multierror.Append(errs, fmt.Errorf("env_allow: %q is not a variable name", n))
+		}
+	}
+	return errs.ErrorOrNil()
+}
+
+// Resolve fills the zero fields of req from the defaults and checks the result
+// against the maxima. Errors wrap ErrLimit and name every offending limit.
+func (p Policy) Resolve(req protocol.Limits) (protocol.Limits, error) {
+	out := req
+	d := p.Default
+	fill(&out.TimeoutMS, d.TimeoutMS)
+	fill(&out.CPUMS, d.CPUMS)
+	fill(&out.MemoryBytes, d.MemoryBytes)
+	fill(&out.MaxStdoutBytes, d.MaxStdoutBytes)
+	fill(&out.MaxStderrBytes, d.MaxStderrBytes)
+	if out.Fuel == 0 {
+		out.Fuel = d.Fuel
+	}
+	var errs *multierror.Error
+	if err := checkLimits("request", out, true); err != nil {
+		errs = multierror.Append(errs, err)
+	}
+	if err := exceeds(out, p.Max); err != nil {
+		errs = multierror.Append(errs, err)
+	}
+	if err := errs.ErrorOrNil(); err != nil {
+		return protocol.Limits{}, err
+	}
+	return out, nil
+}
+
+// FilterEnv returns env if every name in it is allowed, else an error naming the
+// first name that is not.
+func (p Policy) FilterEnv(env map[string]string) (map[string]string, error) {
+	for k := range env {
+		if !contains(p.EnvAllow, k) {
+			return nil, fmt.Errorf("%w: environment variable %q is not in env_allow", ErrLimit, k)
+		}
+	}
+	return env, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func fill(v *int64, d int64) {
+	if *v == 0 {
+		*v = d
+	}
+}
+
+// checkLimits rejects negative values and, where complete is set, missing ones.
+func checkLimits(what string, l protocol.Limits, complete bool) error {
+	var errs *multierror.Error
+	for _, f := range fields(l) {
+		if f.v < 0 {
+			errs = multierror.Append(errs, fmt.Errorf("%w: %s.%s is negative (%d)", ErrLimit, what, f.name, f.v))
+		}
+		if complete && f.required && f.v == 0 {
+			errs = multierror.Append(errs, fmt.Errorf("%w: %s.%s must be set", ErrLimit, what, f.name))
+		}
+	}
+	if l.MemoryBytes > wasm32MaxMemory {
+		errs = multierror.Append(errs, fmt.Errorf("%w: %s.memory_bytes %d exceeds the 4 GiB a wasm32 guest can address", ErrLimit, what, l.MemoryBytes))
+	}
+	return errs.ErrorOrNil()
+}
+
+// exceeds reports every field of l above a non-zero field of max.
+func exceeds(l, max protocol.Limits) error {
+	var errs *multierror.Error
+	lf, mf := fields(l), fields(max)
+	for i := range lf {
+		if mf[i].v > 0 && lf[i].v > mf[i].v {
+			errs = multierror.Append(errs, fmt.Errorf("%w: %s %d is above the maximum %d", ErrLimit, lf[i].name, lf[i].v, mf[i].v))
+		}
+	}
+	if max.Fuel > 0 && l.Fuel > max.Fuel {
+		errs = multierror.Append(errs, fmt.Errorf("%w: fuel %d is above the maximum %d", ErrLimit, l.Fuel, max.Fuel))
+	}
+	return errs.ErrorOrNil()
+}
+
+type field struct {
+	name     string
+	v        int64
+	required bool
+}
+
+func fields(l protocol.Limits) []field {
+	return []field{
+		{"timeout_ms", l.TimeoutMS, true},
+		{"cpu_ms", l.CPUMS, false},
+		{"memory_bytes", l.MemoryBytes, true},
+		{"max_stdout_bytes", l.MaxStdoutBytes, true},
+		{"max_stderr_bytes", l.MaxStderrBytes, true},
+	}
+}

@@ -1,0 +1,257 @@
+// Package protocol defines the versioned messages between the parent (the supervisor or
+// the CLI) and a one-shot worker process, and how they are framed on the control fd.
+//
+// A worker is `/proc/self/exe __worker`, started with these file descriptors:
+//
+//	fd 0  stdin   /dev/null (user stdin travels inside the Request)
+//	fd 1  stdout  pipe -> parent (the guest's stdout, read with a byte cap)
+//	fd 2  stderr  pipe -> parent (the guest's stderr, read with a byte cap)
+//	fd 3  control one end of a Unix socketpair; the parent holds the other end
+//
+// The exchange on fd 3, one run per worker:
+//
+//	parent                                          worker
+//	  |  spawn (clean env, new session, PDEATHSIG)     |
+//	  |----------------------------------------------->|
+//	  |  frame: Request {version, code, limits, ...}   |
+//	  |----------------------------------------------->| harden, load .cwasm,
+//	  |                                                | run python.wasm
+//	  |            (guest stdout/stderr on fds 1, 2)   |
+//	  |<- - - - - - - - - - - - - - - - - - - - - - - -|
+//	  |  frame: Report {exit code, reason, fuel, ...}  |
+//	  |<-----------------------------------------------|
+//	  |                                                | exit
+//	  |  wait(); merge Report with what the parent     |
+//	  |  saw (deadline, cancel, output caps) -> Result |
+//
+// The parent owns the wall clock: at the deadline, on cancel, or when an output cap
+// is reached it kills the worker's process group, and a missing Report then means
+// the worker was killed or crashed. Each frame is a 4-byte big-endian length followed
+// by that many bytes of JSON; frames over MaxFrame bytes are refused.
+package protocol
+
+import (
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"unicode/utf8"
+)
+
+// Version is the protocol version. A worker refuses a Request of another version, so
+// a parent and a worker from different builds never guess at each other's fields.
+const Version = 1
+
+// MaxFrame is the largest frame either side accepts, in bytes (16 MiB). It bounds the
+// code, the stdin and the argv a Request may carry.
+const MaxFrame = 16 << 20
+
+// ErrFrameTooLarge is returned for a frame whose length prefix exceeds MaxFrame.
+var ErrFrameTooLarge = errors.New("protocol: frame too large")
+
+// ErrVersion is returned by a worker for a Request of another protocol version.
+var ErrVersion = errors.New("protocol: version mismatch")
+
+// Reason says why a run ended. It is a closed set shared by the API, the CLI and the
+// audit log (DESIGN.md section 4).
+type Reason string
+
+// The termination reasons.
+const (
+	// Exited: the program ended by itself; ExitCode is its status.
+	Exited Reason = "exited"
+	// Timeout: the wall-clock limit was reached and the worker was killed.
+	Timeout Reason = "timeout"
+	// Cancelled: the caller cancelled the run and the worker was killed.
+	Cancelled Reason = "cancelled"
+	// MemoryLimit: the guest needed memory beyond its limit and could not go on.
+	MemoryLimit Reason = "memory_limit"
+	// CPULimit: the CPU-time limit (epoch deadline) or the fuel was used up.
+	CPULimit Reason = "cpu_limit"
+	// OutputLimit: stdout or stderr reached its byte cap and the worker was killed.
+	OutputLimit Reason = "output_limit"
+	// Trap: WebAssembly trapped (stack exhausted, unreachable, ...).
+	Trap Reason = "trap"
+	// Rejected: the request was refused before any code ran (policy, bad input).
+	Rejected Reason = "rejected"
+	// InternalError: the sandbox itself failed (worker crashed, module failed to load).
+	InternalError Reason = "internal_error"
+)
+
+// Reasons lists every Reason, in documentation order.
+var Reasons = []Reason{Exited, Timeout, Cancelled, MemoryLimit, CPULimit, OutputLimit, Trap, Rejected, InternalError}
+
+// Limits bounds one run. Zero means "no limit of this kind" only where a field says so;
+// the parent fills every field from policy before sending a Request.
+type Limits struct {
+	// TimeoutMS is the wall-clock limit in milliseconds, enforced by the parent.
+	TimeoutMS int64 `json:"timeout_ms"`
+	// CPUMS is the CPU-time limit in milliseconds, enforced in the worker through an
+	// epoch deadline; 0 means the wall clock is the only time limit.
+	CPUMS int64 `json:"cpu_ms,omitempty"`
+	// MemoryBytes caps the guest's linear memory, enforced by the store limiter.
+	MemoryBytes int64 `json:"memory_bytes"`
+	// Fuel, when non-zero, is the number of fuel units the guest may consume; the
+	// worker then uses the fuel-metered module variant.
+	Fuel uint64 `json:"fuel,omitempty"`
+	// MaxStdoutBytes and MaxStderrBytes cap each stream, enforced by the parent.
+	MaxStdoutBytes int64 `json:"max_stdout_bytes"`
+	MaxStderrBytes int64 `json:"max_stderr_bytes"`
+}
+
+// Request is what the parent sends to a worker: one run.
+type Request struct {
+	Version int `json:"version"`
+	// ModulePath is the host path of the precompiled module (.cwasm) to run. The
+	// parent has verified it against the bundle before sending it.
+	ModulePath string `json:"module_path"`
+	// Workspace is the host directory preopened as /ws (read-write).
+	Workspace string `json:"workspace"`
+	// Code is Python source to run as `-c`. Exactly one of Code and Path is set.
+	Code string `json:"code,omitempty"`
+	// Filename is the name Code is compiled under, shown in tracebacks and as
+	// sys.argv[0]; empty means "<string>" (as `python -c`).
+	Filename string `json:"filename,omitempty"`
+	// Path is a script path relative to the workspace, run as /ws/Path.
+	Path string `json:"path,omitempty"`
+	// Args are the program's arguments (sys.argv[1:]).
+	Args []string `json:"args,omitempty"`
+	// Stdin is the guest's whole standard input; empty means end of file at once.
+	Stdin []byte `json:"stdin,omitempty"`
+	// Env is the guest's whole environment, already filtered by the policy allowlist.
+	Env map[string]string `json:"env,omitempty"`
+	// Limits bounds the run.
+	Limits Limits `json:"limits"`
+}
+
+// Report is what a worker sends back after the guest ends. The parent merges it with
+// what it observed itself into a Result.
+type Report struct {
+	// ExitCode is the guest's WASI exit status (0 when it returned normally).
+	ExitCode int `json:"exit_code"`
+	// Reason is Exited, MemoryLimit, CPULimit, Trap or InternalError.
+	Reason Reason `json:"reason"`
+	// FuelConsumed is the fuel used, when fuel metering was on.
+	FuelConsumed uint64 `json:"fuel_consumed,omitempty"`
+	// PeakMemoryBytes is the guest's linear memory size at the end (it never shrinks).
+	PeakMemoryBytes int64 `json:"peak_memory_bytes"`
+	// Diagnostics are short messages for the operator (trap text, load errors). They
+	// never contain host paths.
+	Diagnostics []string `json:"diagnostics,omitempty"`
+}
+
+// Result is the outcome of one run as the parent reports it to callers.
+//
+// In JSON, stdout and stderr are strings when they are valid UTF-8 (the usual case);
+// otherwise they are base64 and stdout_encoding or stderr_encoding says "base64", so
+// no byte is lost or replaced.
+type Result struct {
+	ExitCode        int      `json:"exit_code"`
+	Reason          Reason   `json:"reason"`
+	Stdout          []byte   `json:"-"`
+	Stderr          []byte   `json:"-"`
+	StdoutTruncated bool     `json:"stdout_truncated"`
+	StderrTruncated bool     `json:"stderr_truncated"`
+	ElapsedMS       float64  `json:"elapsed_ms"`
+	FuelConsumed    uint64   `json:"fuel_consumed,omitempty"`
+	PeakMemoryBytes int64    `json:"peak_memory_bytes"`
+	Diagnostics     []string `json:"diagnostics,omitempty"`
+}
+
+// resultJSON is Result's wire form; see Result.
+type resultJSON struct {
+	resultAlias
+	Stdout         string `json:"stdout"`
+	StdoutEncoding string `json:"stdout_encoding,omitempty"`
+	Stderr         string `json:"stderr"`
+	StderrEncoding string `json:"stderr_encoding,omitempty"`
+}
+
+type resultAlias Result
+
+// MarshalJSON encodes r with its output as text or, if not UTF-8, as base64.
+func (r Result) MarshalJSON() ([]byte, error) {
+	out := resultJSON{resultAlias: resultAlias(r)}
+	out.Stdout, out.StdoutEncoding = encodeOutput(r.Stdout)
+	out.Stderr, out.StderrEncoding = encodeOutput(r.Stderr)
+	return json.Marshal(out)
+}
+
+// UnmarshalJSON is the inverse of MarshalJSON.
+func (r *Result) UnmarshalJSON(b []byte) error {
+	var in resultJSON
+	if err := json.Unmarshal(b, &in); err != nil {
+		return err
+	}
+	*r = Result(in.resultAlias)
+	var err error
+	if r.Stdout, err = decodeOutput(in.Stdout, in.StdoutEncoding); err != nil {
+		return fmt.Errorf("protocol: stdout: %w", err)
+	}
+	if r.Stderr, err = decodeOutput(in.Stderr, in.StderrEncoding); err != nil {
+		return fmt.Errorf("protocol: stderr: %w", err)
+	}
+	return nil
+}
+
+func encodeOutput(b []byte) (text, encoding string) {
+	if utf8.Valid(b) {
+		return string(b), ""
+	}
+	return base64.StdEncoding.EncodeToString(b), "base64"
+}
+
+func decodeOutput(text, encoding string) ([]byte, error) {
+	switch encoding {
+	case "":
+		return []byte(text), nil
+	case "base64":
+		return base64.StdEncoding.DecodeString(text)
+	default:
+		return nil, fmt.Errorf("unknown encoding %q", encoding)
+	}
+}
+
+// WriteFrame writes v as one frame: a 4-byte big-endian length, then JSON.
+func WriteFrame(w io.Writer, v any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("protocol: encode frame: %w", err)
+	}
+	if len(body) > MaxFrame {
+		return fmt.Errorf("protocol: write %d bytes: %w", len(body), ErrFrameTooLarge)
+	}
+	buf := make([]byte, 4+len(body))
+	binary.BigEndian.PutUint32(buf, uint32(len(body)))
+	copy(buf[4:], body)
+	if _, err := w.Write(buf); err != nil {
+		return fmt.Errorf("protocol: write frame: %w", err)
+	}
+	return nil
+}
+
+// ReadFrame reads one frame from r into v. It returns io.EOF when r ends before a
+// frame starts, and io.ErrUnexpectedEOF when it ends inside one.
+func ReadFrame(r io.Reader, v any) error {
+	var hdr [4]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return err
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > MaxFrame {
+		return fmt.Errorf("protocol: read %d bytes: %w", n, ErrFrameTooLarge)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("protocol: decode frame: %w", err)
+	}
+	return nil
+}

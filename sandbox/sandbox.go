@@ -1,0 +1,242 @@
+// Package sandbox is the parent side of a run: it spawns a one-shot worker from the
+// running binary, sends it the Request, reads the guest's stdout and stderr with byte
+// caps, owns the wall clock and cancellation, and merges what it saw with the worker's
+// Report into a Result.
+//
+// The worker is started with an environment built from nothing (never the parent's),
+// only the fds the protocol names, its own session and process group, and SIGKILL as
+// its parent-death signal. At the deadline, on cancel or when an output cap is hit the
+// whole process group is killed.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/sandbox/worker"
+)
+
+// ErrBadRequest is wrapped by Run for a request it refuses before starting a worker.
+var ErrBadRequest = errors.New("sandbox: bad request")
+
+// Spawner starts workers. The zero value is not usable: set Exe.
+type Spawner struct {
+	// Exe is the binary to re-execute as `Exe __worker`; normally "/proc/self/exe".
+	Exe string
+	// ExtraArgs are put after the worker command; tests use them to reach the worker
+	// through their own TestMain.
+	ExtraArgs []string
+}
+
+// SelfSpawner re-executes the running binary.
+func SelfSpawner() *Spawner { return &Spawner{Exe: "/proc/self/exe"} }
+
+// Run executes req in a new worker and returns the Result. req.Limits must be
+// complete (see policy.Resolve). Cancelling ctx kills the worker and ends the run as
+// cancelled. The error is non-nil only when no run took place (bad request, the
+// worker could not be started); every outcome of a run, failures included, is a
+// Result.
+func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Result, error) {
+	if err := check(&req); err != nil {
+		return protocol.Result{}, err
+	}
+	req.Version = protocol.Version
+
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return protocol.Result{}, fmt.Errorf("sandbox: socketpair: %w", err)
+	}
+	ctl := os.NewFile(uintptr(fds[0]), "control")
+	childCtl := os.NewFile(uintptr(fds[1]), "control-child")
+	defer ctl.Close()
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		childCtl.Close()
+		return protocol.Result{}, fmt.Errorf("sandbox: pipe: %w", err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		childCtl.Close()
+		outR.Close()
+		outW.Close()
+		return protocol.Result{}, fmt.Errorf("sandbox: pipe: %w", err)
+	}
+
+	cmd := &exec.Cmd{
+		Path:       s.Exe,
+		Args:       append([]string{"sandcell", worker.Command}, s.ExtraArgs...),
+		Env:        []string{}, // built from nothing: no NOTIFY_SOCKET, LISTEN_*, secrets
+		Stdout:     outW,
+		Stderr:     errW,
+		ExtraFiles: []*os.File{childCtl}, // becomes fd 3 (worker.ControlFD)
+		SysProcAttr: &syscall.SysProcAttr{
+			Setsid:    true,
+			Pdeathsig: syscall.SIGKILL,
+		},
+	}
+
+	// Linux sends the parent-death signal when the *thread* that forked the child
+	// exits, so the forking goroutine stays on its thread until the worker is reaped.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	started := time.Now()
+	err = cmd.Start()
+	childCtl.Close()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return protocol.Result{}, fmt.Errorf("sandbox: start worker: %w", err)
+	}
+	pgid := cmd.Process.Pid
+
+	var once sync.Once
+	var killReason protocol.Reason
+	kill := func(r protocol.Reason) {
+		once.Do(func() {
+			killReason = r
+			// Negative pid: the worker's whole process group (it is a session leader).
+			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+		})
+	}
+
+	var wg sync.WaitGroup
+	var stdout, stderr capture
+	wg.Add(3)
+	go func() { defer wg.Done(); stdout.read(outR, req.Limits.MaxStdoutBytes, kill) }()
+	go func() { defer wg.Done(); stderr.read(errR, req.Limits.MaxStderrBytes, kill) }()
+	var rep protocol.Report
+	var repErr error
+	go func() {
+		defer wg.Done()
+		if err := protocol.WriteFrame(ctl, &req); err != nil {
+			repErr = err
+			return
+		}
+		repErr = protocol.ReadFrame(ctl, &rep)
+	}()
+
+	waited := make(chan struct{})
+	go func() { wg.Wait(); close(waited) }()
+	timer := time.NewTimer(time.Duration(req.Limits.TimeoutMS) * time.Millisecond)
+	defer timer.Stop()
+	select {
+	case <-waited:
+	case <-timer.C:
+		kill(protocol.Timeout)
+	case <-ctx.Done():
+		kill(protocol.Cancelled)
+	}
+	<-waited
+	werr := cmd.Wait()
+	elapsed := time.Since(started)
+
+	res := protocol.Result{
+		Stdout:          stdout.buf,
+		Stderr:          stderr.buf,
+		StdoutTruncated: stdout.truncated,
+		StderrTruncated: stderr.truncated,
+		ElapsedMS:       float64(elapsed.Microseconds()) / 1000,
+	}
+	switch {
+	case repErr == nil:
+		res.ExitCode = rep.ExitCode
+		res.Reason = rep.Reason
+		res.FuelConsumed = rep.FuelConsumed
+		res.PeakMemoryBytes = rep.PeakMemoryBytes
+		res.Diagnostics = rep.Diagnostics
+	case killReason != "":
+		res.ExitCode = -1
+		res.Reason = killReason
+	default:
+		res.ExitCode = -1
+		res.Reason = protocol.InternalError
+		res.Diagnostics = []string{"worker ended without a report: " + describeExit(werr)}
+	}
+	return res, nil
+}
+
+// check refuses requests that cannot be run before a worker is spent on them.
+func check(req *protocol.Request) error {
+	if req.ModulePath == "" || req.Workspace == "" {
+		return fmt.Errorf("%w: module path and workspace are required", ErrBadRequest)
+	}
+	if req.Code != "" && req.Path != "" {
+		return fmt.Errorf("%w: give code or path, not both", ErrBadRequest)
+	}
+	if req.Path != "" {
+		clean := path.Clean(req.Path)
+		if path.IsAbs(req.Path) || clean == ".." || strings.HasPrefix(clean, "../") || clean == "." {
+			return fmt.Errorf("%w: path must be a file name relative to the workspace", ErrBadRequest)
+		}
+		req.Path = clean
+	}
+	if strings.ContainsRune(req.Code, 0) {
+		return fmt.Errorf("%w: code contains a NUL byte", ErrBadRequest)
+	}
+	for _, a := range append(req.Args, req.Filename) {
+		if strings.ContainsRune(a, 0) {
+			return fmt.Errorf("%w: an argument contains a NUL byte", ErrBadRequest)
+		}
+	}
+	l := req.Limits
+	if l.TimeoutMS <= 0 || l.MemoryBytes <= 0 || l.MaxStdoutBytes <= 0 || l.MaxStderrBytes <= 0 {
+		return fmt.Errorf("%w: limits are incomplete", ErrBadRequest)
+	}
+	return nil
+}
+
+func describeExit(err error) string {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return "killed by " + ws.Signal().String()
+		}
+		return fmt.Sprintf("exit status %d", ee.ExitCode())
+	}
+	if err != nil {
+		return err.Error()
+	}
+	return "exit status 0"
+}
+
+// capture reads one output stream, keeping at most max bytes.
+type capture struct {
+	buf       []byte
+	truncated bool
+}
+
+// read copies r into c.buf until EOF. Past max bytes it marks the stream truncated,
+// asks for the worker to be killed, and discards the rest, so memory stays bounded.
+func (c *capture) read(r io.ReadCloser, max int64, kill func(protocol.Reason)) {
+	defer r.Close()
+	chunk := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(chunk)
+		if n > 0 && !c.truncated {
+			room := max - int64(len(c.buf))
+			if int64(n) > room {
+				c.buf = append(c.buf, chunk[:room]...)
+				c.truncated = true
+				kill(protocol.OutputLimit)
+			} else {
+				c.buf = append(c.buf, chunk[:n]...)
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,135 @@
+// Package worker is the body of a worker process (`sandcell __worker`): it reads one
+// Request from the control fd, runs python.wasm through the engine with the workspace
+// preopened as /ws, and writes one Report back. See sandbox/protocol for the exchange.
+//
+// The worker's own stdout and stderr are the guest's: it never writes to them itself.
+// Everything it has to say goes into the Report.
+package worker
+
+import (
+	_ "embed"
+	"fmt"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandcell/sandcell/sandbox/engine"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// Command is the hidden argv[1] that makes the binary run Main; cmd/appliance
+// dispatches it before anything else.
+const Command = "__worker"
+
+// ControlFD is the worker's control socket (request in, report out).
+const ControlFD = 3
+
+// GuestWorkdir is the guest path of the workspace preopen, and its working directory.
+const GuestWorkdir = "/ws"
+
+//go:embed bootstrap.py
+var bootstrap string
+
+// Main runs one request and returns the process exit status: 0 when a Report was
+// sent (whatever the guest did), 1 when the exchange itself failed.
+func Main() int {
+	ctl := os.NewFile(ControlFD, "control")
+	if ctl == nil {
+		return 1
+	}
+	defer ctl.Close()
+	var req protocol.Request
+	if err := protocol.ReadFrame(ctl, &req); err != nil {
+		return 1
+	}
+	rep := run(&req)
+	if err := protocol.WriteFrame(ctl, rep); err != nil {
+		return 1
+	}
+	return 0
+}
+
+// run turns a request into a report; a panic becomes an internal_error report.
+func run(req *protocol.Request) (rep protocol.Report) {
+	defer func() {
+		if r := recover(); r != nil {
+			rep = failed(fmt.Sprintf("worker panic: %v", r))
+		}
+	}()
+	if req.Version != protocol.Version {
+		return failed(fmt.Sprintf("%v: worker speaks %d, request is %d", protocol.ErrVersion, protocol.Version, req.Version))
+	}
+	argv, err := Argv(req)
+	if err != nil {
+		return failed(err.Error())
+	}
+	eng := engine.New(engine.Options{Fuel: req.Limits.Fuel > 0})
+	mod, err := eng.Load(req.ModulePath)
+	if err != nil {
+		return failed("cannot load the precompiled interpreter")
+	}
+	defer mod.Close()
+
+	spec := engine.Spec{
+		Argv:        argv,
+		Env:         req.Env,
+		Preopens:    []engine.Preopen{{Host: req.Workspace, Guest: GuestWorkdir}},
+		MemoryBytes: req.Limits.MemoryBytes,
+		CPU:         time.Duration(req.Limits.CPUMS) * time.Millisecond,
+		Fuel:        req.Limits.Fuel,
+	}
+	if len(req.Stdin) > 0 {
+		path, closeStdin, err := stdinFile(req.Stdin)
+		if err != nil {
+			return failed("cannot prepare stdin")
+		}
+		defer closeStdin()
+		spec.StdinPath = path
+	}
+	out := eng.Run(mod, spec)
+	return protocol.Report{
+		ExitCode:        out.ExitCode,
+		Reason:          out.Reason,
+		FuelConsumed:    out.FuelConsumed,
+		PeakMemoryBytes: out.PeakMemoryBytes,
+		Diagnostics:     out.Diagnostics,
+	}
+}
+
+// Argv is the guest argv for req: python.wasm with -I (isolated: no PYTHON*
+// variables, no user site) running the embedded bootstrap, which makes /ws the working
+// directory and then runs the code or the workspace script with req.Args.
+func Argv(req *protocol.Request) ([]string, error) {
+	switch {
+	case req.Code != "" && req.Path != "":
+		return nil, fmt.Errorf("request sets both code and path")
+	case req.Path != "":
+		return append([]string{"python", "-I", "-c", bootstrap, "path", GuestWorkdir + "/" + req.Path}, req.Args...), nil
+	default:
+		name := req.Filename
+		if name == "" {
+			name = "<string>"
+		}
+		return append([]string{"python", "-I", "-c", bootstrap, "code", req.Code, name}, req.Args...), nil
+	}
+}
+
+// stdinFile puts data in an anonymous memory file (memfd_create(2)) and returns a path
+// that opens it. The guest reads it to the end, then sees end of file.
+func stdinFile(data []byte) (string, func(), error) {
+	fd, err := unix.MemfdCreate("stdin", unix.MFD_CLOEXEC)
+	if err != nil {
+		return "", nil, err
+	}
+	f := os.NewFile(uintptr(fd), "stdin")
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return "", nil, err
+	}
+	return fmt.Sprintf("/proc/self/fd/%d", fd), func() { f.Close() }, nil
+}
+
+func failed(msg string) protocol.Report {
+	return protocol.Report{ExitCode: -1, Reason: protocol.InternalError, Diagnostics: []string{msg}}
+}
