@@ -22,6 +22,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/sandbox/worker"
@@ -150,6 +151,9 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 		StderrTruncated: stderr.truncated,
 		ElapsedMS:       float64(elapsed.Microseconds()) / 1000,
 	}
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		res.WorkerMaxRSSBytes = ru.Maxrss << 10 // ru_maxrss is in KiB on Linux
+	}
 	switch {
 	case repErr == nil:
 		res.ExitCode = rep.ExitCode
@@ -185,6 +189,10 @@ func check(req *protocol.Request) error {
 	}
 	if strings.ContainsRune(req.Code, 0) {
 		return fmt.Errorf("%w: code contains a NUL byte", ErrBadRequest)
+	}
+	if !utf8.ValidString(req.Code) {
+		// Python source is UTF-8 (PEP 3120); argv cannot carry other bytes faithfully.
+		return fmt.Errorf("%w: code is not valid UTF-8", ErrBadRequest)
 	}
 	for _, a := range append(req.Args, req.Filename) {
 		if strings.ContainsRune(a, 0) {

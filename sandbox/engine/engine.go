@@ -245,6 +245,12 @@ func (e *Engine) Run(m *Module, spec Spec) Outcome {
 	if spec.Fuel > 0 {
 		if left, err := store.GetFuel(); err == nil {
 			out.FuelConsumed = spec.Fuel - left
+			// wasmtime-go's TrapCode constants stop matching the C API after
+			// Interrupt, so fuel exhaustion is recognised by the empty tank.
+			if left == 0 && out.Reason == protocol.Trap {
+				out.Reason = protocol.CPULimit
+				out.Diagnostics = []string{"fuel exhausted"}
+			}
 		}
 	}
 	return out
@@ -261,12 +267,13 @@ func classify(err error, fallback Outcome) Outcome {
 	}
 	var trap *wasmtime.Trap
 	if errors.As(err, &trap) {
-		out := Outcome{ExitCode: -1, Reason: protocol.Trap, Diagnostics: []string{firstLine(trap.Message())}}
+		out := Outcome{ExitCode: -1, Reason: protocol.Trap, Diagnostics: []string{cause(trap.Message())}}
 		if c := trap.Code(); c != nil {
 			switch *c {
-			case wasmtime.OutOfFuel, wasmtime.Interrupt:
-				// Interrupt comes only from the CPU-time epoch deadline.
+			case wasmtime.Interrupt:
+				// Interrupts come only from the CPU-time epoch deadline.
 				out.Reason = protocol.CPULimit
+				out.Diagnostics = []string{"cpu time limit reached"}
 			case wasmtime.StackOverflow:
 				out.Diagnostics = []string{"wasm stack exhausted"}
 			}
@@ -276,7 +283,7 @@ func classify(err error, fallback Outcome) Outcome {
 	if fallback.Reason == "" || fallback.Reason == protocol.Exited {
 		fallback = Outcome{ExitCode: -1, Reason: protocol.Trap}
 	}
-	fallback.Diagnostics = append(fallback.Diagnostics, firstLine(err.Error()))
+	fallback.Diagnostics = append(fallback.Diagnostics, cause(err.Error()))
 	return fallback
 }
 
@@ -284,12 +291,18 @@ func internal(msg string) Outcome {
 	return Outcome{ExitCode: -1, Reason: protocol.InternalError, Diagnostics: []string{msg}}
 }
 
-// firstLine keeps the first line of a wasmtime message; the rest is a backtrace.
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		s = s[:i]
+// cause keeps the line that says what happened from a wasmtime message: the first
+// line after "Caused by:" (e.g. "wasm trap: integer divide by zero"), else the first
+// line. The rest is a backtrace, which names no host paths but helps no caller.
+func cause(msg string) string {
+	if _, after, ok := strings.Cut(msg, "Caused by:\n"); ok {
+		msg = after
 	}
-	return s
+	msg = strings.TrimSpace(msg)
+	if i := strings.IndexByte(msg, '\n'); i >= 0 {
+		msg = msg[:i]
+	}
+	return msg
 }
 
 // watchCPU increments the engine's epoch, interrupting the guest at its next epoch

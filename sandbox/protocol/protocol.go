@@ -148,16 +148,19 @@ type Report struct {
 // otherwise they are base64 and stdout_encoding or stderr_encoding says "base64", so
 // no byte is lost or replaced.
 type Result struct {
-	ExitCode        int      `json:"exit_code"`
-	Reason          Reason   `json:"reason"`
-	Stdout          []byte   `json:"-"`
-	Stderr          []byte   `json:"-"`
-	StdoutTruncated bool     `json:"stdout_truncated"`
-	StderrTruncated bool     `json:"stderr_truncated"`
-	ElapsedMS       float64  `json:"elapsed_ms"`
-	FuelConsumed    uint64   `json:"fuel_consumed,omitempty"`
-	PeakMemoryBytes int64    `json:"peak_memory_bytes"`
-	Diagnostics     []string `json:"diagnostics,omitempty"`
+	ExitCode        int     `json:"exit_code"`
+	Reason          Reason  `json:"reason"`
+	Stdout          []byte  `json:"-"`
+	Stderr          []byte  `json:"-"`
+	StdoutTruncated bool    `json:"stdout_truncated"`
+	StderrTruncated bool    `json:"stderr_truncated"`
+	ElapsedMS       float64 `json:"elapsed_ms"`
+	FuelConsumed    uint64  `json:"fuel_consumed,omitempty"`
+	PeakMemoryBytes int64   `json:"peak_memory_bytes"`
+	// WorkerMaxRSSBytes is the worker process's peak resident set (getrusage(2)
+	// ru_maxrss), engine and interpreter included.
+	WorkerMaxRSSBytes int64    `json:"worker_max_rss_bytes"`
+	Diagnostics       []string `json:"diagnostics,omitempty"`
 }
 
 // resultJSON is Result's wire form; see Result.

@@ -1,0 +1,172 @@
+package bundle_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandcell/sandcell/bundle"
+	"github.com/sandcell/sandcell/bundle/bundletest"
+	"github.com/sandcell/sandcell/sandbox/engine"
+)
+
+func TestPinnedInterpreter(t *testing.T) {
+	b := bundletest.Open(t)
+	if err := b.Verify(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestVerifyNamesExpectedAndActual(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "python.wasm")
+	os.WriteFile(p, []byte("short"), 0o644)
+	err := bundle.Pinned.Verify(p)
+	if !errors.Is(err, bundle.ErrMismatch) || !strings.Contains(err.Error(), "size 5 bytes, expected 26267204") {
+		t.Fatalf("size mismatch: %v", err)
+	}
+	// Same size, other content: the hash names both values.
+	os.WriteFile(p, make([]byte, bundle.Pinned.Size), 0o644)
+	err = bundle.Pinned.Verify(p)
+	if !errors.Is(err, bundle.ErrMismatch) || !strings.Contains(err.Error(), bundle.Pinned.SHA256) ||
+		!strings.Contains(err.Error(), "sha256 edc7a0bee308a5b0292d10678face5c3bde760b25a5a92b56df93049c31179d7") {
+		t.Fatalf("hash mismatch: %v", err)
+	}
+	if err := bundle.Install(p, filepath.Join(dir, "out")); !errors.Is(err, bundle.ErrMismatch) {
+		t.Fatalf("install of a wrong file: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "out")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("install wrote something for a wrong file: %v", err)
+	}
+}
+
+func TestInstallAndOpen(t *testing.T) {
+	src := bundletest.Open(t)
+	dir := t.TempDir()
+	if err := bundle.Install(src.WasmPath(), dir); err != nil {
+		t.Fatal(err)
+	}
+	b, err := bundle.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Verify(); err != nil {
+		t.Fatal(err)
+	}
+	// A manifest for another artifact is refused.
+	raw, _ := os.ReadFile(filepath.Join(dir, bundle.ManifestName))
+	os.WriteFile(filepath.Join(dir, bundle.ManifestName), []byte(strings.Replace(string(raw), "3.12.0", "3.11.0", 1)), 0o644)
+	if _, err := bundle.Open(dir); !errors.Is(err, bundle.ErrManifest) {
+		t.Fatalf("foreign manifest: %v", err)
+	}
+	if _, err := bundle.Open(t.TempDir()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("empty dir: %v", err)
+	}
+}
+
+// A stale or damaged .cwasm is detected and rebuilt, never trusted: a flipped byte, a
+// truncated file, a file built for another engine configuration, a missing sidecar.
+func TestPrecompiledCache(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiles python.wasm several times (about 5 s each)")
+	}
+	src := bundletest.Open(t)
+	dir := t.TempDir()
+	if err := bundle.Install(src.WasmPath(), dir); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := bundle.Open(dir)
+	eng := engine.New(engine.Options{})
+	first, err := b.Precompiled(eng, dir)
+	if err != nil || !first.Rebuilt {
+		t.Fatalf("first build: %+v %v", first, err)
+	}
+	again, err := b.Precompiled(eng, dir)
+	if err != nil || again.Rebuilt || again.Path != first.Path {
+		t.Fatalf("a valid .cwasm was not reused: %+v %v", again, err)
+	}
+	good, _ := os.ReadFile(first.Path)
+
+	damage := map[string]func(p string){
+		"flipped byte": func(p string) {
+			b := append([]byte(nil), good...)
+			b[len(b)/2] ^= 0x01
+			os.WriteFile(p, b, 0o644)
+		},
+		"truncated": func(p string) { os.WriteFile(p, good[:len(good)-4096], 0o644) },
+		"other key": func(p string) {
+			// The fuel-metered engine's module and sidecar in this key's place.
+			other, err := b.Precompile(engine.New(engine.Options{Fuel: true}), t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			copyFile(t, other, p)
+			copyFile(t, other+".json", p+".json")
+		},
+		"no sidecar": func(p string) { os.Remove(p + ".json") },
+	}
+	for name, f := range damage {
+		t.Run(name, func(t *testing.T) {
+			f(first.Path)
+			if err := bundle.CheckPrecompiled(eng, first.Path, first.Key); !errors.Is(err, bundle.ErrStale) {
+				t.Fatalf("damage not detected: %v", err)
+			}
+			got, err := b.Precompiled(eng, dir)
+			if err != nil || !got.Rebuilt || len(got.Stale) != 1 {
+				t.Fatalf("not rebuilt: %+v %v", got, err)
+			}
+			if err := bundle.CheckPrecompiled(eng, got.Path, got.Key); err != nil {
+				t.Fatalf("rebuilt module fails its check: %v", err)
+			}
+		})
+	}
+}
+
+// A bad .cwasm in a read-only bundle directory is replaced by one in the cache
+// directory, and the bundle's own is used again once it is valid.
+func TestPrecompiledFallsBackToCacheDir(t *testing.T) {
+	if testing.Short() {
+		t.Skip("compiles python.wasm (about 5 s)")
+	}
+	b := bundletest.Open(t)
+	eng := engine.New(engine.Options{})
+	pre, err := b.Precompiled(eng, b.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := bundle.Install(b.WasmPath(), dir); err != nil {
+		t.Fatal(err)
+	}
+	copyFile(t, pre.Path, filepath.Join(dir, filepath.Base(pre.Path)))
+	os.WriteFile(filepath.Join(dir, filepath.Base(pre.Path))+".json", []byte("{}"), 0o644)
+	nb, _ := bundle.Open(dir)
+	cache := t.TempDir()
+	got, err := nb.Precompiled(eng, cache)
+	if err != nil || !got.Rebuilt || filepath.Dir(got.Path) != cache {
+		t.Fatalf("%+v %v", got, err)
+	}
+}
+
+func TestKey(t *testing.T) {
+	a := bundle.Key("wasmtime=39.0.1 fuel=0", bundle.Pinned.SHA256)
+	if a == bundle.Key("wasmtime=39.0.1 fuel=1", bundle.Pinned.SHA256) || a == bundle.Key("wasmtime=39.0.1 fuel=0", strings.Repeat("0", 64)) {
+		t.Fatal("key ignores an input")
+	}
+	if len(a) != 32 {
+		t.Fatalf("key %q", a)
+	}
+}
+
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(to, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,69 @@
+// Package bundletest gives tests the real, verified python.wasm and its .cwasm. It
+// never skips: a test that needs the interpreter fails with the command that installs
+// it, so a machine without the bundle cannot pass by running nothing.
+package bundletest
+
+import (
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/sandcell/sandcell/bundle"
+	"github.com/sandcell/sandcell/sandbox/engine"
+)
+
+var (
+	mu    sync.Mutex
+	cache = map[bool]string{}
+)
+
+// Dir returns the bundle directory: $SANDCELL_BUNDLE_DIR, else build/bundle at the
+// root of the source tree.
+func Dir(t testing.TB) string {
+	t.Helper()
+	if d := os.Getenv("SANDCELL_BUNDLE_DIR"); d != "" {
+		return d
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return filepath.Join(d, "build", "bundle")
+		}
+		if filepath.Dir(d) == d {
+			t.Fatalf("no go.mod above %s", wd)
+		}
+	}
+}
+
+// Open returns the opened, verified bundle.
+func Open(t testing.TB) *bundle.Bundle {
+	t.Helper()
+	dir := Dir(t)
+	b, err := bundle.Open(dir)
+	if err != nil {
+		t.Fatalf("the pinned interpreter is not installed in %s (run `make bundle`): %v", dir, err)
+	}
+	return b
+}
+
+// Module returns the path of a verified .cwasm for the plain (fuel=false) or the
+// fuel-metered engine, compiling it into the bundle directory if needed.
+func Module(t testing.TB, fuel bool) string {
+	t.Helper()
+	mu.Lock()
+	defer mu.Unlock()
+	if p, ok := cache[fuel]; ok {
+		return p
+	}
+	b := Open(t)
+	pre, err := b.Precompiled(engine.New(engine.Options{Fuel: fuel}), b.Dir)
+	if err != nil {
+		t.Fatalf("precompile: %v", err)
+	}
+	cache[fuel] = pre.Path
+	return pre.Path
+}

@@ -1,0 +1,465 @@
+package sandbox_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/bundle/bundletest"
+	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/sandbox/worker"
+)
+
+// TestMain lets the test binary serve as the worker: Spawner re-executes
+// /proc/self/exe with the worker command, exactly as the sandcell binary does.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == worker.Command {
+		os.Exit(worker.Main())
+	}
+	os.Exit(m.Run())
+}
+
+// run executes code with the default policy, changed by edit, in a fresh workspace.
+func run(t *testing.T, code string, edit func(*protocol.Request)) (protocol.Result, string) {
+	t.Helper()
+	ws := t.TempDir()
+	req := protocol.Request{Code: code, Workspace: ws}
+	if edit != nil {
+		edit(&req)
+	}
+	limits, err := policy.Default().Resolve(req.Limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Limits = limits
+	req.ModulePath = bundletest.Module(t, req.Limits.Fuel > 0)
+	res, err := sandbox.SelfSpawner().Run(context.Background(), req)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	return res, req.Workspace
+}
+
+func timeout(d time.Duration) func(*protocol.Request) {
+	return func(r *protocol.Request) { r.Limits.TimeoutMS = d.Milliseconds() }
+}
+
+func wantExit(t *testing.T, res protocol.Result, code int) {
+	t.Helper()
+	if res.Reason != protocol.Exited || res.ExitCode != code {
+		t.Fatalf("got reason %s exit %d, want exited %d\nstdout: %.2000s\nstderr: %.2000s\ndiagnostics: %v",
+			res.Reason, res.ExitCode, code, res.Stdout, res.Stderr, res.Diagnostics)
+	}
+}
+
+func TestPrint(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "print(6*7)", nil)
+	wantExit(t, res, 0)
+	if string(res.Stdout) != "42\n" || len(res.Stderr) != 0 {
+		t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+	if res.PeakMemoryBytes <= 0 || res.WorkerMaxRSSBytes <= 0 || res.ElapsedMS <= 0 {
+		t.Fatalf("missing measurements: %+v", res)
+	}
+}
+
+func TestExitStatus(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "raise SystemExit(3)", nil)
+	wantExit(t, res, 3)
+}
+
+func TestExceptionTraceback(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "def f():\n    raise ValueError('boom')\nf()", nil)
+	wantExit(t, res, 1)
+	want := "Traceback (most recent call last):\n  File \"<string>\", line 3, in <module>\n  File \"<string>\", line 2, in f\nValueError: boom\n"
+	if string(res.Stderr) != want {
+		t.Fatalf("stderr:\n%s\nwant:\n%s", res.Stderr, want)
+	}
+}
+
+func TestSyntaxError(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "x y", nil)
+	wantExit(t, res, 1)
+	if !strings.Contains(string(res.Stderr), "SyntaxError") || strings.Contains(string(res.Stderr), "_sandcell") {
+		t.Fatalf("stderr: %s", res.Stderr)
+	}
+}
+
+func TestStdinAndArgs(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "import sys; sys.stdout.write(sys.stdin.read()); print(sys.argv)", func(r *protocol.Request) {
+		r.Stdin = []byte("line one\nzwei ü\n")
+		r.Args = []string{"a", "b c"}
+	})
+	wantExit(t, res, 0)
+	if string(res.Stdout) != "line one\nzwei ü\n['-c', 'a', 'b c']\n" {
+		t.Fatalf("stdout %q", res.Stdout)
+	}
+}
+
+func TestEmptyStdinDoesNotBlock(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "import sys\nprint(repr(sys.stdin.read()))\ninput()", timeout(5*time.Second))
+	wantExit(t, res, 1)
+	if string(res.Stdout) != "''\n" || !strings.Contains(string(res.Stderr), "EOFError") {
+		t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+}
+
+func TestWorkspaceIsWorkingDirectory(t *testing.T) {
+	t.Parallel()
+	code := `import os
+print(os.getcwd())
+open("out.txt", "w").write("written inside")
+os.makedirs("sub/dir")
+open("/ws/sub/dir/f", "w").write("x")
+print(sorted(os.listdir(".")))`
+	res, ws := run(t, code, nil)
+	wantExit(t, res, 0)
+	if string(res.Stdout) != "/ws\n['out.txt', 'sub']\n" {
+		t.Fatalf("stdout %q", res.Stdout)
+	}
+	got, err := os.ReadFile(filepath.Join(ws, "out.txt"))
+	if err != nil || string(got) != "written inside" {
+		t.Fatalf("host file: %q %v", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(ws, "sub", "dir", "f")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWorkspaceScript(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "", func(r *protocol.Request) {
+		r.Code = ""
+		r.Path = "tools/hello.py"
+		r.Args = []string{"x"}
+		os.MkdirAll(filepath.Join(r.Workspace, "tools"), 0o755)
+		os.WriteFile(filepath.Join(r.Workspace, "tools", "helper.py"), []byte("NAME = 'helper'\n"), 0o644)
+		os.WriteFile(filepath.Join(r.Workspace, "tools", "hello.py"), []byte(
+			"import sys, helper\nprint(__file__, sys.argv, helper.NAME, __name__)\n"), 0o644)
+	})
+	wantExit(t, res, 0)
+	if string(res.Stdout) != "/ws/tools/hello.py ['/ws/tools/hello.py', 'x'] helper __main__\n" {
+		t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+}
+
+// Everything outside /ws is out of reach, however it is named, and error messages
+// never show the host path of the workspace.
+func TestNoHostFilesystem(t *testing.T) {
+	t.Parallel()
+	code := `import os
+for p in ["/etc/passwd", "/ws/../etc/passwd", "../etc/passwd", "/proc/self/environ", "/", "/tmp"]:
+    try:
+        open(p).read()
+        print("READ", p)
+    except OSError as e:
+        print("denied", type(e).__name__)
+try:
+    os.symlink("/etc/passwd", "link")
+    print("READ", open("link").read()[:10])
+except OSError as e:
+    print("denied", type(e).__name__)
+try:
+    os.symlink("../../../../etc", "up")
+    print("LIST", os.listdir("up"))
+except OSError as e:
+    print("denied", type(e).__name__)
+`
+	res, ws := run(t, code, nil)
+	wantExit(t, res, 0)
+	out := string(res.Stdout)
+	if strings.Contains(out, "READ") || strings.Contains(out, "LIST") || strings.Count(out, "denied") != 8 {
+		t.Fatalf("stdout:\n%s\nstderr:\n%s", out, res.Stderr)
+	}
+	if strings.Contains(out+string(res.Stderr), ws) {
+		t.Fatalf("host path %s leaked", ws)
+	}
+}
+
+func TestNoHostEnvironment(t *testing.T) {
+	t.Setenv("SANDCELL_SECRET", "hunter2")
+	res, _ := run(t, "import os; print(dict(os.environ))", nil)
+	wantExit(t, res, 0)
+	if string(res.Stdout) != "{}\n" {
+		t.Fatalf("guest environment: %s", res.Stdout)
+	}
+	res, _ = run(t, "import os; print(dict(os.environ))", func(r *protocol.Request) {
+		r.Env = map[string]string{"LANG": "C.UTF-8"}
+	})
+	if string(res.Stdout) != "{'LANG': 'C.UTF-8'}\n" {
+		t.Fatalf("guest environment: %s", res.Stdout)
+	}
+}
+
+// What WASI lacks fails as a clean Python exception, never as a hang or a crash.
+func TestMissingCapabilitiesFailCleanly(t *testing.T) {
+	t.Parallel()
+	cases := map[string]string{
+		"socket":     "import socket; socket.socket().connect(('127.0.0.1', 22))",
+		"dns":        "import socket; socket.getaddrinfo('localhost', 80)",
+		"urllib":     "import urllib.request; urllib.request.urlopen('http://127.0.0.1:1/')",
+		"subprocess": "import subprocess; subprocess.run(['ls'])",
+		"system":     "import os; os.system('ls')",
+		"thread":     "import threading; threading.Thread(target=print).start()",
+		"signal":     "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+	}
+	for name, code := range cases {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			res, _ := run(t, code, timeout(10*time.Second))
+			if res.Reason != protocol.Exited || res.ExitCode != 1 || !strings.Contains(string(res.Stderr), "Error") {
+				t.Fatalf("reason %s exit %d stderr %s", res.Reason, res.ExitCode, res.Stderr)
+			}
+		})
+	}
+}
+
+func TestMemoryLimit(t *testing.T) {
+	t.Parallel()
+	for name, code := range map[string]string{
+		"one big":  "bytearray(2**30)",
+		"appends":  "b = bytearray()\nwhile True:\n    b += b'x' * 1_000_000",
+		"list":     "l = []\nwhile True:\n    l.append('x' * 10_000)",
+		"big read": "import sys; sys.set_int_max_str_digits(0); x = 10**(10**8)",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			res, _ := run(t, code, func(r *protocol.Request) {
+				r.Limits.MemoryBytes = 64 * policy.MiB
+				r.Limits.TimeoutMS = 60_000
+			})
+			memErr := res.Reason == protocol.Exited && res.ExitCode == 1 && strings.Contains(string(res.Stderr), "MemoryError")
+			if !memErr && res.Reason != protocol.MemoryLimit {
+				t.Fatalf("reason %s exit %d stderr %.500s", res.Reason, res.ExitCode, res.Stderr)
+			}
+			if res.PeakMemoryBytes > 64*policy.MiB {
+				t.Fatalf("guest memory %d above the limit", res.PeakMemoryBytes)
+			}
+			// The worker's resident set stays near the cap: the engine's own ~100 MB
+			// (mapped module, runtime) plus at most the guest's 64 MiB.
+			if res.WorkerMaxRSSBytes > 64*policy.MiB+160*policy.MiB {
+				t.Fatalf("worker RSS %d MiB", res.WorkerMaxRSSBytes>>20)
+			}
+		})
+	}
+}
+
+// Blocking host calls and busy loops are both ended by the parent's wall clock.
+func TestWallClock(t *testing.T) {
+	t.Parallel()
+	for name, code := range map[string]string{
+		"busy":   "while True: pass",
+		"sleep":  "import time; time.sleep(3600)",
+		"regex":  "import re; re.match(r'(a+)+$', 'a' * 64 + '!')",
+		"bigint": "import sys; sys.set_int_max_str_digits(0); print(str(7 ** 10_000_000))",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			start := time.Now()
+			res, _ := run(t, code, timeout(time.Second))
+			if res.Reason != protocol.Timeout {
+				t.Fatalf("reason %s exit %d stderr %.500s", res.Reason, res.ExitCode, res.Stderr)
+			}
+			if d := time.Since(start); d > 2*time.Second {
+				t.Fatalf("took %v for a 1s limit", d)
+			}
+		})
+	}
+}
+
+func TestCPULimit(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "while True: pass", func(r *protocol.Request) {
+		r.Limits.CPUMS = 300
+		r.Limits.TimeoutMS = 20_000
+	})
+	if res.Reason != protocol.CPULimit {
+		t.Fatalf("reason %s exit %d stderr %s", res.Reason, res.ExitCode, res.Stderr)
+	}
+	if res.ElapsedMS > 10_000 {
+		t.Fatalf("cpu limit took %vms", res.ElapsedMS)
+	}
+}
+
+func TestFuel(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "print(sum(range(1000)))", func(r *protocol.Request) { r.Limits.Fuel = 10_000_000_000 })
+	wantExit(t, res, 0)
+	if string(res.Stdout) != "499500\n" || res.FuelConsumed == 0 {
+		t.Fatalf("stdout %q fuel %d", res.Stdout, res.FuelConsumed)
+	}
+	res, _ = run(t, "while True: pass", func(r *protocol.Request) { r.Limits.Fuel = 200_000_000 })
+	if res.Reason != protocol.CPULimit || res.FuelConsumed < 200_000_000 {
+		t.Fatalf("reason %s fuel %d stderr %s", res.Reason, res.FuelConsumed, res.Stderr)
+	}
+}
+
+// An output flood is cut at the cap exactly, flagged, and the parent reads no more
+// than the cap: its allocations stay far below the 50 MB the guest tried to print.
+func TestOutputFlood(t *testing.T) {
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	res, _ := run(t, "import sys\nfor _ in range(50):\n    sys.stdout.write('x' * 1_000_000)", func(r *protocol.Request) {
+		r.Limits.MaxStdoutBytes = 100_000
+	})
+	runtime.ReadMemStats(&after)
+	if res.Reason != protocol.OutputLimit || !res.StdoutTruncated || res.StderrTruncated {
+		t.Fatalf("reason %s truncated %v/%v", res.Reason, res.StdoutTruncated, res.StderrTruncated)
+	}
+	if len(res.Stdout) != 100_000 || strings.Trim(string(res.Stdout), "x") != "" {
+		t.Fatalf("kept %d bytes", len(res.Stdout))
+	}
+	if grew := after.TotalAlloc - before.TotalAlloc; grew > 8<<20 {
+		t.Fatalf("parent allocated %d MiB while reading a capped stream", grew>>20)
+	}
+	res, _ = run(t, "import sys\nsys.stderr.write('e' * 3_000_000)", nil)
+	if res.Reason != protocol.OutputLimit || !res.StderrTruncated || len(res.Stderr) != policy.MiB {
+		t.Fatalf("stderr: reason %s truncated %v len %d", res.Reason, res.StderrTruncated, len(res.Stderr))
+	}
+}
+
+func TestOutputUnderCapIsComplete(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "import sys; sys.stdout.write('y' * 1_048_576)", nil)
+	wantExit(t, res, 0)
+	if len(res.Stdout) != policy.MiB || res.StdoutTruncated {
+		t.Fatalf("len %d truncated %v", len(res.Stdout), res.StdoutTruncated)
+	}
+}
+
+// Runaway recursion ends as a Python error or a trap, never as a crash of the parent.
+func TestRecursion(t *testing.T) {
+	t.Parallel()
+	for name, code := range map[string]string{
+		"plain":        "def f(n): return f(n + 1)\nf(0)",
+		"unlimited":    "import sys; sys.setrecursionlimit(10**9)\ndef f(n): return f(n + 1)\nf(0)",
+		"json":         "import json\nl = []\nfor _ in range(200_000): l = [l]\njson.dumps(l)",
+		"json limit":   "import json, sys; sys.setrecursionlimit(10**9)\nl = []\nfor _ in range(200_000): l = [l]\njson.dumps(l)",
+		"repr":         "import sys; sys.setrecursionlimit(10**9)\nl = []\nfor _ in range(1_000_000): l = [l]\nrepr(l)",
+		"deep parsing": "eval('[' * 100_000 + ']' * 100_000)",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			res, _ := run(t, code, timeout(30*time.Second))
+			pyErr := res.Reason == protocol.Exited && res.ExitCode == 1 && bytes.Contains(res.Stderr, []byte("Error"))
+			if !pyErr && res.Reason != protocol.Trap && res.Reason != protocol.MemoryLimit {
+				t.Fatalf("reason %s exit %d diagnostics %v stderr %.300s", res.Reason, res.ExitCode, res.Diagnostics, res.Stderr)
+			}
+		})
+	}
+	res, _ := run(t, "print('still fine')", nil)
+	wantExit(t, res, 0)
+}
+
+func TestBinaryAndUnicodeOutput(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, `import sys
+sys.stdout.buffer.write(b"a\x00b\xff\xfe\n")
+print("héllo wörld ✓ 日本 🐍")`, nil)
+	wantExit(t, res, 0)
+	want := "a\x00b\xff\xfe\nhéllo wörld ✓ 日本 🐍\n"
+	if string(res.Stdout) != want {
+		t.Fatalf("stdout %q, want %q", res.Stdout, want)
+	}
+}
+
+func TestOddSource(t *testing.T) {
+	t.Parallel()
+	ws := t.TempDir()
+	_, err := sandbox.SelfSpawner().Run(context.Background(), protocol.Request{
+		Code: "print(1)\x00", Workspace: ws, ModulePath: bundletest.Module(t, false), Limits: policy.Default().Default})
+	if !errors.Is(err, sandbox.ErrBadRequest) {
+		t.Fatalf("NUL in code: %v", err)
+	}
+	_, err = sandbox.SelfSpawner().Run(context.Background(), protocol.Request{
+		Code: "print('\xff\xfe')", Workspace: ws, ModulePath: bundletest.Module(t, false), Limits: policy.Default().Default})
+	if !errors.Is(err, sandbox.ErrBadRequest) {
+		t.Fatalf("invalid UTF-8: %v", err)
+	}
+	res, _ := run(t, `print(len('\ud800'), '\ufeff')`, nil)
+	wantExit(t, res, 0)
+	long := "x = '" + strings.Repeat("a", 1<<20) + "'\nprint(len(x))"
+	res, _ = run(t, long, nil)
+	wantExit(t, res, 0)
+	if string(res.Stdout) != "1048576\n" {
+		t.Fatalf("1 MB line: %q", res.Stdout)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	t.Parallel()
+	mod := bundletest.Module(t, false)
+	ws := t.TempDir()
+	lim := policy.Default().Default
+	for name, req := range map[string]protocol.Request{
+		"no workspace":  {Code: "1", ModulePath: mod, Limits: lim},
+		"both":          {Code: "1", Path: "a.py", Workspace: ws, ModulePath: mod, Limits: lim},
+		"absolute path": {Path: "/etc/passwd", Workspace: ws, ModulePath: mod, Limits: lim},
+		"dotdot path":   {Path: "../x.py", Workspace: ws, ModulePath: mod, Limits: lim},
+		"no limits":     {Code: "1", Workspace: ws, ModulePath: mod},
+	} {
+		if _, err := sandbox.SelfSpawner().Run(context.Background(), req); !errors.Is(err, sandbox.ErrBadRequest) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// A damaged module is reported as an internal error, not a crash or a hang.
+func TestDamagedModule(t *testing.T) {
+	t.Parallel()
+	bad := filepath.Join(t.TempDir(), "bad.cwasm")
+	os.WriteFile(bad, []byte("not a module"), 0o644)
+	res, err := sandbox.SelfSpawner().Run(context.Background(), protocol.Request{
+		Code: "print(1)", Workspace: t.TempDir(), ModulePath: bad, Limits: policy.Default().Default})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reason != protocol.InternalError || len(res.Stdout) != 0 {
+		t.Fatalf("reason %s stdout %q", res.Reason, res.Stdout)
+	}
+}
+
+func TestCancel(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	req := protocol.Request{Code: "import time; time.sleep(60)", Workspace: t.TempDir(),
+		ModulePath: bundletest.Module(t, false), Limits: policy.Default().Default}
+	go func() { time.Sleep(300 * time.Millisecond); cancel() }()
+	start := time.Now()
+	res, err := sandbox.SelfSpawner().Run(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reason != protocol.Cancelled {
+		t.Fatalf("reason %s", res.Reason)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("cancel took %v", d)
+	}
+}
+
+// Nothing crosses runs: each worker is a new process with a new interpreter.
+func TestRunsAreIndependent(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "import builtins, sys\nbuiltins.print = None\nsys.modules['json'] = None\nGLOBAL = 1", nil)
+	wantExit(t, res, 0)
+	res, _ = run(t, "import json\nprint('GLOBAL' in globals(), json.dumps(1))", nil)
+	wantExit(t, res, 0)
+	if string(res.Stdout) != "False 1\n" {
+		t.Fatalf("stdout %q", res.Stdout)
+	}
+}
