@@ -1,0 +1,81 @@
+package sandcell_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/sandcell/sandcell"
+
+// TestImportRules enforces the one-way imports of DESIGN.md section 2: framework
+// packages each stay inside one package, and the worker (which runs under the
+// tightest seccomp filter) links no HTTP server and no database.
+func TestImportRules(t *testing.T) {
+	imports := goList(t, "{{.ImportPath}} {{join .Imports \" \"}}", "./...")
+	// Each framework may be imported only by the package named (prefix match).
+	owners := map[string]string{
+		"github.com/bytecodealliance/wasmtime-go": module + "/sandbox/engine",
+		"github.com/labstack/echo":                module + "/supervisor/api",
+		"modernc.org/sqlite":                      module + "/supervisor/store",
+		"github.com/coreos/go-systemd":            module + "/systemd",
+	}
+	for pkg, deps := range imports {
+		for _, dep := range deps {
+			if strings.HasPrefix(dep, module+"/cmd/") {
+				t.Errorf("%s imports %s: nothing imports cmd/", pkg, dep)
+			}
+			if strings.HasPrefix(pkg, module+"/sandbox") && strings.HasPrefix(dep, module+"/supervisor") {
+				t.Errorf("%s imports %s: sandbox/ never imports supervisor/", pkg, dep)
+			}
+			for fw, owner := range owners {
+				if strings.HasPrefix(dep, fw) && pkg != owner {
+					t.Errorf("%s imports %s: only %s may", pkg, dep, owner)
+				}
+			}
+		}
+	}
+	leaves := map[string][]string{
+		module + "/sandbox/protocol": nil,
+		module + "/sandbox/policy":   {module + "/sandbox/protocol"},
+	}
+	for leaf, allowed := range leaves {
+		for _, dep := range imports[leaf] {
+			if strings.HasPrefix(dep, module) && !contains(allowed, dep) {
+				t.Errorf("leaf %s imports %s", leaf, dep)
+			}
+		}
+	}
+	for _, dep := range goList(t, "{{.ImportPath}} {{join .Deps \" \"}}", "./sandbox/worker")[module+"/sandbox/worker"] {
+		for _, banned := range []string{"net/http", "github.com/labstack/echo", "modernc.org/sqlite", "database/sql"} {
+			if dep == banned || strings.HasPrefix(dep, banned+"/") {
+				t.Errorf("the worker links %s", dep)
+			}
+		}
+	}
+}
+
+func goList(t *testing.T, format, pattern string) map[string][]string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-f", format, pattern).Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	m := map[string][]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 {
+			m[f[0]] = f[1:]
+		}
+	}
+	return m
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,136 @@
+package engine_test
+
+import (
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/bundle/bundletest"
+	"github.com/sandcell/sandcell/sandbox/engine"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+func TestWasmtimeVersionMatchesGoMod(t *testing.T) {
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		t.Fatal("no build info")
+	}
+	for _, d := range info.Deps {
+		if strings.HasPrefix(d.Path, "github.com/bytecodealliance/wasmtime-go/") {
+			if d.Version != "v"+engine.WasmtimeVersion {
+				t.Fatalf("go.mod has %s %s, engine.WasmtimeVersion says %s", d.Path, d.Version, engine.WasmtimeVersion)
+			}
+			return
+		}
+	}
+	t.Fatal("wasmtime-go not in the build")
+}
+
+func TestFingerprintNamesTheConfiguration(t *testing.T) {
+	plain, fuel := engine.New(engine.Options{}).Fingerprint(), engine.New(engine.Options{Fuel: true}).Fingerprint()
+	if plain == fuel || !strings.Contains(plain, "wasmtime="+engine.WasmtimeVersion) || !strings.Contains(fuel, "fuel=1") {
+		t.Fatalf("%q %q", plain, fuel)
+	}
+}
+
+// A module compiled for one configuration does not load into another.
+func TestLoadRefusesOtherConfiguration(t *testing.T) {
+	fuelModule := bundletest.Module(t, true)
+	if _, err := engine.New(engine.Options{}).Load(fuelModule); err == nil {
+		t.Fatal("a fuel-metered module loaded into a plain engine")
+	}
+	if err := engine.New(engine.Options{Fuel: true}).Check(fuelModule); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func runIn(t testing.TB, e *engine.Engine, mod *engine.Module, code string, fuel uint64) (engine.Outcome, string) {
+	ws := t.TempDir()
+	out := e.Run(mod, engine.Spec{
+		Argv:        []string{"python", "-c", code},
+		Preopens:    []engine.Preopen{{Host: ws, Guest: "/ws"}},
+		MemoryBytes: 128 << 20,
+		Fuel:        fuel,
+	})
+	return out, ws
+}
+
+func TestRunInProcess(t *testing.T) {
+	e := engine.New(engine.Options{})
+	mod, err := e.Load(bundletest.Module(t, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mod.Close()
+	out, ws := runIn(t, e, mod, "open('/ws/r', 'w').write(str(6*7)); raise SystemExit(5)", 0)
+	if out.Reason != protocol.Exited || out.ExitCode != 5 {
+		t.Fatalf("%+v", out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(ws, "r")); string(b) != "42" {
+		t.Fatalf("guest wrote %q", b)
+	}
+	if out := e.Run(mod, engine.Spec{Argv: []string{"python"}, MemoryBytes: 128 << 20, Fuel: 5}); out.Reason != protocol.InternalError {
+		t.Fatalf("fuel budget on a plain engine: %+v", out)
+	}
+	// Less memory than the module's initial 10 MiB: instantiation fails cleanly.
+	if out := e.Run(mod, engine.Spec{Argv: []string{"python"}, MemoryBytes: 1 << 20}); out.Reason == protocol.Exited {
+		t.Fatalf("ran with 1 MiB: %+v", out)
+	}
+}
+
+func TestCPULimitInProcess(t *testing.T) {
+	e := engine.New(engine.Options{})
+	mod, err := e.Load(bundletest.Module(t, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mod.Close()
+	out := e.Run(mod, engine.Spec{Argv: []string{"python", "-c", "while True: pass"}, MemoryBytes: 128 << 20, CPU: 200 * time.Millisecond})
+	if out.Reason != protocol.CPULimit || out.Diagnostics[0] != "cpu time limit reached" {
+		t.Fatalf("%+v", out)
+	}
+}
+
+// BenchmarkInterruption measures what the CPU-limit mechanisms cost on CPU-bound
+// Python: the same program on engines without interruption, with epoch checks, and
+// with fuel metering. Each op is a whole in-process run (instantiate, CPython start-up,
+// the loop); BenchmarkInterruption/*/startup runs `pass` to subtract start-up.
+func BenchmarkInterruption(b *testing.B) {
+	bd := bundletest.Open(b)
+	cache := b.TempDir()
+	for _, v := range []struct {
+		name string
+		e    *engine.Engine
+		fuel uint64
+	}{
+		{"none", engine.NewWithoutEpoch(), 0},
+		{"epoch", engine.New(engine.Options{}), 0},
+		{"fuel", engine.New(engine.Options{Fuel: true}), 1 << 62},
+	} {
+		e := v.e
+		pre, err := bd.Precompiled(e, cache)
+		if err != nil {
+			b.Fatal(err)
+		}
+		mod, err := e.Load(pre.Path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, prog := range []struct{ name, code string }{
+			{"startup", "pass"},
+			{"sum3M", "sum(i*i for i in range(3_000_000))"},
+		} {
+			b.Run(v.name+"/"+prog.name, func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					if out, _ := runIn(b, e, mod, prog.code, v.fuel); out.Reason != protocol.Exited || out.ExitCode != 0 {
+						b.Fatalf("%+v", out)
+					}
+				}
+			})
+		}
+		mod.Close()
+	}
+}

@@ -1,0 +1,64 @@
+package policy
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+func TestDefaultIsValid(t *testing.T) {
+	if err := Default().Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestResolveFillsDefaults(t *testing.T) {
+	got, err := Default().Resolve(protocol.Limits{TimeoutMS: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Default().Default
+	want.TimeoutMS = 1000
+	if got != want {
+		t.Fatalf("got %+v want %+v", got, want)
+	}
+}
+
+// A request may lower limits, never raise them; every offending limit is named.
+func TestResolveRefusesAboveMaxima(t *testing.T) {
+	_, err := Default().Resolve(protocol.Limits{TimeoutMS: 10_000_000, MemoryBytes: 8192 * MiB, MaxStdoutBytes: -1})
+	if !errors.Is(err, ErrLimit) {
+		t.Fatalf("%v", err)
+	}
+	for _, want := range []string{"timeout_ms 10000000 is above", "memory_bytes", "max_stdout_bytes is negative"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not mention %q: %v", want, err)
+		}
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	p := Default()
+	p.Default.TimeoutMS = 0
+	p.Default.MemoryBytes = p.Max.MemoryBytes * 2
+	p.EnvAllow = []string{"OK_NAME", "bad name"}
+	err := p.Validate()
+	for _, want := range []string{"default.timeout_ms must be set", "exceeds the 4 GiB", `"bad name" is not a variable name`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in %v", want, err)
+		}
+	}
+}
+
+func TestFilterEnv(t *testing.T) {
+	p := Default()
+	if _, err := p.FilterEnv(map[string]string{"HOME": "/root"}); !errors.Is(err, ErrLimit) {
+		t.Fatalf("empty allowlist let HOME through: %v", err)
+	}
+	p.EnvAllow = []string{"LANG"}
+	if env, err := p.FilterEnv(map[string]string{"LANG": "C"}); err != nil || env["LANG"] != "C" {
+		t.Fatalf("%v %v", env, err)
+	}
+}

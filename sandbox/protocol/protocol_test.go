@@ -1,0 +1,67 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"io"
+	"testing"
+)
+
+func TestFrameRoundTrip(t *testing.T) {
+	var buf bytes.Buffer
+	in := Request{Version: Version, Code: "print('é')", Stdin: []byte{0, 1, 255}, Args: []string{"a"},
+		Limits: Limits{TimeoutMS: 5, MemoryBytes: 6, MaxStdoutBytes: 7, MaxStderrBytes: 8, Fuel: 9}}
+	if err := WriteFrame(&buf, in); err != nil {
+		t.Fatal(err)
+	}
+	var out Request
+	if err := ReadFrame(&buf, &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.Code != in.Code || !bytes.Equal(out.Stdin, in.Stdin) || out.Limits != in.Limits || out.Args[0] != "a" {
+		t.Fatalf("got %+v", out)
+	}
+	if err := ReadFrame(&buf, &out); !errors.Is(err, io.EOF) {
+		t.Fatalf("empty reader: %v", err)
+	}
+}
+
+func TestFrameLimits(t *testing.T) {
+	var hdr [4]byte
+	binary.BigEndian.PutUint32(hdr[:], MaxFrame+1)
+	var v Report
+	if err := ReadFrame(bytes.NewReader(hdr[:]), &v); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("oversized: %v", err)
+	}
+	binary.BigEndian.PutUint32(hdr[:], 10)
+	if err := ReadFrame(bytes.NewReader(append(hdr[:], "{}"...)), &v); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("short: %v", err)
+	}
+	if err := WriteFrame(io.Discard, Request{Code: string(make([]byte, MaxFrame))}); !errors.Is(err, ErrFrameTooLarge) {
+		t.Fatalf("write oversized: %v", err)
+	}
+}
+
+// Output that is not UTF-8 is carried as base64, so no byte is lost.
+func TestResultOutputEncoding(t *testing.T) {
+	for _, out := range [][]byte{[]byte("plain ✓\n"), {0, 0xff, 0xfe, 'x'}, nil} {
+		in := Result{Reason: Exited, Stdout: out, Stderr: []byte("e")}
+		b, err := json.Marshal(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back Result
+		if err := json.Unmarshal(b, &back); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(back.Stdout, out) || string(back.Stderr) != "e" || back.Reason != Exited {
+			t.Fatalf("%s -> %+v", b, back)
+		}
+	}
+	b, _ := json.Marshal(Result{Stdout: []byte{0xff}})
+	if !bytes.Contains(b, []byte(`"stdout":"/w==","stdout_encoding":"base64"`)) {
+		t.Fatalf("%s", b)
+	}
+}
