@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/bundle/bundletest"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/sandbox/worker"
+)
+
+// TestMain makes the test binary behave as the sandcell binary: the worker when
+// re-executed as one, the CLI when SANDCELL_CLI_TEST is set.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == worker.Command {
+		os.Exit(worker.Main())
+	}
+	if os.Getenv("SANDCELL_CLI_TEST") == "1" {
+		os.Exit(execute(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+type cliResult struct {
+	stdout, stderr string
+	code           int
+}
+
+// cli runs `sandcell ARGS...` as a separate process with stdin and returns its output.
+func cli(t *testing.T, stdin string, args ...string) cliResult {
+	t.Helper()
+	cmd := cliCmd(t, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if _, ok := err.(*exec.ExitError); err != nil && !ok {
+		t.Fatal(err)
+	}
+	return cliResult{out.String(), errb.String(), cmd.ProcessState.ExitCode()}
+}
+
+func cliCmd(t *testing.T, args ...string) *exec.Cmd {
+	bundletest.Module(t, false) // fail early, with the fix, if the bundle is missing
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "SANDCELL_CLI_TEST=1", "SANDCELL_BUNDLE_DIR="+bundletest.Dir(t),
+		"SANDCELL_CACHE_DIR="+t.TempDir())
+	return cmd
+}
+
+func TestCLIRun(t *testing.T) {
+	r := cli(t, "", "run", "-c", "print(6*7)")
+	if r.stdout != "42\n" || r.code != 0 {
+		t.Fatalf("%+v", r)
+	}
+	r = cli(t, "", "run", "-c", "import sys; print('to stderr', file=sys.stderr); raise SystemExit(3)")
+	if r.code != 3 || r.stderr != "to stderr\n" {
+		t.Fatalf("%+v", r)
+	}
+	r = cli(t, "piped input", "run", "--stdin", "-", "-c", "import sys; print(sys.stdin.read(), sys.argv[1:])", "--", "x", "-y")
+	if r.stdout != "piped input ['x', '-y']\n" || r.code != 0 {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestCLIFileAndWorkspace(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "job.py")
+	os.WriteFile(script, []byte("import sys\nopen('result.txt', 'w').write(sys.argv[1])\nprint(sys.argv[0])\n"), 0o644)
+	ws := t.TempDir()
+	r := cli(t, "", "run", "--workspace", ws, script, "payload")
+	if r.code != 0 || r.stdout != "job.py\n" {
+		t.Fatalf("%+v", r)
+	}
+	if b, _ := os.ReadFile(filepath.Join(ws, "result.txt")); string(b) != "payload" {
+		t.Fatalf("workspace file %q", b)
+	}
+}
+
+// Without --workspace, a private temporary workspace is made and removed.
+func TestCLITemporaryWorkspaceIsRemoved(t *testing.T) {
+	tmp := t.TempDir()
+	cmd := cliCmd(t, "run", "-c", "open('f', 'w').write('x'); import os; print(os.listdir('.'))")
+	cmd.Env = append(cmd.Env, "TMPDIR="+tmp)
+	out, err := cmd.Output()
+	if err != nil || string(out) != "['f']\n" {
+		t.Fatalf("%q %v", out, err)
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
+	}
+}
+
+func TestCLIExitCodes(t *testing.T) {
+	cases := []struct {
+		args []string
+		code int
+		note string
+	}{
+		{[]string{"run", "--timeout", "1s", "-c", "while True: pass"}, exitTimeout, "timeout"},
+		{[]string{"run", "--cpu", "200ms", "-c", "while True: pass"}, exitCPULimit, "cpu_limit"},
+		{[]string{"run", "--fuel", "1000", "-c", "print(1)"}, exitCPULimit, "fuel exhausted"},
+		{[]string{"run", "--max-output", "10", "-c", "print('x' * 100)"}, exitOutputLimit, "output_limit"},
+		{[]string{"run", "--memory", "32", "-c", "bytearray(2**30)"}, 1, "MemoryError"},
+		{[]string{"run", "--timeout", "1h", "-c", "1"}, exitUsage, "above the maximum"},
+		{[]string{"run"}, exitUsage, "give -c CODE or FILE.py"},
+		{[]string{"run", "--no-such-flag"}, exitUsage, "unknown flag"},
+		{[]string{"run", "--bundle-dir", "/nonexistent", "-c", "1"}, exitUsage, "make bundle"},
+	}
+	for _, c := range cases {
+		r := cli(t, "", c.args...)
+		if r.code != c.code || !strings.Contains(r.stderr, c.note) {
+			t.Errorf("%q: exit %d stderr %q, want %d and %q", c.args, r.code, r.stderr, c.code, c.note)
+		}
+	}
+}
+
+func TestCLIJSON(t *testing.T) {
+	r := cli(t, "", "run", "--json", "-c", "import sys; sys.stdout.buffer.write(b'\\xff'); raise SystemExit(2)")
+	var res protocol.Result
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		t.Fatalf("%v: %s", err, r.stdout)
+	}
+	if r.code != 2 || res.ExitCode != 2 || res.Reason != protocol.Exited || string(res.Stdout) != "\xff" {
+		t.Fatalf("%+v %+v", r, res)
+	}
+}
+
+// SIGINT to the CLI cancels the run: the worker is killed and the CLI exits 130.
+func TestCLICancel(t *testing.T) {
+	cmd := cliCmd(t, "run", "-c", "import time; time.sleep(60)")
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGINT)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		cmd.Process.Kill()
+		t.Fatal("CLI did not stop on SIGINT")
+	}
+	if code := cmd.ProcessState.ExitCode(); code != exitCancelled {
+		t.Fatalf("exit %d stderr %s", code, errb.String())
+	}
+}
