@@ -231,9 +231,9 @@ func TestMissingCapabilitiesFailCleanly(t *testing.T) {
 func TestMemoryLimit(t *testing.T) {
 	t.Parallel()
 	for name, code := range map[string]string{
-		"one big":  "bytearray(2**30)",
-		"appends":  "b = bytearray()\nwhile True:\n    b += b'x' * 1_000_000",
-		"list":     "l = []\nwhile True:\n    l.append('x' * 10_000)",
+		"one big":    "bytearray(2**30)",
+		"appends":    "b = bytearray()\nwhile True:\n    b += b'x' * 1_000_000",
+		"list":       "l = []\nwhile True:\n    l.append('x' * 10_000)",
 		"big string": "s = 'x' * (100 * 2**20)",
 	} {
 		t.Run(name, func(t *testing.T) {
