@@ -106,6 +106,10 @@ func TestPrecompiledCache(t *testing.T) {
 			copyFile(t, other+".json", p+".json")
 		},
 		"no sidecar": func(p string) { os.Remove(p + ".json") },
+		"group-writable": func(p string) {
+			os.WriteFile(p, good, 0o644)
+			os.Chmod(p, 0o664)
+		},
 	}
 	for name, f := range damage {
 		t.Run(name, func(t *testing.T) {

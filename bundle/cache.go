@@ -7,8 +7,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // Compiler is what the .cwasm cache needs from the engine; sandbox/engine.Engine
@@ -126,8 +128,23 @@ func (b *Bundle) Precompile(c Compiler, dir string) (string, error) {
 	return p, nil
 }
 
-// CheckPrecompiled verifies the .cwasm at path for key: its sidecar names key, the
-// file has the recorded size and SHA-256, and c loads it. Errors wrap ErrStale, or
+// checkOwner refuses a file that another user could have written: it must be owned
+// by root or by this process's user and not be writable by group or others. The
+// sidecar's hash only detects damage; these checks keep out a writer who could forge
+// both files. (The same rule as OpenSSH's StrictModes.)
+func checkOwner(st os.FileInfo) error {
+	if st.Mode().Perm()&0o022 != 0 {
+		return fmt.Errorf("mode %v is writable by group or others", st.Mode().Perm())
+	}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok && sys.Uid != 0 && int(sys.Uid) != os.Geteuid() {
+		return fmt.Errorf("owned by uid %d, not root or this user", sys.Uid)
+	}
+	return nil
+}
+
+// CheckPrecompiled verifies the .cwasm at path for key: it and its sidecar are owned
+// by root or this user and writable by no one else, the sidecar names key, the file
+// has the recorded size and SHA-256, and c loads it. Errors wrap ErrStale, or
 // fs.ErrNotExist when the .cwasm does not exist.
 func CheckPrecompiled(c Compiler, path, key string) error {
 	f, err := os.Open(path)
@@ -135,9 +152,17 @@ func CheckPrecompiled(c Compiler, path, key string) error {
 		return fmt.Errorf("bundle: %w", err)
 	}
 	defer f.Close()
-	raw, err := os.ReadFile(path + ".json")
+	side, err := os.Open(path + ".json")
 	if err != nil {
 		return fmt.Errorf("%w: %s: no sidecar: %v", ErrStale, filepath.Base(path), err)
+	}
+	defer side.Close()
+	if st, err := side.Stat(); err != nil || checkOwner(st) != nil {
+		return fmt.Errorf("%w: %s: sidecar is writable by others or owned by another user", ErrStale, filepath.Base(path))
+	}
+	raw, err := io.ReadAll(io.LimitReader(side, 64<<10))
+	if err != nil {
+		return fmt.Errorf("%w: %s: sidecar: %v", ErrStale, filepath.Base(path), err)
 	}
 	var sc Sidecar
 	dec := json.NewDecoder(bytes.NewReader(raw))
@@ -151,6 +176,9 @@ func CheckPrecompiled(c Compiler, path, key string) error {
 	st, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("bundle: stat %s: %w", path, err)
+	}
+	if err := checkOwner(st); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrStale, filepath.Base(path), err)
 	}
 	if st.Size() != sc.Size {
 		return fmt.Errorf("%w: %s: size %d, sidecar says %d", ErrStale, filepath.Base(path), st.Size(), sc.Size)

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -35,9 +36,10 @@ var ErrBadRequest = errors.New("sandbox: bad request")
 type Spawner struct {
 	// Exe is the binary to re-execute as `Exe __worker`; normally "/proc/self/exe".
 	Exe string
-	// ExtraArgs are put after the worker command; tests use them to reach the worker
-	// through their own TestMain.
-	ExtraArgs []string
+	// Protected are host directories that no workspace may contain or lie inside:
+	// the bundle and the .cwasm cache, whose compiled code later runs outside
+	// WebAssembly. The directory of each request's module is always protected.
+	Protected []string
 }
 
 // SelfSpawner re-executes the running binary.
@@ -52,7 +54,14 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 	if err := check(&req); err != nil {
 		return protocol.Result{}, err
 	}
+	if err := checkOverlap(req.Workspace, append([]string{filepath.Dir(req.ModulePath)}, s.Protected...)); err != nil {
+		return protocol.Result{}, err
+	}
 	req.Version = protocol.Version
+	frame, err := protocol.Encode(&req)
+	if err != nil {
+		return protocol.Result{}, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
+	}
 
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -76,7 +85,7 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 
 	cmd := &exec.Cmd{
 		Path:       s.Exe,
-		Args:       append([]string{"sandcell", worker.Command}, s.ExtraArgs...),
+		Args:       []string{"sandcell", worker.Command},
 		Env:        []string{}, // built from nothing: no NOTIFY_SOCKET, LISTEN_*, secrets
 		Stdout:     outW,
 		Stderr:     errW,
@@ -122,8 +131,9 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 	var repErr error
 	go func() {
 		defer wg.Done()
-		if err := protocol.WriteFrame(ctl, &req); err != nil {
+		if _, err := ctl.Write(frame); err != nil {
 			repErr = err
+			kill(protocol.InternalError) // the worker would wait for its request forever
 			return
 		}
 		repErr = protocol.ReadFrame(ctl, &rep)
@@ -161,6 +171,10 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 		res.FuelConsumed = rep.FuelConsumed
 		res.PeakMemoryBytes = rep.PeakMemoryBytes
 		res.Diagnostics = rep.Diagnostics
+	case killReason == protocol.InternalError:
+		res.ExitCode = -1
+		res.Reason = killReason
+		res.Diagnostics = []string{"could not send the request to the worker: " + repErr.Error()}
 	case killReason != "":
 		res.ExitCode = -1
 		res.Reason = killReason
@@ -199,11 +213,42 @@ func check(req *protocol.Request) error {
 			return fmt.Errorf("%w: an argument contains a NUL byte", ErrBadRequest)
 		}
 	}
+	if len(req.Stdin) > protocol.MaxFrame/2 {
+		return fmt.Errorf("%w: stdin is larger than %d bytes", ErrBadRequest, protocol.MaxFrame/2)
+	}
 	l := req.Limits
 	if l.TimeoutMS <= 0 || l.MemoryBytes <= 0 || l.MaxStdoutBytes <= 0 || l.MaxStderrBytes <= 0 {
 		return fmt.Errorf("%w: limits are incomplete", ErrBadRequest)
 	}
 	return nil
+}
+
+// checkOverlap refuses a workspace that contains, or lies inside, a protected
+// directory. Both sides are compared after resolving symbolic links.
+func checkOverlap(workspace string, protected []string) error {
+	ws, err := filepath.EvalSymlinks(workspace)
+	if err != nil {
+		return fmt.Errorf("%w: workspace: %v", ErrBadRequest, err)
+	}
+	for _, p := range protected {
+		if p == "" {
+			continue
+		}
+		dir, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			continue // a directory that does not exist holds nothing to protect
+		}
+		if within(ws, dir) || within(dir, ws) {
+			return fmt.Errorf("%w: the workspace overlaps %s, which holds the interpreter's compiled code", ErrBadRequest, p)
+		}
+	}
+	return nil
+}
+
+// within reports whether path is dir or lies beneath it (both clean and absolute).
+func within(path, dir string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
 func describeExit(err error) string {

@@ -109,6 +109,32 @@ func TestStdinAndArgs(t *testing.T) {
 	}
 }
 
+// Reading past the end of a given stdin keeps returning end of file.
+func TestStdinPastEOF(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "import os\nfor _ in range(4): print(os.read(0, 3))\ninput()", func(r *protocol.Request) {
+		r.Stdin = []byte("data\n")
+	})
+	wantExit(t, res, 1)
+	if string(res.Stdout) != "b'dat'\nb'a\\n'\nb''\nb''\n" || !strings.Contains(string(res.Stderr), "EOFError") {
+		t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+}
+
+func TestExitStatusIsReducedModulo256(t *testing.T) {
+	t.Parallel()
+	for code, want := range map[string]int{"raise SystemExit(256)": 0, "raise SystemExit(257)": 1,
+		"raise SystemExit(None)": 0, "raise SystemExit('message')": 1, "": 0} {
+		res, _ := run(t, code, nil)
+		wantExit(t, res, want)
+	}
+	// WASI cannot carry 126-255: the run ends as a trap that says why.
+	res, _ := run(t, "import sys; sys.exit(-1)", nil)
+	if res.Reason != protocol.Trap || !strings.Contains(strings.Join(res.Diagnostics, " "), "exit status") {
+		t.Fatalf("%+v", res)
+	}
+}
+
 func TestEmptyStdinDoesNotBlock(t *testing.T) {
 	t.Parallel()
 	res, _ := run(t, "import sys\nprint(repr(sys.stdin.read()))\ninput()", timeout(5*time.Second))
@@ -397,6 +423,45 @@ func TestOddSource(t *testing.T) {
 	wantExit(t, res, 0)
 	if string(res.Stdout) != "1048576\n" {
 		t.Fatalf("1 MB line: %q", res.Stdout)
+	}
+}
+
+// A request too large for one frame is refused before a worker starts, not left to
+// time out.
+func TestOversizedRequest(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	_, err := sandbox.SelfSpawner().Run(context.Background(), protocol.Request{
+		Code: "x = '" + strings.Repeat("<", 3<<20) + "'", Stdin: make([]byte, 8<<20),
+		Workspace: t.TempDir(), ModulePath: bundletest.Module(t, false), Limits: policy.Default().Default})
+	if !errors.Is(err, sandbox.ErrBadRequest) || time.Since(start) > time.Second {
+		t.Fatalf("%v after %v", err, time.Since(start))
+	}
+}
+
+// No workspace may contain the interpreter's compiled code, or lie inside its
+// directory: a guest could otherwise replace what later runs execute natively.
+func TestWorkspaceMustNotOverlapTheBundle(t *testing.T) {
+	t.Parallel()
+	mod := bundletest.Module(t, false)
+	bundleDir := filepath.Dir(mod)
+	cache := t.TempDir()
+	sp := sandbox.SelfSpawner()
+	sp.Protected = []string{cache}
+	for _, ws := range []string{bundleDir, filepath.Dir(bundleDir), "/", cache, filepath.Join(cache)} {
+		_, err := sp.Run(context.Background(), protocol.Request{Code: "1", Workspace: ws, ModulePath: mod, Limits: policy.Default().Default})
+		if !errors.Is(err, sandbox.ErrBadRequest) || !strings.Contains(err.Error(), "overlaps") {
+			t.Errorf("workspace %s: %v", ws, err)
+		}
+	}
+	inside := filepath.Join(cache, "ws")
+	os.Mkdir(inside, 0o755)
+	link := filepath.Join(t.TempDir(), "link")
+	os.Symlink(bundleDir, link)
+	for _, ws := range []string{inside, link} {
+		if _, err := sp.Run(context.Background(), protocol.Request{Code: "1", Workspace: ws, ModulePath: mod, Limits: policy.Default().Default}); !errors.Is(err, sandbox.ErrBadRequest) {
+			t.Errorf("workspace %s: %v", ws, err)
+		}
 	}
 }
 

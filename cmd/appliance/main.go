@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -32,9 +33,17 @@ func execute(args []string) int {
 		return 0
 	}
 	var ec exitCode
-	if asExitCode(err, &ec) {
+	if errors.As(err, &ec) {
 		return int(ec)
 	}
-	fmt.Fprintf(os.Stderr, "sandcell %s: %v\n", cmd.Name(), err)
+	name := "sandcell"
+	if cmd != root {
+		name += " " + cmd.Name()
+	}
+	fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+	var rej rejected
+	if errors.As(err, &rej) {
+		return exitRejected
+	}
 	return exitUsage
 }

@@ -73,10 +73,11 @@ func TestCLIRun(t *testing.T) {
 func TestCLIFileAndWorkspace(t *testing.T) {
 	dir := t.TempDir()
 	script := filepath.Join(dir, "job.py")
-	os.WriteFile(script, []byte("import sys\nopen('result.txt', 'w').write(sys.argv[1])\nprint(sys.argv[0])\n"), 0o644)
+	// A UTF-8 byte order mark is allowed at the start of a source file.
+	os.WriteFile(script, []byte("\ufeffimport sys\nopen('result.txt', 'w').write(sys.argv[1])\nprint(sys.argv[0], __file__)\n"), 0o644)
 	ws := t.TempDir()
 	r := cli(t, "", "run", "--workspace", ws, script, "payload")
-	if r.code != 0 || r.stdout != "job.py\n" {
+	if r.code != 0 || r.stdout != "job.py job.py\n" {
 		t.Fatalf("%+v", r)
 	}
 	if b, _ := os.ReadFile(filepath.Join(ws, "result.txt")); string(b) != "payload" {
@@ -109,7 +110,16 @@ func TestCLIExitCodes(t *testing.T) {
 		{[]string{"run", "--fuel", "1000", "-c", "print(1)"}, exitCPULimit, "fuel exhausted"},
 		{[]string{"run", "--max-output", "10", "-c", "print('x' * 100)"}, exitOutputLimit, "output_limit"},
 		{[]string{"run", "--memory", "32", "-c", "bytearray(2**30)"}, 1, "MemoryError"},
-		{[]string{"run", "--timeout", "1h", "-c", "1"}, exitUsage, "above the maximum"},
+		{[]string{"run", "--timeout", "1h", "-c", "1"}, exitRejected, "above the maximum"},
+		{[]string{"run", "--timeout", "500us", "-c", "1"}, exitRejected, "at least 1ms"},
+		{[]string{"run", "--timeout", "0", "-c", "1"}, exitRejected, "at least 1ms"},
+		{[]string{"run", "--cpu", "500us", "-c", "1"}, exitRejected, "at least 1ms"},
+		{[]string{"run", "--memory", "8", "-c", "1"}, exitRejected, "between 32 and 4096"},
+		{[]string{"run", "--memory", "17592186044417", "-c", "1"}, exitRejected, "between 32 and 4096"},
+		{[]string{"run", "--max-output", "0", "-c", "1"}, exitRejected, "at least 1 byte"},
+		{[]string{"run", "-c", "import sys; sys.exit(-1)"}, exitTrap, "exit status"},
+		{[]string{"run", "--workspace", "/", "-c", "1"}, exitRejected, "overlaps"},
+		{[]string{"nonsense"}, exitUsage, "sandcell: unknown command"},
 		{[]string{"run"}, exitUsage, "give -c CODE or FILE.py"},
 		{[]string{"run", "--no-such-flag"}, exitUsage, "unknown flag"},
 		{[]string{"run", "--bundle-dir", "/nonexistent", "-c", "1"}, exitUsage, "make bundle"},
@@ -118,6 +128,16 @@ func TestCLIExitCodes(t *testing.T) {
 		r := cli(t, "", c.args...)
 		if r.code != c.code || !strings.Contains(r.stderr, c.note) {
 			t.Errorf("%q: exit %d stderr %q, want %d and %q", c.args, r.code, r.stderr, c.code, c.note)
+		}
+	}
+}
+
+func TestCLIEmptyProgram(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty.py")
+	os.WriteFile(empty, nil, 0o644)
+	for _, args := range [][]string{{"run", "-c", ""}, {"run", empty}} {
+		if r := cli(t, "", args...); r.code != 0 || r.stdout != "" || r.stderr != "" {
+			t.Errorf("%q: %+v", args, r)
 		}
 	}
 }
@@ -133,25 +153,33 @@ func TestCLIJSON(t *testing.T) {
 	}
 }
 
-// SIGINT to the CLI cancels the run: the worker is killed and the CLI exits 130.
+// SIGINT, SIGTERM or SIGHUP to the CLI cancels the run: the worker is killed, the
+// temporary workspace removed, and the CLI exits 130.
 func TestCLICancel(t *testing.T) {
-	cmd := cliCmd(t, "run", "-c", "import time; time.sleep(60)")
-	var errb bytes.Buffer
-	cmd.Stderr = &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(500 * time.Millisecond)
-	cmd.Process.Signal(syscall.SIGINT)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		cmd.Process.Kill()
-		t.Fatal("CLI did not stop on SIGINT")
-	}
-	if code := cmd.ProcessState.ExitCode(); code != exitCancelled {
-		t.Fatalf("exit %d stderr %s", code, errb.String())
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP} {
+		tmp := t.TempDir()
+		cmd := cliCmd(t, "run", "-c", "import time; time.sleep(60)")
+		cmd.Env = append(cmd.Env, "TMPDIR="+tmp)
+		var errb bytes.Buffer
+		cmd.Stderr = &errb
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(500 * time.Millisecond)
+		cmd.Process.Signal(sig)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			t.Fatalf("CLI did not stop on %v", sig)
+		}
+		if code := cmd.ProcessState.ExitCode(); code != exitCancelled {
+			t.Fatalf("%v: exit %d stderr %s", sig, code, errb.String())
+		}
+		if left, _ := os.ReadDir(tmp); len(left) != 0 {
+			t.Fatalf("%v: left behind %v", sig, left)
+		}
 	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 
@@ -26,8 +25,6 @@ const (
 type exitCode int
 
 func (e exitCode) Error() string { return "exit status" }
-
-func asExitCode(err error, ec *exitCode) bool { return errors.As(err, ec) }
 
 func newRootCmd() *cobra.Command {
 	root := &cobra.Command{

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -56,7 +57,7 @@ program's exit status. Runs that do not end by themselves exit with:
 	fl := cmd.Flags()
 	fl.StringVarP(&f.code, "code", "c", "", "Python source to run")
 	fl.StringVarP(&f.workspace, "workspace", "w", "", "host directory seen as /ws (default: a private temporary one, removed afterwards)")
-	fl.StringVar(&f.stdin, "stdin", "", "file to give the program as stdin, or - for this process's stdin")
+	fl.StringVar(&f.stdin, "stdin", "", "file to give the program as stdin, or - for this process's stdin (read in full before the run starts)")
 	fl.DurationVar(&f.timeout, "timeout", 30*time.Second, "wall-clock limit")
 	fl.DurationVar(&f.cpu, "cpu", 0, "CPU-time limit (0: only the wall clock)")
 	fl.Int64Var(&f.memoryMiB, "memory", 256, "guest memory limit in MiB")
@@ -69,7 +70,26 @@ program's exit status. Runs that do not end by themselves exit with:
 	return cmd
 }
 
+// checkFlags refuses limits that would otherwise be rounded to zero and so silently
+// replaced by the defaults, and values that overflow.
+func checkFlags(f *runFlags) error {
+	switch {
+	case f.timeout < time.Millisecond:
+		return fmt.Errorf("--timeout %v: must be at least 1ms", f.timeout)
+	case f.cpu != 0 && f.cpu < time.Millisecond:
+		return fmt.Errorf("--cpu %v: must be 0 (off) or at least 1ms", f.cpu)
+	case f.memoryMiB < policy.MinMemoryBytes/policy.MiB || f.memoryMiB > 4096:
+		return fmt.Errorf("--memory %d: must be between %d and 4096 MiB", f.memoryMiB, policy.MinMemoryBytes/policy.MiB)
+	case f.maxOutput < 1:
+		return fmt.Errorf("--max-output %d: must be at least 1 byte", f.maxOutput)
+	}
+	return nil
+}
+
 func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
+	if err := checkFlags(f); err != nil {
+		return rejected{err}
+	}
 	req := protocol.Request{Limits: protocol.Limits{
 		TimeoutMS:      f.timeout.Milliseconds(),
 		CPUMS:          f.cpu.Milliseconds(),
@@ -86,17 +106,16 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 		if err != nil {
 			return err
 		}
+		// A UTF-8 byte order mark is allowed at the start of a source file (PEP 263).
+		src = bytes.TrimPrefix(src, []byte("\ufeff"))
 		req.Code, req.Filename, req.Args = string(src), filepath.Base(args[0]), args[1:]
 	default:
 		return errors.New("give -c CODE or FILE.py")
 	}
-	if req.Code == "" {
-		return errors.New("the program is empty")
-	}
 	pol := policy.Default()
 	limits, err := pol.Resolve(req.Limits)
 	if err != nil {
-		return err
+		return rejected{err}
 	}
 	req.Limits = limits
 	if len(f.env) > 0 {
@@ -137,14 +156,20 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 		return err
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
-	res, err := sandbox.SelfSpawner().Run(ctx, req)
+	sp := sandbox.SelfSpawner()
+	sp.Protected = []string{f.bundleDir, f.cacheDir}
+	res, err := sp.Run(ctx, req)
+	if errors.Is(err, sandbox.ErrBadRequest) {
+		return rejected{err}
+	}
 	if err != nil {
 		return err
 	}
 	if f.json {
 		enc := json.NewEncoder(os.Stdout)
+		enc.SetEscapeHTML(false)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(res); err != nil {
 			return err
@@ -161,6 +186,12 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 	}
 	return nil
 }
+
+// rejected marks an error that refuses the request itself (policy, bad input): the
+// CLI exits 126 for it rather than 125.
+type rejected struct{ error }
+
+func (r rejected) Unwrap() error { return r.error }
 
 // precompiled opens the bundle and returns a verified .cwasm for the engine variant,
 // compiling one (seconds, once per host) when none is usable.

@@ -105,6 +105,16 @@ func (e *Engine) Precompile(wasm []byte) ([]byte, error) {
 	return out, nil
 }
 
+// Compile compiles wasm in memory and returns it ready to run, for tools that run a
+// module once (the interpreter build's host runner). Workers use Load.
+func (e *Engine) Compile(wasm []byte) (*Module, error) {
+	m, err := wasmtime.NewModule(e.we, wasm)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrModule, err)
+	}
+	return &Module{m: m}, nil
+}
+
 // Module is a loaded, ready-to-instantiate module.
 type Module struct {
 	m *wasmtime.Module
@@ -148,8 +158,9 @@ type Spec struct {
 	Argv []string
 	// Env is the guest's whole environment.
 	Env map[string]string
-	// StdinPath is a host file the guest reads as stdin; empty means none (EOF).
-	StdinPath string
+	// InheritStdin gives the guest this process's fd 0 as stdin; otherwise the
+	// guest's stdin is empty.
+	InheritStdin bool
 	// Preopens are the only host directories the guest can name.
 	Preopens []Preopen
 	// MemoryBytes caps linear memory (store limiter); must be positive.
@@ -189,10 +200,8 @@ func (e *Engine) Run(m *Module, spec Spec) Outcome {
 		vals = append(vals, v)
 	}
 	wasi.SetEnv(keys, vals)
-	if spec.StdinPath != "" {
-		if err := wasi.SetStdinFile(spec.StdinPath); err != nil {
-			return internal("cannot open stdin")
-		}
+	if spec.InheritStdin {
+		wasi.InheritStdin()
 	}
 	wasi.InheritStdout()
 	wasi.InheritStderr()
@@ -307,6 +316,10 @@ func cause(msg string) string {
 	msg = strings.TrimSpace(msg)
 	if i := strings.IndexByte(msg, '\n'); i >= 0 {
 		msg = msg[:i]
+	}
+	// Several causes are numbered "0: ...", "1: ...": keep the text.
+	if n, rest, ok := strings.Cut(msg, ": "); ok && strings.Trim(n, "0123456789") == "" {
+		msg = rest
 	}
 	return msg
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/hashicorp/go-multierror"
 
@@ -18,6 +19,10 @@ const MiB = 1 << 20
 
 // wasm32MaxMemory is the most linear memory a wasm32 module can address (4 GiB).
 const wasm32MaxMemory = 4096 * MiB
+
+// MinMemoryBytes is the least guest memory a run may have (32 MiB): the interpreter's
+// initial linear memory plus room for its heap. Below it CPython cannot start.
+const MinMemoryBytes = 32 * MiB
 
 // ErrLimit is wrapped by Resolve for a request that asks for more than the maxima or
 // for a nonsensical value.
@@ -74,7 +79,7 @@ func (p Policy) Validate() error {
 			errs = multierror.Append(errs, fmt.Errorf("env_allow: %q is not a variable name", n))
 		}
 	}
-	return errs.ErrorOrNil()
+	return joined(errs)
 }
 
 // Resolve fills the zero fields of req from the defaults and checks the result
@@ -97,10 +102,25 @@ func (p Policy) Resolve(req protocol.Limits) (protocol.Limits, error) {
 	if err := exceeds(out, p.Max); err != nil {
 		errs = multierror.Append(errs, err)
 	}
-	if err := errs.ErrorOrNil(); err != nil {
+	if err := joined(errs); err != nil {
 		return protocol.Limits{}, err
 	}
 	return out, nil
+}
+
+// joined returns errs as one error whose message lists every problem on one line.
+func joined(errs *multierror.Error) error {
+	if errs == nil || len(errs.Errors) == 0 {
+		return nil
+	}
+	errs.ErrorFormat = func(list []error) string {
+		msgs := make([]string, len(list))
+		for i, e := range list {
+			msgs[i] = e.Error()
+		}
+		return strings.Join(msgs, "; ")
+	}
+	return errs
 }
 
 // FilterEnv returns env if every name in it is allowed, else an error naming the
@@ -140,10 +160,13 @@ func checkLimits(what string, l protocol.Limits, complete bool) error {
 			errs = multierror.Append(errs, fmt.Errorf("%w: %s.%s must be set", ErrLimit, what, f.name))
 		}
 	}
+	if l.MemoryBytes > 0 && l.MemoryBytes < MinMemoryBytes {
+		errs = multierror.Append(errs, fmt.Errorf("%w: %s.memory_bytes %d is below the %d the interpreter needs", ErrLimit, what, l.MemoryBytes, MinMemoryBytes))
+	}
 	if l.MemoryBytes > wasm32MaxMemory {
 		errs = multierror.Append(errs, fmt.Errorf("%w: %s.memory_bytes %d exceeds the 4 GiB a wasm32 guest can address", ErrLimit, what, l.MemoryBytes))
 	}
-	return errs.ErrorOrNil()
+	return joined(errs)
 }
 
 // exceeds reports every field of l above a non-zero field of max.
@@ -158,7 +181,7 @@ func exceeds(l, max protocol.Limits) error {
 	if max.Fuel > 0 && l.Fuel > max.Fuel {
 		errs = multierror.Append(errs, fmt.Errorf("%w: fuel %d is above the maximum %d", ErrLimit, l.Fuel, max.Fuel))
 	}
-	return errs.ErrorOrNil()
+	return joined(errs)
 }
 
 type field struct {

@@ -217,18 +217,29 @@ func decodeOutput(text, encoding string) ([]byte, error) {
 	}
 }
 
-// WriteFrame writes v as one frame: a 4-byte big-endian length, then JSON.
-func WriteFrame(w io.Writer, v any) error {
+// Encode returns v as one frame: a 4-byte big-endian length, then JSON. A frame
+// over MaxFrame is refused with ErrFrameTooLarge, so a sender can check before it
+// starts a worker.
+func Encode(v any) ([]byte, error) {
 	body, err := json.Marshal(v)
 	if err != nil {
-		return fmt.Errorf("protocol: encode frame: %w", err)
+		return nil, fmt.Errorf("protocol: encode frame: %w", err)
 	}
 	if len(body) > MaxFrame {
-		return fmt.Errorf("protocol: write %d bytes: %w", len(body), ErrFrameTooLarge)
+		return nil, fmt.Errorf("protocol: frame of %d bytes: %w", len(body), ErrFrameTooLarge)
 	}
 	buf := make([]byte, 4+len(body))
 	binary.BigEndian.PutUint32(buf, uint32(len(body)))
 	copy(buf[4:], body)
+	return buf, nil
+}
+
+// WriteFrame writes v as one frame (see Encode).
+func WriteFrame(w io.Writer, v any) error {
+	buf, err := Encode(v)
+	if err != nil {
+		return err
+	}
 	if _, err := w.Write(buf); err != nil {
 		return fmt.Errorf("protocol: write frame: %w", err)
 	}

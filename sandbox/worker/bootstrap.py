@@ -4,6 +4,8 @@
 # tracebacks (the bootstrap's own frame is left out), same exit status.
 #   MODE "code": argv = [-c, code, filename, *args]
 #   MODE "path": argv = [-c, path, *args]
+# Exit statuses are reduced modulo 256 as a POSIX exit(3) would; WASI itself cannot
+# carry statuses 126-255 (wasmtime traps, and the run ends as a trap that says so).
 def _sandcell_boot():
     import os
     import sys
@@ -15,7 +17,10 @@ def _sandcell_boot():
     if mode == "code":
         src = sys.argv.pop(1)
         name = sys.argv.pop(1)
-        sys.argv[0] = "-c" if name == "<string>" else name
+        if name == "<string>":
+            sys.argv[0] = "-c"
+        else:
+            sys.argv[0] = g["__file__"] = name
         sys.path.insert(0, "")
     else:
         name = sys.argv.pop(1)
@@ -25,12 +30,18 @@ def _sandcell_boot():
         with open(name, "rb") as f:
             src = f.read()
     try:
-        code = compile(src, name, "exec")
-        del src
-        exec(code, g)
-    except SystemExit:
+        exec(compile(src, name, "exec"), g)
+    except SystemExit as e:
+        code = e.code
+        if code is None or isinstance(code, int):
+            raise SystemExit((code or 0) & 0xFF) from None
         raise
     except BaseException as e:
+        if mode == "code":
+            # Let tracebacks show the program's source lines, which exist only here.
+            import linecache
+            text = src.decode() if isinstance(src, bytes) else src
+            linecache.cache[name] = (len(text), None, text.splitlines(True), name)
         e.__traceback__ = e.__traceback__.tb_next
         sys.excepthook(type(e), e, e.__traceback__)
         sys.exit(1)

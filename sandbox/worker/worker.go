@@ -80,12 +80,10 @@ func run(req *protocol.Request) (rep protocol.Report) {
 		Fuel:        req.Limits.Fuel,
 	}
 	if len(req.Stdin) > 0 {
-		path, closeStdin, err := stdinFile(req.Stdin)
-		if err != nil {
+		if err := stdinPipe(req.Stdin); err != nil {
 			return failed("cannot prepare stdin")
 		}
-		defer closeStdin()
-		spec.StdinPath = path
+		spec.InheritStdin = true
 	}
 	out := eng.Run(mod, spec)
 	return protocol.Report{
@@ -115,19 +113,24 @@ func Argv(req *protocol.Request) ([]string, error) {
 	}
 }
 
-// stdinFile puts data in an anonymous memory file (memfd_create(2)) and returns a path
-// that opens it. The guest reads it to the end, then sees end of file.
-func stdinFile(data []byte) (string, func(), error) {
-	fd, err := unix.MemfdCreate("stdin", unix.MFD_CLOEXEC)
+// stdinPipe makes fd 0 a pipe that a goroutine fills with data and then closes, so
+// the guest reads data and then end of file, however often it reads past it. (A file
+// given to wasmtime as stdin traps after repeated reads at end of file.)
+func stdinPipe(data []byte) error {
+	r, w, err := os.Pipe()
 	if err != nil {
-		return "", nil, err
+		return err
 	}
-	f := os.NewFile(uintptr(fd), "stdin")
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return "", nil, err
+	defer r.Close()
+	if err := unix.Dup3(int(r.Fd()), 0, 0); err != nil {
+		w.Close()
+		return err
 	}
-	return fmt.Sprintf("/proc/self/fd/%d", fd), func() { f.Close() }, nil
+	go func() {
+		w.Write(data)
+		w.Close()
+	}()
+	return nil
 }
 
 func failed(msg string) protocol.Report {
