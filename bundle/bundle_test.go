@@ -1,7 +1,10 @@
 package bundle_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +16,9 @@ import (
 )
 
 func TestPinnedInterpreter(t *testing.T) {
+	if len(bundle.Pinned.Wasm.SHA256) != 64 || len(bundle.Pinned.Stdlib.SHA256) != 64 || len(bundle.Pinned.Sources) != 5 {
+		t.Fatalf("incomplete pin: %+v", bundle.Pinned)
+	}
 	b := bundletest.Open(t)
 	if err := b.Verify(); err != nil {
 		t.Fatal(err)
@@ -21,20 +27,23 @@ func TestPinnedInterpreter(t *testing.T) {
 
 func TestVerifyNamesExpectedAndActual(t *testing.T) {
 	dir := t.TempDir()
+	pin := bundle.Pinned.Wasm
 	p := filepath.Join(dir, "python.wasm")
 	os.WriteFile(p, []byte("short"), 0o644)
-	err := bundle.Pinned.Verify(p)
-	if !errors.Is(err, bundle.ErrMismatch) || !strings.Contains(err.Error(), "size 5 bytes, expected 26267204") {
+	err := pin.Verify(p)
+	if !errors.Is(err, bundle.ErrMismatch) || !strings.Contains(err.Error(), fmt.Sprintf("size 5 bytes, expected %d", pin.Size)) {
 		t.Fatalf("size mismatch: %v", err)
 	}
 	// Same size, other content: the hash names both values.
-	os.WriteFile(p, make([]byte, bundle.Pinned.Size), 0o644)
-	err = bundle.Pinned.Verify(p)
-	if !errors.Is(err, bundle.ErrMismatch) || !strings.Contains(err.Error(), bundle.Pinned.SHA256) ||
-		!strings.Contains(err.Error(), "sha256 edc7a0bee308a5b0292d10678face5c3bde760b25a5a92b56df93049c31179d7") {
+	zeros := make([]byte, pin.Size)
+	os.WriteFile(p, zeros, 0o644)
+	sum := sha256.Sum256(zeros)
+	err = pin.Verify(p)
+	if !errors.Is(err, bundle.ErrMismatch) || !strings.Contains(err.Error(), pin.SHA256) ||
+		!strings.Contains(err.Error(), "sha256 "+hex.EncodeToString(sum[:])) {
 		t.Fatalf("hash mismatch: %v", err)
 	}
-	if err := bundle.Install(p, filepath.Join(dir, "out")); !errors.Is(err, bundle.ErrMismatch) {
+	if err := bundle.Install(dir, filepath.Join(dir, "out")); !errors.Is(err, bundle.ErrMismatch) {
 		t.Fatalf("install of a wrong file: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "out")); !errors.Is(err, os.ErrNotExist) {
@@ -42,12 +51,23 @@ func TestVerifyNamesExpectedAndActual(t *testing.T) {
 	}
 }
 
-func TestInstallAndOpen(t *testing.T) {
+// installCopy installs the test bundle's interpreter into a new directory.
+func installCopy(t *testing.T) string {
+	t.Helper()
 	src := bundletest.Open(t)
+	build := t.TempDir()
+	copyFile(t, src.WasmPath(), filepath.Join(build, bundle.Pinned.Wasm.Name))
+	copyFile(t, filepath.Join(src.LibPath(), bundle.Pinned.Stdlib.Name), filepath.Join(build, bundle.Pinned.Stdlib.Name))
+	os.WriteFile(filepath.Join(build, "BUILDINFO"), []byte("test\n"), 0o644)
 	dir := t.TempDir()
-	if err := bundle.Install(src.WasmPath(), dir); err != nil {
+	if err := bundle.Install(build, dir); err != nil {
 		t.Fatal(err)
 	}
+	return dir
+}
+
+func TestInstallAndOpen(t *testing.T) {
+	dir := installCopy(t)
 	b, err := bundle.Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -57,7 +77,7 @@ func TestInstallAndOpen(t *testing.T) {
 	}
 	// A manifest for another artifact is refused.
 	raw, _ := os.ReadFile(filepath.Join(dir, bundle.ManifestName))
-	os.WriteFile(filepath.Join(dir, bundle.ManifestName), []byte(strings.Replace(string(raw), "3.12.0", "3.11.0", 1)), 0o644)
+	os.WriteFile(filepath.Join(dir, bundle.ManifestName), []byte(strings.Replace(string(raw), bundle.Pinned.Version, "3.13.4", 1)), 0o644)
 	if _, err := bundle.Open(dir); !errors.Is(err, bundle.ErrManifest) {
 		t.Fatalf("foreign manifest: %v", err)
 	}
@@ -72,11 +92,7 @@ func TestPrecompiledCache(t *testing.T) {
 	if testing.Short() {
 		t.Skip("compiles python.wasm several times (about 5 s each)")
 	}
-	src := bundletest.Open(t)
-	dir := t.TempDir()
-	if err := bundle.Install(src.WasmPath(), dir); err != nil {
-		t.Fatal(err)
-	}
+	dir := installCopy(t)
 	b, _ := bundle.Open(dir)
 	eng := engine.New(engine.Options{})
 	first, err := b.Precompiled(eng, dir)
@@ -140,10 +156,7 @@ func TestPrecompiledFallsBackToCacheDir(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	if err := bundle.Install(b.WasmPath(), dir); err != nil {
-		t.Fatal(err)
-	}
+	dir := installCopy(t)
 	copyFile(t, pre.Path, filepath.Join(dir, filepath.Base(pre.Path)))
 	os.WriteFile(filepath.Join(dir, filepath.Base(pre.Path))+".json", []byte("{}"), 0o644)
 	nb, _ := bundle.Open(dir)
@@ -155,8 +168,8 @@ func TestPrecompiledFallsBackToCacheDir(t *testing.T) {
 }
 
 func TestKey(t *testing.T) {
-	a := bundle.Key("wasmtime=39.0.1 fuel=0", bundle.Pinned.SHA256)
-	if a == bundle.Key("wasmtime=39.0.1 fuel=1", bundle.Pinned.SHA256) || a == bundle.Key("wasmtime=39.0.1 fuel=0", strings.Repeat("0", 64)) {
+	a := bundle.Key("wasmtime=39.0.1 fuel=0", bundle.Pinned.Wasm.SHA256)
+	if a == bundle.Key("wasmtime=39.0.1 fuel=1", bundle.Pinned.Wasm.SHA256) || a == bundle.Key("wasmtime=39.0.1 fuel=0", strings.Repeat("0", 64)) {
 		t.Fatal("key ignores an input")
 	}
 	if len(a) != 32 {

@@ -65,7 +65,7 @@ type Precompiled struct {
 // python.wasm into cacheDir (which may be the bundle directory). Compiling takes
 // seconds; the result is written atomically, so concurrent callers are safe.
 func (b *Bundle) Precompiled(c Compiler, cacheDir string) (Precompiled, error) {
-	key := Key(c.Fingerprint(), Pinned.SHA256)
+	key := Key(c.Fingerprint(), Pinned.Wasm.SHA256)
 	out := Precompiled{Key: key}
 	dirs := []string{b.Dir}
 	if cacheDir != "" && filepath.Clean(cacheDir) != filepath.Clean(b.Dir) {
@@ -97,18 +97,18 @@ func (b *Bundle) Precompiled(c Compiler, cacheDir string) (Precompiled, error) {
 func (b *Bundle) Precompile(c Compiler, dir string) (string, error) {
 	wasm, err := os.ReadFile(b.WasmPath())
 	if err != nil {
-		return "", fmt.Errorf("bundle: read %s: %w", Pinned.Name, err)
+		return "", fmt.Errorf("bundle: read %s: %w", Pinned.Wasm.Name, err)
 	}
 	// The bytes we compile are the bytes we hash: a file swapped after Open is caught.
-	if sum := hashBytes(wasm); sum != Pinned.SHA256 {
-		return "", fmt.Errorf("%w: %s: sha256 %s, expected %s", ErrMismatch, Pinned.Name, sum, Pinned.SHA256)
+	if sum := hashBytes(wasm); sum != Pinned.Wasm.SHA256 {
+		return "", fmt.Errorf("%w: %s: sha256 %s, expected %s", ErrMismatch, Pinned.Wasm.Name, sum, Pinned.Wasm.SHA256)
 	}
 	code, err := c.Precompile(wasm)
 	if err != nil {
 		return "", err
 	}
-	key := Key(c.Fingerprint(), Pinned.SHA256)
-	sc := Sidecar{Key: key, Fingerprint: c.Fingerprint(), WasmSHA256: Pinned.SHA256,
+	key := Key(c.Fingerprint(), Pinned.Wasm.SHA256)
+	sc := Sidecar{Key: key, Fingerprint: c.Fingerprint(), WasmSHA256: Pinned.Wasm.SHA256,
 		Size: int64(len(code)), SHA256: hashBytes(code)}
 	side, err := json.MarshalIndent(sc, "", "  ")
 	if err != nil {

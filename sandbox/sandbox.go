@@ -54,7 +54,7 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 	if err := check(&req); err != nil {
 		return protocol.Result{}, err
 	}
-	if err := checkOverlap(req.Workspace, append([]string{filepath.Dir(req.ModulePath)}, s.Protected...)); err != nil {
+	if err := checkOverlap(req.Workspace, append([]string{filepath.Dir(req.ModulePath), req.LibDir}, s.Protected...)); err != nil {
 		return protocol.Result{}, err
 	}
 	req.Version = protocol.Version
@@ -188,8 +188,8 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 
 // check refuses requests that cannot be run before a worker is spent on them.
 func check(req *protocol.Request) error {
-	if req.ModulePath == "" || req.Workspace == "" {
-		return fmt.Errorf("%w: module path and workspace are required", ErrBadRequest)
+	if req.ModulePath == "" || req.LibDir == "" || req.Workspace == "" {
+		return fmt.Errorf("%w: module path, library directory and workspace are required", ErrBadRequest)
 	}
 	if req.Code != "" && req.Path != "" {
 		return fmt.Errorf("%w: give code or path, not both", ErrBadRequest)

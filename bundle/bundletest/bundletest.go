@@ -50,6 +50,12 @@ func Open(t testing.TB) *bundle.Bundle {
 	return b
 }
 
+// LibDir returns the bundle's library directory (preopened at /usr/local/lib).
+func LibDir(t testing.TB) string {
+	t.Helper()
+	return Open(t).LibPath()
+}
+
 // Module returns the path of a verified .cwasm for the plain (fuel=false) or the
 // fuel-metered engine, compiling it into the bundle directory if needed.
 func Module(t testing.TB, fuel bool) string {

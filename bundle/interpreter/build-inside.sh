@@ -112,16 +112,18 @@ mkdir -p "$LIB"
       mkdir -p "$LIB/$(dirname "$f")"; cp "$f" "$LIB/$f"; done )
 cp "$HOST"/build/lib.wasi-wasm32-3.13/_sysconfigdata_*.py "$LIB/"
 BUILDPY=$(pwd)/cross-build/build/python
-"$BUILDPY" -E -m compileall -q -j1 --invalidation-mode unchecked-hash -d "" -b "$LIB" >/dev/null
+# Code objects name the files as an installed CPython would (/usr/local/lib/python3.13).
+"$BUILDPY" -E -m compileall -q -j1 --invalidation-mode unchecked-hash \
+  -d /usr/local/lib/python3.13 -b "$LIB" >/dev/null
 find "$LIB" -name '*.py' -delete
 find "$LIB" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
 ( cd "$LIB" && find . -type f | LC_ALL=C sort | zip -q -X -0 -D /out/python313.zip -@ )
 
 {
-  echo "cpython $(python3 -c 'import sys; print(sys.argv[1])' "$(basename "$(pwd)")")"
-  echo "cflags -DNDEBUG -O2"
-  for p in clang-19 lld-19 wasi-libc libclang-rt-19-dev-wasm32 llvm-19; do
-    dpkg-query -W -f '${Package}=${Version}\n' "$p"
-  done
+  echo "interpreter: CPython $(basename "$(pwd)" | cut -d- -f2) for wasm32-wasip1"
+  echo "cflags: -DNDEBUG -O2"
+  echo "source_date_epoch: $SOURCE_DATE_EPOCH"
+  echo "packages:"
+  dpkg-query -W -f '  ${Package}=${Version}\n'
 } >/out/BUILDINFO
 sha256sum /out/python.wasm /out/python313.zip

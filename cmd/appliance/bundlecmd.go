@@ -18,20 +18,20 @@ func newBundleCmd() *cobra.Command {
 	cmd.PersistentFlags().StringVar(&dir, "dir", defaultBundleDir(), "bundle directory")
 
 	install := &cobra.Command{
-		Use:   "install PYTHON.WASM",
-		Short: "Verify a python.wasm against the pinned hash and install it with its MANIFEST",
+		Use:   "install BUILD_DIR",
+		Short: "Verify an interpreter build (python.wasm, python313.zip) against the pinned hashes and install it",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := bundle.Install(args[0], dir); err != nil {
 				return err
 			}
-			fmt.Printf("installed %s %s (sha256 %s) in %s\n", bundle.Pinned.Name, bundle.Pinned.Version, bundle.Pinned.SHA256, dir)
+			fmt.Printf("installed CPython %s (python.wasm sha256 %s) in %s\n", bundle.Pinned.Version, bundle.Pinned.Wasm.SHA256, dir)
 			return nil
 		},
 	}
 	precompile := &cobra.Command{
 		Use:   "precompile",
-		Short: "Compile python.wasm to .cwasm for every engine variant (plain and fuel-metered)",
+		Short: "Compile python.wasm to .cwasm in the bundle directory for every engine variant (plain and fuel-metered)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			b, err := bundle.Open(dir)
@@ -67,10 +67,10 @@ func newBundleCmd() *cobra.Command {
 			if err := b.Verify(); err != nil {
 				return err
 			}
-			fmt.Printf("%s: %s %s ok\n", b.WasmPath(), bundle.Pinned.Name, bundle.Pinned.Version)
+			fmt.Printf("%s: CPython %s python.wasm and %s ok\n", b.Dir, bundle.Pinned.Version, bundle.Pinned.Stdlib.Name)
 			for _, fuel := range []bool{false, true} {
 				e := engine.New(engine.Options{Fuel: fuel})
-				key := bundle.Key(e.Fingerprint(), bundle.Pinned.SHA256)
+				key := bundle.Key(e.Fingerprint(), bundle.Pinned.Wasm.SHA256)
 				p := b.Dir + "/" + bundle.PrecompiledName(key)
 				if err := bundle.CheckPrecompiled(e, p, key); err != nil {
 					return err
@@ -90,8 +90,9 @@ func newVersionCmd() *cobra.Command {
 		Short: "Print the version, the wasmtime release and the pinned interpreter",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, args []string) {
-			fmt.Printf("sandcell %s (revision %s)\nwasmtime %s\n%s %s sha256 %s\n",
-				version, revision, engine.WasmtimeVersion, bundle.Pinned.Name, bundle.Pinned.Version, bundle.Pinned.SHA256)
+			p := bundle.Pinned
+			fmt.Printf("sandcell %s (revision %s)\nwasmtime %s\nCPython %s for WASI: %s\n  %s sha256 %s\n  %s sha256 %s\n",
+				version, revision, engine.WasmtimeVersion, p.Version, p.Build, p.Wasm.Name, p.Wasm.SHA256, p.Stdlib.Name, p.Stdlib.SHA256)
 		},
 	}
 }

@@ -152,7 +152,7 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 		req.Workspace = dir
 	}
 
-	if req.ModulePath, err = precompiled(f.bundleDir, f.cacheDir, req.Limits.Fuel > 0); err != nil {
+	if req.ModulePath, req.LibDir, err = precompiled(f.bundleDir, f.cacheDir, req.Limits.Fuel > 0); err != nil {
 		return err
 	}
 
@@ -194,20 +194,21 @@ type rejected struct{ error }
 func (r rejected) Unwrap() error { return r.error }
 
 // precompiled opens the bundle and returns a verified .cwasm for the engine variant,
-// compiling one (seconds, once per host) when none is usable.
-func precompiled(bundleDir, cacheDir string, fuel bool) (string, error) {
+// compiling one (seconds, once per host) when none is usable, and the interpreter's
+// library directory.
+func precompiled(bundleDir, cacheDir string, fuel bool) (module, lib string, err error) {
 	b, err := bundle.Open(bundleDir)
 	if err != nil {
-		return "", fmt.Errorf("%w (bundle directory %s; run `make bundle`)", err, bundleDir)
+		return "", "", fmt.Errorf("%w (bundle directory %s; run `make bundle`)", err, bundleDir)
 	}
 	pre, err := b.Precompiled(engine.New(engine.Options{Fuel: fuel}), cacheDir)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if pre.Rebuilt {
 		fmt.Fprintf(os.Stderr, "sandcell: compiled the interpreter for this host into %s\n", pre.Path)
 	}
-	return pre.Path, nil
+	return pre.Path, b.LibPath(), nil
 }
 
 func readStdin(name string) ([]byte, error) {

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/sandbox/engine"
 	"github.com/sandcell/sandcell/sandbox/protocol"
@@ -47,15 +48,23 @@ func TestLoadRefusesOtherConfiguration(t *testing.T) {
 	}
 }
 
-func runIn(t testing.TB, e *engine.Engine, mod *engine.Module, code string, fuel uint64) (engine.Outcome, string) {
+// spec runs code as the worker would, with a fresh workspace.
+func spec(t testing.TB, code string) (engine.Spec, string) {
 	ws := t.TempDir()
-	out := e.Run(mod, engine.Spec{
-		Argv:        []string{"python", "-c", code},
-		Preopens:    []engine.Preopen{{Host: ws, Guest: "/ws"}},
+	return engine.Spec{
+		Argv: []string{bundle.GuestExecutable, "-S", "-I", "-c", code},
+		Preopens: []engine.Preopen{
+			{Host: ws, Guest: "/ws"},
+			{Host: bundletest.LibDir(t), Guest: bundle.GuestLibDir, ReadOnly: true},
+		},
 		MemoryBytes: 128 << 20,
-		Fuel:        fuel,
-	})
-	return out, ws
+	}, ws
+}
+
+func runIn(t testing.TB, e *engine.Engine, mod *engine.Module, code string, fuel uint64) (engine.Outcome, string) {
+	s, ws := spec(t, code)
+	s.Fuel = fuel
+	return e.Run(mod, s), ws
 }
 
 func TestRunInProcess(t *testing.T) {
@@ -88,7 +97,9 @@ func TestCPULimitInProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mod.Close()
-	out := e.Run(mod, engine.Spec{Argv: []string{"python", "-c", "while True: pass"}, MemoryBytes: 128 << 20, CPU: 200 * time.Millisecond})
+	s, _ := spec(t, "while True: pass")
+	s.CPU = 200 * time.Millisecond
+	out := e.Run(mod, s)
 	if out.Reason != protocol.CPULimit || out.Diagnostics[0] != "cpu time limit reached" {
 		t.Fatalf("%+v", out)
 	}

@@ -107,6 +107,9 @@ type Request struct {
 	// ModulePath is the host path of the precompiled module (.cwasm) to run. The
 	// parent has verified it against the bundle before sending it.
 	ModulePath string `json:"module_path"`
+	// LibDir is the host directory of the interpreter's library, preopened read-only
+	// at /usr/local/lib.
+	LibDir string `json:"lib_dir"`
 	// Workspace is the host directory preopened as /ws (read-write).
 	Workspace string `json:"workspace"`
 	// Code is Python source to run as `-c`. Exactly one of Code and Path is set.

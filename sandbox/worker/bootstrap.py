@@ -12,6 +12,9 @@ def _sandcell_boot():
 
     mode = sys.argv.pop(1)
     os.chdir("/ws")
+    # -S skips site, which is what defines exit() and quit(); scripts use them.
+    import builtins
+    builtins.exit = builtins.quit = sys.exit
     g = globals()
     del g["_sandcell_boot"]
     if mode == "code":

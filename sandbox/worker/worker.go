@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/sandbox/engine"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
@@ -72,9 +73,12 @@ func run(req *protocol.Request) (rep protocol.Report) {
 	defer mod.Close()
 
 	spec := engine.Spec{
-		Argv:        argv,
-		Env:         req.Env,
-		Preopens:    []engine.Preopen{{Host: req.Workspace, Guest: GuestWorkdir}},
+		Argv: argv,
+		Env:  req.Env,
+		Preopens: []engine.Preopen{
+			{Host: req.Workspace, Guest: GuestWorkdir},
+			{Host: req.LibDir, Guest: bundle.GuestLibDir, ReadOnly: true},
+		},
 		MemoryBytes: req.Limits.MemoryBytes,
 		CPU:         time.Duration(req.Limits.CPUMS) * time.Millisecond,
 		Fuel:        req.Limits.Fuel,
@@ -95,22 +99,29 @@ func run(req *protocol.Request) (rep protocol.Report) {
 	}
 }
 
-// Argv is the guest argv for req: python.wasm with -I (isolated: no PYTHON*
-// variables, no user site) running the embedded bootstrap, which makes /ws the working
-// directory and then runs the code or the workspace script with req.Args.
+// interpreterFlags: -S skips the site module (nothing to find in a sandbox, and it
+// costs start-up time); -I isolates from PYTHON* variables and the user site.
+var interpreterFlags = []string{"-S", "-I"}
+
+// Argv is the guest argv for req: the interpreter running the embedded bootstrap,
+// which makes /ws the working directory and then runs the code or the workspace
+// script with req.Args.
 func Argv(req *protocol.Request) ([]string, error) {
+	argv := append([]string{bundle.GuestExecutable}, interpreterFlags...)
+	argv = append(argv, "-c", bootstrap)
 	switch {
 	case req.Code != "" && req.Path != "":
 		return nil, fmt.Errorf("request sets both code and path")
 	case req.Path != "":
-		return append([]string{"python", "-I", "-c", bootstrap, "path", GuestWorkdir + "/" + req.Path}, req.Args...), nil
+		argv = append(argv, "path", GuestWorkdir+"/"+req.Path)
 	default:
 		name := req.Filename
 		if name == "" {
 			name = "<string>"
 		}
-		return append([]string{"python", "-I", "-c", bootstrap, "code", req.Code, name}, req.Args...), nil
+		argv = append(argv, "code", req.Code, name)
 	}
+	return append(argv, req.Args...), nil
 }
 
 // stdinPipe makes fd 0 a pipe that a goroutine fills with data and then closes, so
