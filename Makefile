@@ -52,11 +52,10 @@ test: bundle ## Run every test with the real interpreter and real workers
 test-short: bundle ## Run the tests that take seconds, not minutes
 	go test -short -count=1 ./...
 
-bench: bundle ## Run the benchmarks (epoch vs fuel, cold worker) and time the CLI
-	go test -run '^$$' -bench . -benchtime 10x -count 1 ./sandbox/...
-	@if command -v hyperfine >/dev/null; then \
-	  hyperfine -N --warmup 3 --runs 20 "$(BIN) run -c 'print(6*7)'" "python3 -c 'print(6*7)'"; \
-	else echo "hyperfine not installed: apt-get install hyperfine"; fi
+bench: bundle ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_WASM), epoch vs fuel, CLI cold runs
+	go test -run '^$$' -bench . -benchtime 10x -count 1 ./sandbox/engine
+	@command -v hyperfine >/dev/null || { echo "hyperfine not installed: apt-get install hyperfine"; exit 1; }
+	hyperfine -N --warmup 3 --runs 20 "$(BIN) run -c 'print(6*7)'" "/usr/bin/python3 -c 'print(6*7)'"
 
 check: ## vet, gofmt, go mod tidy, import rules, clean tree
 	go vet ./...

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
@@ -143,5 +144,65 @@ func BenchmarkInterruption(b *testing.B) {
 			})
 		}
 		mod.Close()
+	}
+}
+
+// cpuPrograms are the CPU-bound programs of the interpreter benchmark.
+var cpuPrograms = []struct{ name, code string }{
+	{"startup", "pass"},
+	{"sum3M", "sum(i*i for i in range(3_000_000))"},
+	{"fib25", "f = lambda n: n if n < 2 else f(n-1) + f(n-2)\nf(25)"},
+	{"json", "import json\nd = [{'k%d' % i: [i, str(i), i * 0.5]} for i in range(20_000)]\nfor _ in range(5): json.loads(json.dumps(d))"},
+}
+
+// BenchmarkInterpreter runs start-up (`pass`) and three CPU-bound programs on the
+// bundled interpreter in process (instantiate, CPython init, the program; no worker
+// process), on native /usr/bin/python3 -S -I as a whole process, and, when
+// SANDCELL_NPM_WASM names the npm python.wasm of the walking skeleton, on that.
+func BenchmarkInterpreter(b *testing.B) {
+	e := engine.New(engine.Options{})
+	mod, err := e.Load(bundletest.Module(b, false))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer mod.Close()
+	var npm *engine.Module
+	if p := os.Getenv("SANDCELL_NPM_WASM"); p != "" {
+		wasm, err := os.ReadFile(p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if npm, err = e.Compile(wasm); err != nil {
+			b.Fatal(err)
+		}
+		defer npm.Close()
+	}
+	for _, prog := range cpuPrograms {
+		b.Run("sandcell/"+prog.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if out, _ := runIn(b, e, mod, prog.code, 0); out.Reason != protocol.Exited || out.ExitCode != 0 {
+					b.Fatalf("%+v", out)
+				}
+			}
+		})
+		if npm != nil {
+			b.Run("npm/"+prog.name, func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					s, _ := spec(b, prog.code)
+					s.Argv = []string{"python", "-S", "-I", "-c", prog.code}
+					s.Preopens = s.Preopens[:1]
+					if out := e.Run(npm, s); out.Reason != protocol.Exited || out.ExitCode != 0 {
+						b.Fatalf("%+v", out)
+					}
+				}
+			})
+		}
+		b.Run("native/"+prog.name, func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				if err := exec.Command("/usr/bin/python3", "-S", "-I", "-c", prog.code).Run(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
