@@ -23,8 +23,9 @@ help: ## List the targets
 build: ## Build bin/sandcell (version stamped)
 	go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/appliance
 
+# Static, so it runs in the trixie build root whatever the host's glibc.
 build/wasirun: FORCE
-	go build -trimpath -o $@ ./bundle/interpreter/wasirun
+	go build -trimpath -ldflags '-linkmode external -extldflags -static' -o $@ ./bundle/interpreter/wasirun
 
 interpreter: build/wasirun ## Build CPython for WASI from pinned Debian sources (cached; first time ~15 min, root)
 	bundle/interpreter/build.sh build/wasirun build/interpreter
@@ -32,7 +33,7 @@ interpreter: build/wasirun ## Build CPython for WASI from pinned Debian sources 
 interpreter-verify: build build/wasirun ## Rebuild the interpreter in a fresh root and check the bytes equal the pinned ones
 	rm -rf build/interpreter-verify
 	bundle/interpreter/build.sh build/wasirun build/interpreter-verify --fresh
-	$(BIN) bundle install --dir $$(mktemp -d) build/interpreter-verify
+	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && $(BIN) bundle install --dir "$$d" build/interpreter-verify
 	@echo "interpreter-verify: a fresh build reproduced the pinned python.wasm and python313.zip"
 
 bundle: build interpreter ## Install the verified interpreter into build/bundle and precompile its .cwasm files

@@ -142,8 +142,8 @@ func checkOwner(st os.FileInfo) error {
 	return nil
 }
 
-// CheckPrecompiled verifies the .cwasm at path for key: it and its sidecar are owned
-// by root or this user and writable by no one else, the sidecar names key, the file
+// CheckPrecompiled verifies the .cwasm at path for key: it, its sidecar and their
+// directory are owned by root or this user and writable by no one else, the sidecar names key, the file
 // has the recorded size and SHA-256, and c loads it. Errors wrap ErrStale, or
 // fs.ErrNotExist when the .cwasm does not exist.
 func CheckPrecompiled(c Compiler, path, key string) error {
@@ -179,6 +179,9 @@ func CheckPrecompiled(c Compiler, path, key string) error {
 	}
 	if err := checkOwner(st); err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrStale, filepath.Base(path), err)
+	}
+	if dst, err := os.Stat(filepath.Dir(path)); err != nil || checkOwner(dst) != nil {
+		return fmt.Errorf("%w: %s: its directory is writable by others or owned by another user", ErrStale, filepath.Base(path))
 	}
 	if st.Size() != sc.Size {
 		return fmt.Errorf("%w: %s: size %d, sidecar says %d", ErrStale, filepath.Base(path), st.Size(), sc.Size)

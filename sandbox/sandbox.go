@@ -54,9 +54,11 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 	if err := check(&req); err != nil {
 		return protocol.Result{}, err
 	}
-	if err := checkOverlap(req.Workspace, append([]string{filepath.Dir(req.ModulePath), req.LibDir}, s.Protected...)); err != nil {
+	ws, err := checkOverlap(req.Workspace, append([]string{filepath.Dir(req.ModulePath), req.LibDir}, s.Protected...))
+	if err != nil {
 		return protocol.Result{}, err
 	}
+	req.Workspace = ws
 	req.Version = protocol.Version
 	frame, err := protocol.Encode(&req)
 	if err != nil {
@@ -224,31 +226,59 @@ func check(req *protocol.Request) error {
 }
 
 // checkOverlap refuses a workspace that contains, or lies inside, a protected
-// directory. Both sides are compared after resolving symbolic links.
-func checkOverlap(workspace string, protected []string) error {
-	ws, err := filepath.EvalSymlinks(workspace)
+// directory, and returns the workspace's resolved path, which is what the worker is
+// then given (so a symbolic link swapped after the check changes nothing). Paths are
+// compared absolute and with symbolic links resolved; a protected directory that does
+// not exist yet is compared by where it would be.
+func checkOverlap(workspace string, protected []string) (string, error) {
+	ws, err := resolve(workspace)
 	if err != nil {
-		return fmt.Errorf("%w: workspace: %v", ErrBadRequest, err)
+		return "", fmt.Errorf("%w: workspace: %v", ErrBadRequest, err)
+	}
+	if st, err := os.Stat(ws); err != nil || !st.IsDir() {
+		return "", fmt.Errorf("%w: workspace is not a directory", ErrBadRequest)
 	}
 	for _, p := range protected {
 		if p == "" {
 			continue
 		}
-		dir, err := filepath.EvalSymlinks(p)
+		dir, err := resolve(p)
 		if err != nil {
-			continue // a directory that does not exist holds nothing to protect
+			return "", fmt.Errorf("%w: %s: %v", ErrBadRequest, p, err)
 		}
 		if within(ws, dir) || within(dir, ws) {
-			return fmt.Errorf("%w: the workspace overlaps %s, which holds the interpreter's compiled code", ErrBadRequest, p)
+			return "", fmt.Errorf("%w: the workspace overlaps %s, which holds the interpreter or its compiled code", ErrBadRequest, p)
 		}
 	}
-	return nil
+	return ws, nil
 }
 
-// within reports whether path is dir or lies beneath it (both clean and absolute).
+// resolve returns p made absolute with every symbolic link resolved; for a path that
+// does not exist, its deepest existing ancestor is resolved and the rest appended.
+func resolve(p string) (string, error) {
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return "", err
+	}
+	if real, err := filepath.EvalSymlinks(abs); err == nil {
+		return real, nil
+	}
+	parent := filepath.Dir(abs)
+	if parent == abs {
+		return abs, nil
+	}
+	real, err := resolve(parent)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(real, filepath.Base(abs)), nil
+}
+
+// within reports whether path is dir or lies beneath it (both absolute and clean). It
+// answers yes when it cannot tell.
 func within(path, dir string) bool {
 	rel, err := filepath.Rel(dir, path)
-	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+	return err != nil || (rel != ".." && !strings.HasPrefix(rel, "../"))
 }
 
 func describeExit(err error) string {

@@ -457,6 +457,20 @@ func TestWorkspaceMustNotOverlapTheBundle(t *testing.T) {
 			t.Errorf("workspace %s: %v", ws, err)
 		}
 	}
+	// A protected directory given relative, or not yet created, is still protected.
+	wd, _ := os.Getwd()
+	parent := t.TempDir()
+	existing := filepath.Join(parent, "cache")
+	os.Mkdir(existing, 0o755)
+	rel, _ := filepath.Rel(wd, existing)
+	for _, prot := range []string{rel, filepath.Join(parent, "new", "sandcell")} {
+		sp := sandbox.SelfSpawner()
+		sp.Protected = []string{prot}
+		_, err := sp.Run(context.Background(), protocol.Request{Code: "1", Workspace: parent, ModulePath: mod, LibDir: bundletest.LibDir(t), Limits: policy.Default().Default})
+		if !errors.Is(err, sandbox.ErrBadRequest) {
+			t.Errorf("protected %s, workspace %s: %v", prot, parent, err)
+		}
+	}
 	inside := filepath.Join(cache, "ws")
 	os.Mkdir(inside, 0o755)
 	link := filepath.Join(t.TempDir(), "link")

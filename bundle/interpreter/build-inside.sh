@@ -4,7 +4,9 @@
 # compilers from Debian's packages, and /usr/local/bin/wasirun (the host runner).
 # Output: /out/python.wasm, /out/python313.zip, /out/BUILDINFO.
 set -eu
-export LC_ALL=C.UTF-8 TZ=UTC
+# File modes end up in the zip, and hash seeds in frozen code: fix both.
+umask 022
+export LC_ALL=C.UTF-8 TZ=UTC PYTHONHASHSEED=0
 : "${SOURCE_DATE_EPOCH:?}"
 export SOURCE_DATE_EPOCH
 JOBS=$(nproc)
@@ -77,7 +79,7 @@ make -C src/liblzma install >/dev/null
 cd "$B"
 tar -xJf /src/sqlite3_*.orig.tar.xz
 cd sqlite*/
-CC="$WCC" CFLAGS="$WCFLAGS -DSQLITE_OMIT_LOAD_EXTENSION -DSQLITE_THREADSAFE=0 -DSQLITE_OMIT_WAL=0 -DSQLITE_DEFAULT_MEMSTATUS=0" \
+CC="$WCC" CFLAGS="$WCFLAGS -DSQLITE_OMIT_LOAD_EXTENSION -DSQLITE_THREADSAFE=0 -DSQLITE_DEFAULT_MEMSTATUS=0" \
   AR=llvm-ar RANLIB=llvm-ranlib \
   ./configure --host=wasm32-wasi --prefix="$SYSROOT" --disable-shared --enable-static \
   --disable-threadsafe --disable-load-extension --disable-readline --disable-tcl \
@@ -91,6 +93,34 @@ cp sqlite3.pc "$PC/"
 cd "$B"
 tar -xJf /src/python3.13_*.orig.tar.xz
 cd Python-*/
+# Freeze the start-up modules and the common ones into python.wasm: importing them
+# then reads no file. A frozen package is frozen with all its submodules, or imports
+# of the rest (from the zip) break. Tools/build/freeze_modules.py regenerates the
+# lists in Makefile.pre.in and Python/frozen.c from FROZEN.
+python3 - <<'PY'
+import re
+path = "Tools/build/freeze_modules.py"
+src = open(path).read()
+extra = """    ('sandcell - start-up and common modules', [
+        '<encodings.*>', '<collections.*>', '<json.*>', '<re.*>', '<sqlite3.*>',
+        '<pathlib.*>', '<zipfile.**.*>',
+        'typing', 'dataclasses', 'datetime', 'decimal', 'enum', 'functools', 'operator',
+        'keyword', 'reprlib', 'heapq', 'bisect', 'random', 'statistics', 'fractions',
+        'numbers', 'string', 'textwrap', 'copy', 'copyreg', 'types', 'weakref',
+        '_weakrefset', 'contextlib', 'warnings', 'traceback', 'linecache', 'tokenize',
+        'token', 'csv', 'struct', 'base64', 'hashlib', 'fnmatch', 'glob', 'shutil',
+        'tempfile', 'gzip', 'bz2', 'lzma', '_compression', 'locale', 'ast', 'inspect',
+        'dis', 'opcode', '_opcode_metadata', 'pprint', 'calendar', 'argparse', 'gettext',
+        'signal', 'selectors', 'threading', 'queue', 'difflib', 'hmac', 'secrets',
+        'uuid', '_strptime',
+        ]),
+"""
+anchor = "    ('stdlib - startup, with site', ["
+assert anchor in src
+src = src.replace(anchor, extra + anchor, 1)
+open(path, "w").write(src)
+PY
+python3 Tools/build/freeze_modules.py >/dev/null
 export WASI_SDK_PATH="$SDK"
 RUNNER="/usr/local/bin/wasirun --dir {HOST_DIR}::{GUEST_DIR} --env {ENV_VAR_NAME}={ENV_VAR_VALUE}"
 python3 Tools/wasm/wasi.py configure-build-python -- --quiet >/dev/null

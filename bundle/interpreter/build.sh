@@ -5,9 +5,9 @@
 #   build.sh WASIRUN OUTDIR          reuse the cached root and cached outputs
 #   build.sh WASIRUN OUTDIR --fresh  build in a new root, nothing reused (verification)
 #
-# WASIRUN is the host runner binary (bundle/interpreter/wasirun). Needs root,
-# debootstrap and curl. The cache lives in $SANDCELL_BUILD_CACHE
-# (default /var/cache/sandcell-build), outside the repository.
+# WASIRUN is the host runner binary (bundle/interpreter/wasirun, linked statically).
+# Needs root, debootstrap, curl and xz-utils. The cache lives in
+# $SANDCELL_BUILD_CACHE (default /var/cache/sandcell-build), outside the repository.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 wasirun=$1
@@ -16,27 +16,6 @@ fresh=${3:-}
 . "$here/recipe.sh"
 cache=${SANDCELL_BUILD_CACHE:-/var/cache/sandcell-build}
 mkdir -p "$cache/src"
-
-rootkey=$(printf '%s\n%s\n%s\n' "$SUITE" "$MIRROR" "$PACKAGES" | sha256sum | cut -c1-16)
-key=$(cat "$here/recipe.sh" "$here/build-inside.sh" | sha256sum | cut -c1-16)
-# licenses DIR: the licence texts of everything linked into python.wasm, taken from
-# the pinned source tarballs.
-licenses() {
-  s=$cache/src
-  tar -xOf "$s"/python3.13_*.orig.tar.xz Python-3.13.5/LICENSE >"$1/LICENSE.python"
-  tar -xOf "$s"/zlib_*.orig.tar.gz zlib-1.3.1/LICENSE >"$1/LICENSE.zlib"
-  tar -xOf "$s"/sqlite3_*.orig.tar.xz sqlite3-3.46.1/LICENSE.md >"$1/LICENSE.sqlite"
-  tar -xOf "$s"/bzip2_*.orig.tar.gz bzip2-1.0.8/LICENSE >"$1/LICENSE.bzip2"
-  tar -xOf "$s"/xz-utils_*.orig.tar.xz xz-5.8.1/COPYING.0BSD >"$1/LICENSE.liblzma"
-}
-
-if [ -z "$fresh" ] && [ -f "$cache/out-$key/python.wasm" ]; then
-  echo "interpreter: cached build $key"
-  mkdir -p "$outdir"
-  cp "$cache/out-$key"/* "$outdir/"
-  licenses "$outdir"
-  exit 0
-fi
 
 # Sources: fetched once from the Debian archive, always checked against the recipe.
 echo "$SOURCES" | while read -r path sum; do
@@ -49,14 +28,51 @@ echo "$SOURCES" | while read -r path sum; do
   echo "$sum  $f" | sha256sum -c --quiet || { echo "interpreter: $path does not match the recipe" >&2; exit 1; }
 done
 
+# licenses DIR: the licence texts of everything linked into python.wasm, from the
+# recipe's source tarballs (the file inside each is the first LICENSE, LICENSE.md or
+# COPYING.0BSD at its top level).
+licenses() {
+  echo "$SOURCES" | while read -r path _; do
+    [ -n "$path" ] || continue
+    tarball="$cache/src/$(basename "$path")"
+    name=$(basename "$path" | cut -d_ -f1)
+    member=$(tar -tf "$tarball" | grep -E '^[^/]+/(LICENSE|LICENSE\.md|COPYING\.0BSD)$' | head -n 1)
+    tar -xOf "$tarball" "$member" >"$1/LICENSE.$name"
+  done
+}
+
+rootkey=$(printf '%s\n%s\n%s\n' "$SUITE" "$MIRROR" "$PACKAGES" | sha256sum | cut -c1-16)
+key=$(cat "$here/recipe.sh" "$here/build-inside.sh" | sha256sum | cut -c1-16)
+if [ -z "$fresh" ] && [ -f "$cache/out-$key/python.wasm" ]; then
+  echo "interpreter: cached build $key"
+  mkdir -p "$outdir"
+  cp "$cache/out-$key"/* "$outdir/"
+  licenses "$outdir"
+  exit 0
+fi
+
 if [ -n "$fresh" ]; then
   root=$(mktemp -d "$cache/fresh-root.XXXXXX")
 else
   root=$cache/root-$rootkey
 fi
+
+# Unmount what this script mounted; remove a fresh root only once nothing is mounted
+# in it, and never beyond its own file system.
+cleanup() {
+  for m in "$root/proc" "$root/dev"; do
+    if mountpoint -q "$m"; then umount "$m" || umount -l "$m" || true; fi
+  done
+  if [ -n "$fresh" ] && ! mountpoint -q "$root/proc" && ! mountpoint -q "$root/dev"; then
+    rm -rf --one-file-system "$root"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
 if [ ! -f "$root/.ready" ]; then
   echo "interpreter: debootstrap $SUITE into $root"
-  rm -rf "$root"
+  if [ -z "$fresh" ]; then rm -rf --one-file-system "$root"; fi
   debootstrap --variant=minbase "$SUITE" "$root" "$MIRROR" >"$cache/debootstrap.log" 2>&1 ||
     { tail -20 "$cache/debootstrap.log"; exit 1; }
   # shellcheck disable=SC2086 # PACKAGES is a list
@@ -74,21 +90,18 @@ done
 cp "$wasirun" "$root/usr/local/bin/wasirun"
 cp "$here/build-inside.sh" "$root/build-inside.sh"
 
-mount --bind /dev "$root/dev"
-mount -t proc proc "$root/proc"
-cleanup() {
-  umount "$root/proc" 2>/dev/null || true
-  umount "$root/dev" 2>/dev/null || true
-  if [ -n "$fresh" ]; then rm -rf "$root"; fi
-}
-trap cleanup EXIT
-echo "interpreter: building (about 10 minutes on 2 cores; log in $cache/build.log)"
+log=$cache/build-$(basename "$root").log
+mountpoint -q "$root/dev" || mount --bind /dev "$root/dev"
+mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
+echo "interpreter: building (about 10 minutes on 2 cores; log in $log)"
 chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root SOURCE_DATE_EPOCH="$SOURCE_DATE_EPOCH" \
-  sh /build-inside.sh >"$cache/build.log" 2>&1 || { tail -40 "$cache/build.log"; exit 1; }
+  sh /build-inside.sh >"$log" 2>&1 || { tail -40 "$log"; exit 1; }
 
 if [ -z "$fresh" ]; then
-  rm -rf "$cache/out-$key"
-  cp -r "$root/out" "$cache/out-$key"
+  # Into the cache atomically: a half-copied entry would be reused forever.
+  rm -rf "$cache/out-$key.tmp"
+  cp -r "$root/out" "$cache/out-$key.tmp"
+  mv "$cache/out-$key.tmp" "$cache/out-$key"
 fi
 mkdir -p "$outdir"
 cp "$root/out"/* "$outdir/"

@@ -4,12 +4,18 @@
 # Build time recorded in the outputs (2025-07-20, the day of the source snapshot).
 SOURCE_DATE_EPOCH=1753000000
 
-# The build root: a minimal Debian trixie, with these exact packages.
+# The build root: a minimal Debian trixie, with these exact versions of every package
+# the build calls. Their dependencies come from the same suite; BUILDINFO lists every
+# package of the root as built. When the mirror drops one of these versions (a point
+# release), the build stops at apt-get rather than drifting: update the pin and check
+# `make interpreter-verify`.
 SUITE=trixie
 MIRROR=http://deb.debian.org/debian
 PACKAGES="clang-19=1:19.1.7-3+b1 lld-19=1:19.1.7-3+b1 llvm-19=1:19.1.7-3+b1
 wasi-libc=0.0~git20241209.574b88d-2 libclang-rt-19-dev-wasm32=1:19.1.7-3
-gcc make pkg-config git python3 tcl zip xz-utils ca-certificates"
+gcc=4:14.2.0-1 gcc-14=14.2.0-19 make=4.4.1-2 pkg-config=1.8.1-4 git=1:2.47.3-0+deb13u1
+python3=3.13.5-1 python3.13=3.13.5-2+deb13u5 tcl=8.6.16 tcl8.6=8.6.16+dfsg-1
+zip=3.0-15+deb13u1 xz-utils=5.8.1-1+deb13u2 ca-certificates=20250419+deb13u1"
 
 # Upstream sources as Debian ships them (orig tarballs from the Debian archive):
 # path under $MIRROR/pool/main, then SHA-256.

@@ -10,6 +10,8 @@ import (
 	_ "embed"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -68,7 +70,9 @@ func run(req *protocol.Request) (rep protocol.Report) {
 	eng := engine.New(engine.Options{Fuel: req.Limits.Fuel > 0})
 	mod, err := eng.Load(req.ModulePath)
 	if err != nil {
-		return failed("cannot load the precompiled interpreter")
+		// Say why (version, configuration, damage), but not where: no host paths.
+		msg := strings.ReplaceAll(err.Error(), req.ModulePath, filepath.Base(req.ModulePath))
+		return failed("cannot load the precompiled interpreter: " + msg)
 	}
 	defer mod.Close()
 
