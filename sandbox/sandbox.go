@@ -167,6 +167,11 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 		res.WorkerMaxRSSBytes = ru.Maxrss << 10 // ru_maxrss is in KiB on Linux
 	}
 	switch {
+	case stdout.truncated || stderr.truncated:
+		// Output was cut: the run ends output_limit even if the worker managed to
+		// finish before it was killed, so the same program always ends the same way.
+		res.ExitCode = -1
+		res.Reason = protocol.OutputLimit
 	case repErr == nil:
 		res.ExitCode = rep.ExitCode
 		res.Reason = rep.Reason

@@ -45,6 +45,7 @@ rootkey=$(printf '%s\n%s\n%s\n' "$SUITE" "$MIRROR" "$PACKAGES" | sha256sum | cut
 key=$(cat "$here/recipe.sh" "$here/build-inside.sh" | sha256sum | cut -c1-16)
 if [ -z "$fresh" ] && [ -f "$cache/out-$key/python.wasm" ]; then
   echo "interpreter: cached build $key"
+  rm -rf "$outdir"
   mkdir -p "$outdir"
   cp "$cache/out-$key"/* "$outdir/"
   licenses "$outdir"
@@ -103,6 +104,7 @@ if [ -z "$fresh" ]; then
   cp -r "$root/out" "$cache/out-$key.tmp"
   mv "$cache/out-$key.tmp" "$cache/out-$key"
 fi
+rm -rf "$outdir"
 mkdir -p "$outdir"
 cp "$root/out"/* "$outdir/"
 licenses "$outdir"
