@@ -54,11 +54,11 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 	if err := check(&req); err != nil {
 		return protocol.Result{}, err
 	}
-	ws, err := checkOverlap(req.Workspace, append([]string{filepath.Dir(req.ModulePath), req.LibDir}, s.Protected...))
+	wsDir, err := openWorkspace(req.Workspace, append([]string{filepath.Dir(req.ModulePath), req.LibDir}, s.Protected...))
 	if err != nil {
 		return protocol.Result{}, err
 	}
-	req.Workspace = ws
+	defer wsDir.Close()
 	req.Version = protocol.Version
 	frame, err := protocol.Encode(&req)
 	if err != nil {
@@ -91,7 +91,7 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 		Env:        []string{}, // built from nothing: no NOTIFY_SOCKET, LISTEN_*, secrets
 		Stdout:     outW,
 		Stderr:     errW,
-		ExtraFiles: []*os.File{childCtl}, // becomes fd 3 (worker.ControlFD)
+		ExtraFiles: []*os.File{childCtl, wsDir}, // fds 3 and 4: worker.ControlFD, worker.WorkspaceFD
 		SysProcAttr: &syscall.SysProcAttr{
 			Setsid:    true,
 			Pdeathsig: syscall.SIGKILL,
@@ -228,34 +228,6 @@ func check(req *protocol.Request) error {
 		return fmt.Errorf("%w: limits are incomplete", ErrBadRequest)
 	}
 	return nil
-}
-
-// checkOverlap refuses a workspace that contains, or lies inside, a protected
-// directory, and returns the workspace's resolved path, which is what the worker is
-// then given (so a symbolic link swapped after the check changes nothing). Paths are
-// compared absolute and with symbolic links resolved; a protected directory that does
-// not exist yet is compared by where it would be.
-func checkOverlap(workspace string, protected []string) (string, error) {
-	ws, err := resolve(workspace)
-	if err != nil {
-		return "", fmt.Errorf("%w: workspace: %v", ErrBadRequest, err)
-	}
-	if st, err := os.Stat(ws); err != nil || !st.IsDir() {
-		return "", fmt.Errorf("%w: workspace is not a directory", ErrBadRequest)
-	}
-	for _, p := range protected {
-		if p == "" {
-			continue
-		}
-		dir, err := resolve(p)
-		if err != nil {
-			return "", fmt.Errorf("%w: %s: %v", ErrBadRequest, p, err)
-		}
-		if within(ws, dir) || within(dir, ws) {
-			return "", fmt.Errorf("%w: the workspace overlaps %s, which holds the interpreter or its compiled code", ErrBadRequest, p)
-		}
-	}
-	return ws, nil
 }
 
 // resolve returns p made absolute with every symbolic link resolved; for a path that

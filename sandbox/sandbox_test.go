@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
@@ -380,6 +382,8 @@ func TestRecursion(t *testing.T) {
 		"json limit":   "import json, sys; sys.setrecursionlimit(10**9)\nl = []\nfor _ in range(200_000): l = [l]\njson.dumps(l)",
 		"repr":         "import sys; sys.setrecursionlimit(10**9)\nl = []\nfor _ in range(1_000_000): l = [l]\nrepr(l)",
 		"deep parsing": "eval('[' * 100_000 + ']' * 100_000)",
+		"repr self":    "class A:\n    def __repr__(self): return repr(self)\nrepr(A())",
+		"pickle":       "import pickle\nl = []\nfor _ in range(100_000): l = [l]\npickle.dumps(l)",
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -545,5 +549,27 @@ func TestRunsAreIndependent(t *testing.T) {
 	wantExit(t, res, 0)
 	if string(res.Stdout) != "False 1\n" {
 		t.Fatalf("stdout %q", res.Stdout)
+	}
+}
+
+// A bind mount of the bundle directory, or of a directory above it, is the bundle
+// by another path: the check compares devices and inodes, so it is refused too.
+func TestWorkspaceBindMountOfTheBundle(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("bind mounts need root; CI runs as root")
+	}
+	mod := bundletest.Module(t, false)
+	bundleDir := filepath.Dir(mod)
+	for _, src := range []string{bundleDir, filepath.Dir(bundleDir)} {
+		target := t.TempDir()
+		if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
+			t.Fatalf("bind mount: %v", err)
+		}
+		_, err := sandbox.SelfSpawner().Run(context.Background(), protocol.Request{Code: "1", Workspace: target,
+			ModulePath: mod, LibDir: bundletest.LibDir(t), Limits: policy.Default().Default})
+		unix.Unmount(target, unix.MNT_DETACH)
+		if !errors.Is(err, sandbox.ErrBadRequest) {
+			t.Errorf("bind mount of %s as workspace: %v", src, err)
+		}
 	}
 }

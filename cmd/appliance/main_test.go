@@ -183,3 +183,27 @@ func TestCLICancel(t *testing.T) {
 		}
 	}
 }
+
+// Deep recursion in C code ends as RecursionError, as natively, with the default
+// stack; under a small RLIMIT_STACK the worker shrinks the wasm stack to fit, so it
+// ends as a clean trap, never as a SIGSEGV of the worker (CASES: "Two stacks").
+func TestCLIDeepRecursionAndSmallStack(t *testing.T) {
+	code := "class A:\n    def __repr__(self): return repr(self)\nrepr(A())"
+	if r := cli(t, "", "run", "-c", code); r.code != 1 || !strings.Contains(r.stderr, "RecursionError") {
+		t.Fatalf("default stack: %+v", r)
+	}
+	if _, err := exec.LookPath("prlimit"); err != nil {
+		t.Fatalf("prlimit (util-linux) is needed: %v", err)
+	}
+	bundletest.Module(t, false)
+	cmd := exec.Command("prlimit", "--stack=1048576", os.Args[0], "run", "--json", "-c", code)
+	cmd.Env = append(os.Environ(), "SANDCELL_CLI_TEST=1", "SANDCELL_BUNDLE_DIR="+bundletest.Dir(t), "SANDCELL_CACHE_DIR="+t.TempDir())
+	out, _ := cmd.Output()
+	var res protocol.Result
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if res.Reason != protocol.Trap || !strings.Contains(strings.Join(res.Diagnostics, " "), "wasm stack exhausted") {
+		t.Fatalf("1 MiB stack: %+v", res)
+	}
+}

@@ -147,7 +147,7 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 			return err
 		}
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-			return fmt.Errorf("workspace %s is not a directory", f.workspace)
+			return rejected{fmt.Errorf("workspace %s is not a directory", f.workspace)}
 		}
 		req.Workspace = dir
 	}
@@ -160,6 +160,10 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 	defer stop()
 	sp := sandbox.SelfSpawner()
 	sp.Protected = []string{f.bundleDir, f.cacheDir}
+	if exe, err := os.Executable(); err == nil {
+		// A guest must not replace the binary that runs later workers either.
+		sp.Protected = append(sp.Protected, filepath.Dir(exe))
+	}
 	res, err := sp.Run(ctx, req)
 	if errors.Is(err, sandbox.ErrBadRequest) {
 		return rejected{err}

@@ -28,11 +28,12 @@ import (
 // every Fingerprint; a test checks it against the module version in go.mod.
 const WasmtimeVersion = "39.0.1"
 
-// MaxWasmStack is the wasm stack limit in bytes (wasmtime's default, made explicit).
-// It must stay well below the native stack of the thread that calls into wasm: a wasm
-// stack larger than the real one turns a clean stack-overflow trap into SIGSEGV.
-// Threads in a cgo program get glibc's default pthread stack (8 MiB, or RLIMIT_STACK).
-const MaxWasmStack = 512 << 10
+// DefaultWasmStack is the wasm stack limit in bytes when Options.WasmStack is zero
+// (wasmtime's default, made explicit). The wasm stack lives on the native stack of the
+// thread that calls into wasm and must stay well below it: a wasm stack larger than
+// the real one turns a clean stack-overflow trap into SIGSEGV. The worker sizes both
+// together (see sandbox/worker).
+const DefaultWasmStack = 512 << 10
 
 // epochTick is how often the CPU-time ticker samples the process's CPU usage.
 const epochTick = 5 * time.Millisecond
@@ -46,6 +47,10 @@ type Options struct {
 	// Fuel turns on fuel metering (49-63% slower on CPU-bound Python, measured).
 	Fuel bool
 
+	// WasmStack is the wasm stack limit in bytes (0: DefaultWasmStack). It is a
+	// run-time limit, not part of the compiled code or of the Fingerprint.
+	WasmStack int
+
 	// noEpoch turns epoch interruption off; only benchmarks use it, to measure what
 	// the epoch checks cost. Such an engine cannot enforce a CPU limit.
 	noEpoch bool
@@ -58,7 +63,7 @@ type Engine struct {
 }
 
 // New returns an engine for opts: Cranelift at speed, epoch interruption on,
-// copy-on-write memory images on, the wasm stack set to MaxWasmStack.
+// copy-on-write memory images on, the wasm stack set to opts.WasmStack.
 func New(opts Options) *Engine {
 	cfg := wasmtime.NewConfig()
 	cfg.SetStrategy(wasmtime.StrategyCranelift)
@@ -66,18 +71,22 @@ func New(opts Options) *Engine {
 	cfg.SetEpochInterruption(!opts.noEpoch)
 	cfg.SetConsumeFuel(opts.Fuel)
 	cfg.SetMemoryInitCOWSet(true)
-	cfg.SetMaxWasmStack(MaxWasmStack)
+	stack := opts.WasmStack
+	if stack <= 0 {
+		stack = DefaultWasmStack
+	}
+	cfg.SetMaxWasmStack(stack)
 	cfg.SetParallelCompilation(true)
 	return &Engine{opts: opts, we: wasmtime.NewEngineWithConfig(cfg)}
 }
 
 // Fingerprint names the engine configuration that compiled code depends on, e.g.
-// "wasmtime=39.0.1 cranelift opt=speed epoch=1 fuel=0 cow=1 stack=524288 target=amd64-linux".
+// "wasmtime=39.0.1 cranelift opt=speed epoch=1 fuel=0 cow=1 target=amd64-linux".
 // Two engines with equal fingerprints accept each other's .cwasm files (the host CPU
 // features are checked by wasmtime itself when a module is loaded).
 func (e *Engine) Fingerprint() string {
-	return fmt.Sprintf("wasmtime=%s cranelift opt=speed epoch=%d fuel=%d cow=1 stack=%d target=%s-%s",
-		WasmtimeVersion, b2i(!e.opts.noEpoch), b2i(e.opts.Fuel), MaxWasmStack, runtime.GOARCH, runtime.GOOS)
+	return fmt.Sprintf("wasmtime=%s cranelift opt=speed epoch=%d fuel=%d cow=1 target=%s-%s",
+		WasmtimeVersion, b2i(!e.opts.noEpoch), b2i(e.opts.Fuel), runtime.GOARCH, runtime.GOOS)
 }
 
 // Options returns the options the engine was built with.

@@ -7,6 +7,7 @@
 //	fd 1  stdout  pipe -> parent (the guest's stdout, read with a byte cap)
 //	fd 2  stderr  pipe -> parent (the guest's stderr, read with a byte cap)
 //	fd 3  control one end of a Unix socketpair; the parent holds the other end
+//	fd 4  the workspace directory, opened and checked by the parent
 //
 // The exchange on fd 3, one run per worker:
 //
@@ -110,7 +111,9 @@ type Request struct {
 	// LibDir is the host directory of the interpreter's library, preopened read-only
 	// at /usr/local/lib.
 	LibDir string `json:"lib_dir"`
-	// Workspace is the host directory preopened as /ws (read-write).
+	// Workspace is the host directory preopened as /ws (read-write). The parent opens
+	// and checks it and hands the worker the open directory as fd 4; the worker uses
+	// that, not this path.
 	Workspace string `json:"workspace"`
 	// Code is Python source to run as `-c`. Exactly one of Code and Path is set.
 	Code string `json:"code,omitempty"`

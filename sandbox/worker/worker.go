@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"time"
 
@@ -28,11 +29,67 @@ const Command = "__worker"
 // ControlFD is the worker's control socket (request in, report out).
 const ControlFD = 3
 
+// WorkspaceFD is the workspace directory, opened and checked by the parent. The
+// worker preopens it through /proc/self/fd, never by its host path, so the directory
+// it gets is the one the parent checked.
+const WorkspaceFD = 4
+
 // GuestWorkdir is the guest path of the workspace preopen, and its working directory.
 const GuestWorkdir = "/ws"
 
 //go:embed bootstrap.py
 var bootstrap string
+
+// The guest runs on the process's main thread, whose stack the worker sizes itself
+// (sizeStacks). Locking in init is the one way Go guarantees that main() runs on the
+// main thread; for programs that are not the worker it only pins their main goroutine.
+func init() { runtime.LockOSThread() }
+
+// Stack sizes: the main thread's stack may grow to RLIMIT_STACK, which the worker
+// raises to mainStackTarget where the hard limit allows; the wasm stack gets all but
+// hostStackMargin of it (for wasmtime's and WASI's own frames), at most maxWasmStack.
+const (
+	mainStackTarget = 64 << 20
+	hostStackMargin = 4 << 20
+	maxWasmStack    = 8 << 20 // what CPython's own WASI test runs use
+	minWasmStack    = 1 << 20
+)
+
+// sizeStacks raises this process's RLIMIT_STACK soft limit towards mainStackTarget
+// (the main thread's stack grows on demand up to the soft limit in force) and returns
+// the wasm stack that fits in it with room for the host's frames.
+func sizeStacks() int {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_STACK, &lim); err != nil {
+		return minWasmStack
+	}
+	if lim.Cur != unix.RLIM_INFINITY && lim.Cur < mainStackTarget {
+		want := uint64(mainStackTarget)
+		if lim.Max != unix.RLIM_INFINITY && lim.Max < want {
+			want = lim.Max
+		}
+		if want > lim.Cur {
+			lim.Cur = want
+			if unix.Setrlimit(unix.RLIMIT_STACK, &lim) != nil {
+				unix.Getrlimit(unix.RLIMIT_STACK, &lim)
+			}
+		}
+	}
+	avail := uint64(mainStackTarget)
+	if lim.Cur != unix.RLIM_INFINITY && lim.Cur < avail {
+		avail = lim.Cur
+	}
+	stack := int64(avail) - hostStackMargin
+	switch {
+	case stack > maxWasmStack:
+		return maxWasmStack
+	case stack < minWasmStack:
+		// Little stack: a quarter of it for wasm still traps cleanly (deep
+		// recursion ends as a trap, never SIGSEGV).
+		return int(avail / 4)
+	}
+	return int(stack)
+}
 
 // Main runs one request and returns the process exit status: 0 when a Report was
 // sent (whatever the guest did), 1 when the exchange itself failed.
@@ -67,7 +124,7 @@ func run(req *protocol.Request) (rep protocol.Report) {
 	if err != nil {
 		return failed(err.Error())
 	}
-	eng := engine.New(engine.Options{Fuel: req.Limits.Fuel > 0})
+	eng := engine.New(engine.Options{Fuel: req.Limits.Fuel > 0, WasmStack: sizeStacks()})
 	mod, err := eng.Load(req.ModulePath)
 	if err != nil {
 		// Say why (version, configuration, damage), but not where: no host paths.
@@ -80,7 +137,7 @@ func run(req *protocol.Request) (rep protocol.Report) {
 		Argv: argv,
 		Env:  req.Env,
 		Preopens: []engine.Preopen{
-			{Host: req.Workspace, Guest: GuestWorkdir},
+			{Host: fmt.Sprintf("/proc/self/fd/%d", WorkspaceFD), Guest: GuestWorkdir},
 			{Host: req.LibDir, Guest: bundle.GuestLibDir, ReadOnly: true},
 		},
 		MemoryBytes: req.Limits.MemoryBytes,
