@@ -5,6 +5,8 @@ go 1.27.3
 require (
 	github.com/bytecodealliance/wasmtime-go/v39 v39.0.1
 	github.com/hashicorp/go-multierror v1.1.1
+	github.com/opencontainers/runtime-spec v1.3.0
+	github.com/seccomp/libseccomp-golang v0.11.1
 	github.com/spf13/cobra v1.10.2
 	golang.org/x/sys v0.50.0
 )
@@ -13,4 +15,5 @@ require (
 	github.com/hashicorp/errwrap v1.0.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
 	github.com/spf13/pflag v1.0.9 // indirect
+	github.com/stretchr/testify v1.10.0 // indirect
 )

@@ -1,0 +1,270 @@
+// Package seccomp holds the worker's seccomp profile as data (an OCI runtime-spec
+// specs.LinuxSeccomp, see Rules), compiles a profile to a BPF program with
+// libseccomp (github.com/seccomp/libseccomp-golang, the library runc and podman use),
+// and installs it on every thread of the process.
+//
+// Operators may replace the profile with a JSON file in the same OCI format
+// (LoadFile). What this compiler accepts of that format, and how it reads it:
+//
+//   - defaultAction and each rule's action: SCMP_ACT_ALLOW, SCMP_ACT_ERRNO,
+//     SCMP_ACT_KILL (= KILL_THREAD), SCMP_ACT_KILL_THREAD, SCMP_ACT_KILL_PROCESS,
+//     SCMP_ACT_TRAP, SCMP_ACT_LOG. defaultAction may not be SCMP_ACT_ALLOW or LOG
+//     (an allowlist is the point).
+//   - errnoRet and defaultErrnoRet: an errno from 1 to 4095; absent means EPERM.
+//   - args: SCMP_CMP_EQ, NE, LT, LE, GT, GE, and SCMP_CMP_MASKED_EQ
+//     ((arg & value) == valueTwo, valueTwo a subset of value). As in runc, the
+//     conditions of one rule are ANDed when they name distinct arguments, and each
+//     becomes its own rule (ORed) when an argument is named twice.
+//   - names unknown to the running architecture are skipped, as libseccomp does.
+//   - architectures is informational: the filter is built for the running
+//     architecture only, and a call through any other ABI (x32 or i386 on x86_64)
+//     fails with ENOSYS.
+//   - flags, listenerPath, SCMP_ACT_NOTIFY and SCMP_ACT_TRACE are refused.
+package seccomp
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	libseccomp "github.com/seccomp/libseccomp-golang"
+	"golang.org/x/sys/unix"
+)
+
+// ErrProfile is wrapped by every error about a profile's content.
+var ErrProfile = errors.New("seccomp: unsupported profile")
+
+// Program is a profile compiled for the running architecture.
+type Program struct {
+	filter *libseccomp.ScmpFilter
+	// SHA256 is the hex SHA-256 of the BPF program as loaded into the kernel (struct
+	// sock_filter array from seccomp_export_bpf(3)): the same profile with the same
+	// libseccomp on the same architecture gives the same hash.
+	SHA256 string
+	// Instructions is the program's length in BPF instructions.
+	Instructions int
+	// Arch is the architecture the program was built for (for example "amd64").
+	Arch string
+}
+
+// Compile turns profile into a BPF program for the running architecture. Errors wrap
+// ErrProfile and name the rule that cannot be compiled.
+func Compile(profile specs.LinuxSeccomp) (*Program, error) {
+	def, err := defaultAction(profile)
+	if err != nil {
+		return nil, err
+	}
+	if len(profile.Flags) > 0 || profile.ListenerPath != "" || profile.ListenerMetadata != "" {
+		return nil, fmt.Errorf("%w: flags and listeners are not supported", ErrProfile)
+	}
+	native, err := libseccomp.GetNativeArch()
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: %w", err)
+	}
+	f, err := libseccomp.NewFilter(def)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: %w", err)
+	}
+	// Any other ABI of this CPU (x32, i386) is not ours: ENOSYS, as if absent.
+	if err := f.SetBadArchAction(libseccomp.ActErrno.SetReturnCode(int16(unix.ENOSYS))); err != nil {
+		return nil, fmt.Errorf("seccomp: %w", err)
+	}
+	if err := f.SetNoNewPrivsBit(true); err != nil {
+		return nil, fmt.Errorf("seccomp: %w", err)
+	}
+	rules := 0
+	for i, rule := range profile.Syscalls {
+		act, err := action(rule.Action, rule.ErrnoRet)
+		if err != nil {
+			return nil, fmt.Errorf("syscalls[%d]: %w", i, err)
+		}
+		if act == def {
+			continue // libseccomp refuses rules that repeat the default action
+		}
+		alts, err := conditions(rule.Args)
+		if err != nil {
+			return nil, fmt.Errorf("syscalls[%d]: %w", i, err)
+		}
+		for _, name := range rule.Names {
+			call, err := libseccomp.GetSyscallFromNameByArch(name, native)
+			if err != nil {
+				continue // not a call on this architecture (libseccomp's own tools skip these too)
+			}
+			if alts == nil {
+				err = f.AddRule(call, act)
+			}
+			for _, c := range alts {
+				if err = f.AddRuleConditional(call, act, c); err != nil {
+					break
+				}
+			}
+			if err != nil {
+				return nil, fmt.Errorf("%w: syscalls[%d] %s: %v", ErrProfile, i, name, err)
+			}
+			rules++
+		}
+	}
+	if rules == 0 {
+		return nil, fmt.Errorf("%w: no rule names a call of this architecture (%s)", ErrProfile, native)
+	}
+	raw, err := export(f)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256(raw)
+	return &Program{filter: f, SHA256: hex.EncodeToString(sum[:]), Instructions: len(raw) / 8, Arch: native.String()}, nil
+}
+
+// export returns the BPF program libseccomp generates for f (seccomp_export_bpf(3)).
+func export(f *libseccomp.ScmpFilter) ([]byte, error) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: %w", err)
+	}
+	defer r.Close()
+	done := make(chan []byte)
+	go func() {
+		b, _ := io.ReadAll(r)
+		done <- b
+	}()
+	err = f.ExportBPF(w)
+	w.Close()
+	raw := <-done
+	if err != nil {
+		return nil, fmt.Errorf("seccomp: export: %w", err)
+	}
+	return raw, nil
+}
+
+// Install loads p with no_new_privs and SECCOMP_FILTER_FLAG_TSYNC set, so that every
+// thread of the process runs under it from now on (seccomp(2), seccomp_load(3)). If a
+// thread cannot be synchronised the call fails and no thread gets the filter.
+func (p *Program) Install() error {
+	if err := p.filter.Load(); err != nil {
+		return fmt.Errorf("seccomp: load: %w", err)
+	}
+	return nil
+}
+
+// Mode returns the calling thread's seccomp mode from prctl(PR_GET_SECCOMP): 0 means
+// disabled and 2 filter mode (in strict mode the call itself would be fatal).
+func Mode() (int, error) {
+	return unix.PrctlRetInt(unix.PR_GET_SECCOMP, 0, 0, 0, 0)
+}
+
+// LoadFile reads an OCI seccomp profile (the "seccomp" object of a runtime-spec
+// config, as JSON) from path. Unknown fields are refused, and the profile must
+// compile (see the package comment for what is accepted).
+func LoadFile(path string) (specs.LinuxSeccomp, error) {
+	var p specs.LinuxSeccomp
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return p, fmt.Errorf("seccomp profile: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		return p, fmt.Errorf("seccomp profile %s: %w", path, err)
+	}
+	if _, err := Compile(p); err != nil {
+		return p, fmt.Errorf("seccomp profile %s: %w", path, err)
+	}
+	return p, nil
+}
+
+func defaultAction(p specs.LinuxSeccomp) (libseccomp.ScmpAction, error) {
+	switch p.DefaultAction {
+	case specs.ActAllow, specs.ActLog:
+		return 0, fmt.Errorf("%w: defaultAction %s would allow every unlisted call", ErrProfile, p.DefaultAction)
+	}
+	a, err := action(p.DefaultAction, p.DefaultErrnoRet)
+	if err != nil {
+		return 0, fmt.Errorf("defaultAction: %w", err)
+	}
+	return a, nil
+}
+
+func action(a specs.LinuxSeccompAction, errno *uint) (libseccomp.ScmpAction, error) {
+	switch a {
+	case specs.ActAllow:
+		return libseccomp.ActAllow, nil
+	case specs.ActErrno:
+		e := uint(unix.EPERM)
+		if errno != nil {
+			e = *errno
+		}
+		if e == 0 || e > 4095 {
+			// SECCOMP_RET_ERRNO with 0 would make the call "succeed" without running.
+			return 0, fmt.Errorf("%w: errnoRet %d is not an errno", ErrProfile, e)
+		}
+		return libseccomp.ActErrno.SetReturnCode(int16(e)), nil
+	case specs.ActKill, specs.ActKillThread:
+		return libseccomp.ActKillThread, nil
+	case specs.ActKillProcess:
+		return libseccomp.ActKillProcess, nil
+	case specs.ActTrap:
+		return libseccomp.ActTrap, nil
+	case specs.ActLog:
+		return libseccomp.ActLog, nil
+	}
+	return 0, fmt.Errorf("%w: action %q", ErrProfile, a)
+}
+
+var operators = map[specs.LinuxSeccompOperator]libseccomp.ScmpCompareOp{
+	specs.OpEqualTo:      libseccomp.CompareEqual,
+	specs.OpNotEqual:     libseccomp.CompareNotEqual,
+	specs.OpLessThan:     libseccomp.CompareLess,
+	specs.OpLessEqual:    libseccomp.CompareLessOrEqual,
+	specs.OpGreaterThan:  libseccomp.CompareGreater,
+	specs.OpGreaterEqual: libseccomp.CompareGreaterEqual,
+	specs.OpMaskedEqual:  libseccomp.CompareMaskedEqual,
+}
+
+// conditions turns a rule's args into alternatives (ORed), each a conjunction, as
+// runc does: one conjunction when every argument index is distinct, otherwise one
+// rule per condition. nil means the rule is unconditional.
+func conditions(args []specs.LinuxSeccompArg) ([][]libseccomp.ScmpCondition, error) {
+	if len(args) == 0 {
+		return nil, nil
+	}
+	var conds []libseccomp.ScmpCondition
+	seen := map[uint]bool{}
+	repeated := false
+	for _, a := range args {
+		op, ok := operators[a.Op]
+		if !ok {
+			return nil, fmt.Errorf("%w: operator %q", ErrProfile, a.Op)
+		}
+		if a.Index > 5 {
+			return nil, fmt.Errorf("%w: argument index %d (0-5)", ErrProfile, a.Index)
+		}
+		if op == libseccomp.CompareMaskedEqual && a.ValueTwo&^a.Value != 0 {
+			return nil, fmt.Errorf("%w: SCMP_CMP_MASKED_EQ valueTwo %#x has bits outside value %#x (never true)", ErrProfile, a.ValueTwo, a.Value)
+		}
+		values := []uint64{a.Value}
+		if op == libseccomp.CompareMaskedEqual {
+			values = append(values, a.ValueTwo)
+		}
+		c, err := libseccomp.MakeCondition(a.Index, op, values...)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrProfile, err)
+		}
+		repeated = repeated || seen[a.Index]
+		seen[a.Index] = true
+		conds = append(conds, c)
+	}
+	if !repeated {
+		return [][]libseccomp.ScmpCondition{conds}, nil
+	}
+	out := make([][]libseccomp.ScmpCondition, len(conds))
+	for i, c := range conds {
+		out[i] = []libseccomp.ScmpCondition{c}
+	}
+	return out, nil
+}
