@@ -37,7 +37,8 @@ func TestImportRules(t *testing.T) {
 	}
 	leaves := map[string][]string{
 		module + "/sandbox/protocol": nil,
-		module + "/sandbox/policy":   {module + "/sandbox/protocol"},
+		module + "/sandbox/seccomp":  nil,
+		module + "/sandbox/policy":   {module + "/sandbox/protocol", module + "/sandbox/seccomp"},
 	}
 	for leaf, allowed := range leaves {
 		for _, dep := range imports[leaf] {

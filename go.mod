@@ -5,10 +5,13 @@ go 1.27.3
 require (
 	github.com/bytecodealliance/wasmtime-go/v39 v39.0.1
 	github.com/hashicorp/go-multierror v1.1.1
+	github.com/landlock-lsm/go-landlock v0.11.2
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/seccomp/libseccomp-golang v0.11.1
 	github.com/spf13/cobra v1.10.2
 	golang.org/x/sys v0.50.0
+	kernel.org/pub/linux/libs/security/libcap/cap v1.2.78
+	kernel.org/pub/linux/libs/security/libcap/psx v1.2.78
 )
 
 require (

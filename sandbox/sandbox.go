@@ -40,6 +40,56 @@ type Spawner struct {
 	// the bundle and the .cwasm cache, whose compiled code later runs outside
 	// WebAssembly. The directory of each request's module is always protected.
 	Protected []string
+	// Command is the worker's argv[1]; empty means worker.Command. Tests use it to
+	// start a test-only worker entry (the escape suite).
+	Command string
+}
+
+// command is the worker's argv[1].
+func (s *Spawner) command() string {
+	if s.Command != "" {
+		return s.Command
+	}
+	return worker.Command
+}
+
+// hostNamespaces returns this process's namespaces as the targets of /proc/self/ns/*
+// links, for the worker to tell its own from the parent's.
+func hostNamespaces() map[string]string {
+	out := map[string]string{}
+	for _, name := range protocol.Namespaces {
+		if link, err := os.Readlink("/proc/self/ns/" + name); err == nil {
+			out[name] = link
+		}
+	}
+	return out
+}
+
+func requiresNamespace(require []string) bool {
+	for _, l := range require {
+		if _, ok := protocol.Namespaces[l]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// checkContract returns a message when a report says the guest ran (anything but
+// rejected or an internal error before the run) while a required layer was missing.
+func checkContract(rep protocol.Report, require []string) string {
+	if rep.Reason == protocol.Rejected || len(require) == 0 {
+		return ""
+	}
+	if rep.Enforcement == nil {
+		if rep.Reason == protocol.InternalError {
+			return ""
+		}
+		return "worker reported no enforcement contract"
+	}
+	if missing := rep.Enforcement.Missing(require); len(missing) > 0 {
+		return fmt.Sprintf("worker ran without required layers %v", missing)
+	}
+	return ""
 }
 
 // SelfSpawner re-executes the running binary.
@@ -60,6 +110,7 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 	}
 	defer wsDir.Close()
 	req.Version = protocol.Version
+	req.Hardening.HostNamespaces = hostNamespaces()
 	frame, err := protocol.Encode(&req)
 	if err != nil {
 		return protocol.Result{}, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
@@ -85,17 +136,27 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 		return protocol.Result{}, fmt.Errorf("sandbox: pipe: %w", err)
 	}
 
-	cmd := &exec.Cmd{
-		Path:       s.Exe,
-		Args:       []string{"sandcell", worker.Command},
-		Env:        []string{}, // built from nothing: no NOTIFY_SOCKET, LISTEN_*, secrets
-		Stdout:     outW,
-		Stderr:     errW,
-		ExtraFiles: []*os.File{childCtl, wsDir}, // fds 3 and 4: worker.ControlFD, worker.WorkspaceFD
-		SysProcAttr: &syscall.SysProcAttr{
-			Setsid:    true,
-			Pdeathsig: syscall.SIGKILL,
-		},
+	newCmd := func(namespaces bool) *exec.Cmd {
+		attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+		if namespaces {
+			// The worker cannot unshare a user namespace itself (it is multithreaded
+			// from its first instruction), so it is cloned into new namespaces, uid
+			// and gid 0 inside mapped to the parent's own, setgroups denied
+			// (user_namespaces(7)).
+			attr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWNET |
+				syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS
+			attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
+			attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}
+		}
+		return &exec.Cmd{
+			Path:        s.Exe,
+			Args:        []string{"sandcell", s.command()},
+			Env:         []string{}, // built from nothing: no NOTIFY_SOCKET, LISTEN_*, secrets
+			Stdout:      outW,
+			Stderr:      errW,
+			ExtraFiles:  []*os.File{childCtl, wsDir}, // fds 3 and 4: worker.ControlFD, worker.WorkspaceFD
+			SysProcAttr: attr,
+		}
 	}
 
 	// Linux sends the parent-death signal when the *thread* that forked the child
@@ -103,13 +164,29 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	started := time.Now()
+	cmd := newCmd(req.Hardening.Namespaces)
 	err = cmd.Start()
+	var nsErr error
+	if err != nil && req.Hardening.Namespaces && !requiresNamespace(req.Hardening.Require) {
+		// Namespaces refused (a container's default profile, userns disabled):
+		// go on without them when policy allows; the contract will say so.
+		nsErr = err
+		req.Hardening.Namespaces = false
+		if frame, err = protocol.Encode(&req); err == nil {
+			cmd = newCmd(false)
+			err = cmd.Start()
+		}
+	}
 	childCtl.Close()
 	outW.Close()
 	errW.Close()
 	if err != nil {
 		outR.Close()
 		errR.Close()
+		if req.Hardening.Namespaces {
+			return protocol.Result{ExitCode: -1, Reason: protocol.Rejected, Diagnostics: []string{
+				"cannot start the worker in new namespaces, which policy requires: " + err.Error()}}, nil
+		}
 		return protocol.Result{}, fmt.Errorf("sandbox: start worker: %w", err)
 	}
 	pgid := cmd.Process.Pid
@@ -178,6 +255,17 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 		res.FuelConsumed = rep.FuelConsumed
 		res.PeakMemoryBytes = rep.PeakMemoryBytes
 		res.Diagnostics = rep.Diagnostics
+		res.Enforcement = rep.Enforcement
+		if res.Enforcement != nil && nsErr != nil {
+			res.Enforcement.Errors[protocol.LayerUserNS] = "cannot create namespaces: " + nsErr.Error()
+		}
+		if missing := checkContract(rep, req.Hardening.Require); missing != "" {
+			// The worker ran code without a required layer: never report that as a
+			// normal outcome.
+			res.ExitCode = -1
+			res.Reason = protocol.InternalError
+			res.Diagnostics = append(res.Diagnostics, missing)
+		}
 	case killReason == protocol.InternalError:
 		res.ExitCode = -1
 		res.Reason = killReason

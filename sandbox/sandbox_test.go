@@ -42,6 +42,10 @@ func run(t *testing.T, code string, edit func(*protocol.Request)) (protocol.Resu
 		t.Fatal(err)
 	}
 	req.Limits = limits
+	if req.Hardening.Seccomp == nil && !req.Hardening.Landlock && !req.Hardening.Namespaces {
+		// Every test runs with every layer, as a real run does.
+		req.Hardening = policy.Default().Hardening(limits)
+	}
 	req.ModulePath = bundletest.Module(t, req.Limits.Fuel > 0)
 	req.LibDir = bundletest.LibDir(t)
 	res, err := sandbox.SelfSpawner().Run(context.Background(), req)

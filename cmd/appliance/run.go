@@ -21,6 +21,7 @@ import (
 	"github.com/sandcell/sandcell/sandbox/engine"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/sandbox/seccomp"
 )
 
 type runFlags struct {
@@ -36,6 +37,8 @@ type runFlags struct {
 	json      bool
 	bundleDir string
 	cacheDir  string
+	require   []string
+	profile   string
 }
 
 func newRunCmd() *cobra.Command {
@@ -51,7 +54,13 @@ The program's stdout and stderr are printed as they are, and sandcell exits with
 program's exit status. Runs that do not end by themselves exit with:
   124 timeout   125 sandcell failed (usage, bundle, internal error)   126 rejected
   130 cancelled   134 trap   137 memory_limit   152 cpu_limit   153 output_limit
---json prints the whole result object on stdout instead, with the same exit status.`,
+--json prints the whole result object on stdout instead, with the same exit status;
+its "enforcement" object is the contract: the layers that were in force.
+
+Before any code runs the worker applies, and verifies, resource limits, its own
+user/network/mount/pid/IPC/UTS namespaces, an empty capability set, Landlock,
+no_new_privs and a seccomp filter. A layer named in --require that it cannot verify
+ends the run as rejected (exit 126) with no code run.`,
 		RunE: func(cmd *cobra.Command, args []string) error { return runRun(cmd, &f, args) },
 	}
 	fl := cmd.Flags()
@@ -67,6 +76,8 @@ program's exit status. Runs that do not end by themselves exit with:
 	fl.BoolVar(&f.json, "json", false, "print the result as JSON")
 	fl.StringVar(&f.bundleDir, "bundle-dir", defaultBundleDir(), "directory holding python.wasm and MANIFEST ($SANDCELL_BUNDLE_DIR)")
 	fl.StringVar(&f.cacheDir, "cache-dir", defaultCacheDir(), "where a rebuilt .cwasm is kept ($SANDCELL_CACHE_DIR)")
+	fl.StringSliceVar(&f.require, "require", protocol.Layers, "enforcement layers without which no code runs (comma-separated; \"none\" for none)")
+	fl.StringVar(&f.profile, "seccomp-profile", "", "OCI seccomp profile (JSON) to use instead of the built-in one")
 	return cmd
 }
 
@@ -118,6 +129,21 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 		return rejected{err}
 	}
 	req.Limits = limits
+	pol.Require = f.require
+	if len(f.require) == 1 && f.require[0] == "none" {
+		pol.Require = nil
+	}
+	if f.profile != "" {
+		prof, err := seccomp.LoadFile(f.profile)
+		if err != nil {
+			return rejected{err}
+		}
+		pol.Seccomp = &prof
+	}
+	if err := pol.Validate(); err != nil {
+		return rejected{err}
+	}
+	req.Hardening = pol.Hardening(limits)
 	if len(f.env) > 0 {
 		req.Env = map[string]string{}
 		for _, kv := range f.env {

@@ -1,6 +1,7 @@
 // Package policy holds the limits a run gets by default and the maxima no request may
-// exceed. It is a leaf: the supervisor's configuration and the CLI both build a Policy
-// and call Resolve for every request.
+// exceed, and the hardening every worker gets. It is a leaf of the sandbox: the
+// supervisor's configuration and the CLI both build a Policy and call Resolve and
+// Hardening for every request.
 package policy
 
 import (
@@ -10,8 +11,10 @@ import (
 	"strings"
 
 	"github.com/hashicorp/go-multierror"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/sandbox/seccomp"
 )
 
 // MiB is 2^20 bytes.
@@ -37,13 +40,58 @@ type Policy struct {
 	// EnvAllow lists the environment variable names a request may pass to the guest.
 	// Empty means the guest gets an empty environment.
 	EnvAllow []string
+	// Require names the enforcement layers (protocol.Layers) without which no code
+	// runs: a run whose worker cannot verify one of them ends rejected.
+	Require []string
+	// Seccomp is the worker's seccomp profile; nil means seccomp.Rules().
+	Seccomp *specs.LinuxSeccomp
+	// MaxFileBytes is the largest file a run may write (RLIMIT_FSIZE), in bytes.
+	MaxFileBytes int64
+	// MaxOpenFiles is the most descriptors a worker may hold (RLIMIT_NOFILE).
+	MaxOpenFiles int64
+	// MaxThreads is the most threads a worker may run (RLIMIT_NPROC, set inside the
+	// worker's own user namespace only).
+	MaxThreads int64
+}
+
+// Hardening returns the hardening request for a run with limits l (already
+// resolved): every layer asked for, the rlimits, and the layers policy requires.
+func (p Policy) Hardening(l protocol.Limits) protocol.Hardening {
+	prof := p.Seccomp
+	if prof == nil {
+		r := seccomp.Rules()
+		prof = &r
+	}
+	// The CPU backstop is a whole second above the larger of the CPU and wall-clock
+	// limits, so the engine's limit and the parent's clock always act first.
+	ms := l.TimeoutMS
+	if l.CPUMS > ms {
+		ms = l.CPUMS
+	}
+	return protocol.Hardening{
+		Seccomp:    prof,
+		Landlock:   true,
+		Namespaces: true,
+		Rlimits: protocol.Rlimits{
+			NOFILE: uint64(p.MaxOpenFiles),
+			NPROC:  uint64(p.MaxThreads),
+			FSIZE:  uint64(p.MaxFileBytes),
+			CPU:    uint64((ms+999)/1000) + 1,
+		},
+		Require: p.Require,
+	}
 }
 
 // Default returns the built-in policy: 30 s wall clock (at most 10 min), 256 MiB of
 // guest memory (at most 4 GiB), 1 MiB each of stdout and stderr (at most 64 MiB), no
-// CPU-time or fuel limit unless asked for, and an empty environment.
+// CPU-time or fuel limit unless asked for, an empty environment, files of at most
+// 1 GiB, 256 descriptors, 256 threads, and every enforcement layer required.
 func Default() Policy {
 	return Policy{
+		Require:      append([]string(nil), protocol.Layers...),
+		MaxFileBytes: 1024 * MiB,
+		MaxOpenFiles: 256,
+		MaxThreads:   256,
 		Default: protocol.Limits{
 			TimeoutMS:      30_000,
 			MemoryBytes:    256 * MiB,
@@ -73,6 +121,25 @@ func (p Policy) Validate() error {
 	}
 	if err := exceeds(p.Default, p.Max); err != nil {
 		errs = multierror.Append(errs, fmt.Errorf("default: %w", err))
+	}
+	if err := protocol.CheckLayers(p.Require); err != nil {
+		errs = multierror.Append(errs, fmt.Errorf("require: %w", err))
+	}
+	if p.Seccomp != nil {
+		if _, err := seccomp.Compile(*p.Seccomp); err != nil {
+			errs = multierror.Append(errs, fmt.Errorf("seccomp: %w", err))
+		}
+	}
+	for name, v := range map[string]int64{"max_file_bytes": p.MaxFileBytes, "max_open_files": p.MaxOpenFiles, "max_threads": p.MaxThreads} {
+		if v <= 0 {
+			errs = multierror.Append(errs, fmt.Errorf("%s: must be positive, is %d", name, v))
+		}
+	}
+	if p.MaxOpenFiles > 0 && p.MaxOpenFiles < 32 {
+		errs = multierror.Append(errs, fmt.Errorf("max_open_files: %d is too few for the engine (at least 32)", p.MaxOpenFiles))
+	}
+	if p.MaxThreads > 0 && p.MaxThreads < 32 {
+		errs = multierror.Append(errs, fmt.Errorf("max_threads: %d is too few for the engine (at least 32)", p.MaxThreads))
 	}
 	for _, n := range p.EnvAllow {
 		if !envName.MatchString(n) {

@@ -12,11 +12,15 @@
 // The exchange on fd 3, one run per worker:
 //
 //	parent                                          worker
-//	  |  spawn (clean env, new session, PDEATHSIG)     |
+//	  |  spawn (clean env, new session, PDEATHSIG,     |
+//	  |  new user/net/mnt/pid/ipc/uts namespaces)      |
 //	  |----------------------------------------------->|
 //	  |  frame: Request {version, code, limits, ...}   |
-//	  |----------------------------------------------->| harden, load .cwasm,
-//	  |                                                | run python.wasm
+//	  |----------------------------------------------->| rlimits, load .cwasm,
+//	  |                                                | harden (namespaces,
+//	  |                                                | capabilities, Landlock,
+//	  |                                                | seccomp), verify the
+//	  |                                                | contract, run python.wasm
 //	  |            (guest stdout/stderr on fds 1, 2)   |
 //	  |<- - - - - - - - - - - - - - - - - - - - - - - -|
 //	  |  frame: Report {exit code, reason, fuel, ...}  |
@@ -130,6 +134,8 @@ type Request struct {
 	Env map[string]string `json:"env,omitempty"`
 	// Limits bounds the run.
 	Limits Limits `json:"limits"`
+	// Hardening is what the worker must set up before the guest runs.
+	Hardening Hardening `json:"hardening"`
 }
 
 // Report is what a worker sends back after the guest ends. The parent merges it with
@@ -146,6 +152,9 @@ type Report struct {
 	// Diagnostics are short messages for the operator (trap text, load errors). They
 	// never contain host paths.
 	Diagnostics []string `json:"diagnostics,omitempty"`
+	// Enforcement is the contract the worker verified before the guest ran; nil when
+	// the worker failed before it could tell.
+	Enforcement *Enforcement `json:"enforcement,omitempty"`
 }
 
 // Result is the outcome of one run as the parent reports it to callers.
@@ -167,6 +176,9 @@ type Result struct {
 	// ru_maxrss), engine and interpreter included.
 	WorkerMaxRSSBytes int64    `json:"worker_max_rss_bytes"`
 	Diagnostics       []string `json:"diagnostics,omitempty"`
+	// Enforcement is the worker's contract: the layers that were in force while the
+	// guest ran (see Enforcement).
+	Enforcement *Enforcement `json:"enforcement,omitempty"`
 }
 
 // resultJSON is Result's wire form; see Result.

@@ -10,9 +10,11 @@ import (
 	_ "embed"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -91,9 +93,34 @@ func sizeStacks() int {
 	return int(stack)
 }
 
-// Main runs one request and returns the process exit status: 0 when a Report was
-// sent (whatever the guest did), 1 when the exchange itself failed.
-func Main() int {
+// Main is the worker: it runs one request's Python and returns the process exit
+// status (see Serve).
+func Main() int { return Serve(runGuest) }
+
+// Env is what a hardened worker hands to its body: the loaded interpreter, where the
+// workspace and the library are now reachable, and the verified contract.
+type Env struct {
+	Engine      *engine.Engine
+	Module      *engine.Module
+	Workspace   string // host path of the workspace as this process now sees it
+	Library     string // host path of the interpreter's library as this process now sees it
+	Enforcement protocol.Enforcement
+}
+
+// Serve is the body of every worker entry point. It reads one Request from the
+// control fd, sets its resource limits, loads the precompiled module, hardens the
+// process (see harden), and calls body only if every layer in
+// req.Hardening.Require is active; otherwise the run ends rejected and body never
+// runs. The Report, with the contract attached, goes back on the control fd. The exit
+// status is 0 when a Report was sent (whatever the guest did), 1 when the exchange
+// itself failed.
+//
+// The escape suite's test worker calls Serve with its own body, so it is hardened by
+// exactly this code.
+func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int {
+	// Only the protocol's fds 0-4 may be open (the parent passes no others; this
+	// makes sure of it before anything else opens one).
+	_ = unix.CloseRange(5, ^uint(0), 0)
 	ctl := os.NewFile(ControlFD, "control")
 	if ctl == nil {
 		return 1
@@ -103,15 +130,15 @@ func Main() int {
 	if err := protocol.ReadFrame(ctl, &req); err != nil {
 		return 1
 	}
-	rep := run(&req)
+	rep := serve(&req, body)
 	if err := protocol.WriteFrame(ctl, rep); err != nil {
 		return 1
 	}
 	return 0
 }
 
-// run turns a request into a report; a panic becomes an internal_error report.
-func run(req *protocol.Request) (rep protocol.Report) {
+// serve turns a request into a report; a panic becomes an internal_error report.
+func serve(req *protocol.Request, body func(*protocol.Request, *Env) protocol.Report) (rep protocol.Report) {
 	defer func() {
 		if r := recover(); r != nil {
 			rep = failed(fmt.Sprintf("worker panic: %v", r))
@@ -120,10 +147,17 @@ func run(req *protocol.Request) (rep protocol.Report) {
 	if req.Version != protocol.Version {
 		return failed(fmt.Sprintf("%v: worker speaks %d, request is %d", protocol.ErrVersion, protocol.Version, req.Version))
 	}
-	argv, err := Argv(req)
-	if err != nil {
+	if len(os.Environ()) > 0 {
+		// The parent builds the environment from nothing; anything here is a bug
+		// that must not reach the guest or the host.
+		return failed("worker started with a non-empty environment")
+	}
+	if err := protocol.CheckLayers(req.Hardening.Require); err != nil {
 		return failed(err.Error())
 	}
+	// Writing past RLIMIT_FSIZE must fail with EFBIG, not kill the worker.
+	signal.Ignore(syscall.SIGXFSZ)
+
 	eng := engine.New(engine.Options{Fuel: req.Limits.Fuel > 0, WasmStack: sizeStacks()})
 	mod, err := eng.Load(req.ModulePath)
 	if err != nil {
@@ -132,25 +166,50 @@ func run(req *protocol.Request) (rep protocol.Report) {
 		return failed("cannot load the precompiled interpreter: " + msg)
 	}
 	defer mod.Close()
-
-	spec := engine.Spec{
-		Argv: argv,
-		Env:  req.Env,
-		Preopens: []engine.Preopen{
-			{Host: fmt.Sprintf("/proc/self/fd/%d", WorkspaceFD), Guest: GuestWorkdir},
-			{Host: req.LibDir, Guest: bundle.GuestLibDir, ReadOnly: true},
-		},
-		MemoryBytes: req.Limits.MemoryBytes,
-		CPU:         time.Duration(req.Limits.CPUMS) * time.Millisecond,
-		Fuel:        req.Limits.Fuel,
-	}
 	if len(req.Stdin) > 0 {
 		if err := stdinPipe(req.Stdin); err != nil {
 			return failed("cannot prepare stdin")
 		}
-		spec.InheritStdin = true
 	}
-	out := eng.Run(mod, spec)
+
+	st := harden(req)
+	enf := st.enf
+	if missing := enf.Missing(req.Hardening.Require); len(missing) > 0 {
+		var why []string
+		for _, l := range missing {
+			msg := l
+			if e := enf.Errors[l]; e != "" {
+				msg += " (" + e + ")"
+			}
+			why = append(why, msg)
+		}
+		return protocol.Report{ExitCode: -1, Reason: protocol.Rejected, Enforcement: &enf,
+			Diagnostics: []string{"required enforcement layer not active, no code was run: " + strings.Join(why, "; ")}}
+	}
+	rep = body(req, &Env{Engine: eng, Module: mod, Workspace: st.workspace, Library: st.library, Enforcement: enf})
+	rep.Enforcement = &enf
+	return rep
+}
+
+// runGuest runs the request's Python program.
+func runGuest(req *protocol.Request, env *Env) protocol.Report {
+	argv, err := Argv(req)
+	if err != nil {
+		return failed(err.Error())
+	}
+	spec := engine.Spec{
+		Argv: argv,
+		Env:  req.Env,
+		Preopens: []engine.Preopen{
+			{Host: env.Workspace, Guest: GuestWorkdir},
+			{Host: env.Library, Guest: bundle.GuestLibDir, ReadOnly: true},
+		},
+		MemoryBytes:  req.Limits.MemoryBytes,
+		CPU:          time.Duration(req.Limits.CPUMS) * time.Millisecond,
+		Fuel:         req.Limits.Fuel,
+		InheritStdin: len(req.Stdin) > 0,
+	}
+	out := env.Engine.Run(env.Module, spec)
 	return protocol.Report{
 		ExitCode:        out.ExitCode,
 		Reason:          out.Reason,
