@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == worker.Command {
 		os.Exit(worker.Main())
 	}
+	if len(os.Args) > 1 && os.Args[1] == escapeCommand {
+		os.Exit(worker.Serve(escapeBody))
+	}
 	os.Exit(m.Run())
 }
 

@@ -33,9 +33,13 @@ func Rules() specs.LinuxSeccomp {
 			// Memory: the Go heap, wasmtime's linear memories and guard regions,
 			// thread stacks. No new executable mappings: the precompiled module is
 			// mapped executable before the filter is installed, and nothing after
-			// that needs PROT_EXEC (a guest that escaped cannot map shellcode).
-			allow("brk", "munmap", "madvise", "mremap"),
-			allowIf(args(2, unix.PROT_EXEC, 0), "mmap", "mprotect"),
+			// that needs PROT_EXEC (a guest that escaped cannot map shellcode). No
+			// mapping over maxMapping either: RLIMIT_AS would break wasmtime's
+			// reservations, so the size of each one is bounded here instead.
+			allow("brk", "munmap", "madvise"),
+			allowIf(append(args(2, unix.PROT_EXEC, 0), atMost(1, maxMapping)...), "mmap"),
+			allowIf(args(2, unix.PROT_EXEC, 0), "mprotect"),
+			allowIf(atMost(2, maxMapping), "mremap"),
 
 			// Threads of the Go runtime and of wasmtime (its WASI runs a small tokio
 			// pool). clone only for threads: CLONE_THREAD set and no namespace flag,
@@ -93,6 +97,11 @@ func Rules() specs.LinuxSeccomp {
 	}
 }
 
+// maxMapping is the largest mapping the worker may create: 8 GiB, twice the largest
+// wasmtime makes (a linear memory's 4 GiB reservation with its guard region, measured
+// at 4,362,076,160 bytes).
+const maxMapping = 8 << 30
+
 // namespaceFlags are the clone(2) flags that create namespaces (clone(2), "CLONE_NEW*").
 // CLONE_NEWTIME is left out: its bit is part of the exit-signal byte for clone(2) and
 // is only accepted by clone3 and unshare, both denied.
@@ -110,6 +119,11 @@ func allowIf(conds []specs.LinuxSeccompArg, names ...string) specs.LinuxSyscall 
 func errnoRule(errno unix.Errno, names ...string) specs.LinuxSyscall {
 	e := uint(errno)
 	return specs.LinuxSyscall{Names: names, Action: specs.ActErrno, ErrnoRet: &e}
+}
+
+// atMost is one SCMP_CMP_LE condition: argument index <= max.
+func atMost(index uint, max uint64) []specs.LinuxSeccompArg {
+	return []specs.LinuxSeccompArg{{Index: index, Value: max, Op: specs.OpLessEqual}}
 }
 
 // args is one SCMP_CMP_MASKED_EQ condition: (argument index & mask) == want.

@@ -61,9 +61,14 @@ func TestRulesInvariants(t *testing.T) {
 	}
 	for _, call := range []string{"mmap", "mprotect"} {
 		for _, r := range rulesFor(p, call) {
-			if len(r.Args) != 1 || r.Args[0].Index != 2 || r.Args[0].Value != unix.PROT_EXEC || r.Args[0].ValueTwo != 0 {
+			if len(r.Args) == 0 || r.Args[0].Index != 2 || r.Args[0].Value != unix.PROT_EXEC || r.Args[0].ValueTwo != 0 {
 				t.Errorf("%s rule %+v does not forbid PROT_EXEC", call, r.Args)
 			}
+		}
+	}
+	for _, r := range rulesFor(p, "mmap") {
+		if len(r.Args) != 2 || r.Args[1].Index != 1 || r.Args[1].Op != specs.OpLessEqual || r.Args[1].Value > 16<<30 {
+			t.Errorf("mmap rule %+v does not bound the mapping's size", r.Args)
 		}
 	}
 	for _, call := range []string{"ioctl", "prctl", "prlimit64"} {
@@ -178,6 +183,8 @@ func victim() {
 	res["clone_newuser"] = errno(unix.RawSyscall6(unix.SYS_CLONE, uintptr(unix.CLONE_THREAD|unix.CLONE_NEWUSER), 0, 0, 0, 0, 0))
 	res["clone3"] = errno(unix.Syscall(unix.SYS_CLONE3, 0, 0, 0))
 	res["mmap_exec"] = errno(unix.Syscall6(unix.SYS_MMAP, 0, 4096, unix.PROT_READ|unix.PROT_EXEC, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS, ^uintptr(0), 0))
+	res["mmap_huge"] = errno(unix.Syscall6(unix.SYS_MMAP, 0, 1<<40, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE, ^uintptr(0), 0))
+	res["mmap_ok"] = errno(unix.Syscall6(unix.SYS_MMAP, 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS, ^uintptr(0), 0))
 	res["io_uring_setup"] = errno(unix.Syscall(unix.SYS_IO_URING_SETUP, 1, 0, 0))
 	res["prctl_other"] = errno(unix.Syscall(unix.SYS_PRCTL, unix.PR_SET_DUMPABLE, 1, 0))
 	// Threads still work: start some and lock them to new OS threads.
@@ -208,7 +215,7 @@ func TestVictimDenied(t *testing.T) {
 	}
 	eperm, enosys := unix.EPERM.Error(), unix.ENOSYS.Error()
 	want := map[string]string{"socket": eperm, "execve": eperm, "fork": eperm, "clone_newuser": eperm,
-		"clone3": enosys, "mmap_exec": eperm, "io_uring_setup": eperm, "prctl_other": eperm, "mode": "2"}
+		"clone3": enosys, "mmap_exec": eperm, "mmap_huge": eperm, "mmap_ok": "errno 0", "io_uring_setup": eperm, "prctl_other": eperm, "mode": "2"}
 	for k, v := range want {
 		if res[k] != v {
 			t.Errorf("%s: got %q, want %q", k, res[k], v)
