@@ -14,11 +14,13 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -200,11 +202,10 @@ var probes = []probe{
 		return dial(unix.AF_UNIX, unix.SOCK_STREAM, &unix.SockaddrUnix{Name: "@" + t.Abstract})
 	}},
 	{"ptrace the parent", func(t *target) error {
-		err := unix.PtraceAttach(t.ParentPID)
-		if err == nil {
-			unix.PtraceDetach(t.ParentPID)
-		}
-		return err
+		// PTRACE_SEIZE, not ATTACH: it does not stop the parent if it works, and the
+		// parent is detached when this worker exits.
+		_, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SEIZE, uintptr(t.ParentPID), 0, 0, 0, 0)
+		return sysErr(e)
 	}},
 	{"process_vm_readv the parent", func(t *target) error {
 		buf := make([]byte, 8)
@@ -694,5 +695,44 @@ func TestUnknownLayerRefused(t *testing.T) {
 	p.Require = append(p.Require, "selinux")
 	if err := p.Validate(); err == nil || !strings.Contains(err.Error(), "selinux") {
 		t.Fatalf("Validate: %v", err)
+	}
+}
+
+// TestEscapeMatrixUnprivileged runs the escape suite again as an unprivileged user
+// (uid 65534), as the daemon runs in production: there the workers map to that user,
+// RLIMIT_NPROC binds, and nothing in the matrix may depend on being root.
+func TestEscapeMatrixUnprivileged(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("not root: TestEscapeMatrix itself runs unprivileged")
+	}
+	if testing.Short() {
+		t.Skip("-short")
+	}
+	dir, err := os.MkdirTemp("", "sandcell-unprivileged-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	tmp := filepath.Join(dir, "tmp")
+	bin := filepath.Join(dir, "sandbox.test")
+	src, err := os.ReadFile(os.Args[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.Mkdir(tmp, 0o777)
+	os.Chmod(dir, 0o755)
+	os.Chmod(tmp, 0o777)
+	cmd := exec.Command(bin, "-test.run=^TestEscapeMatrix$", "-test.v", "-test.count=1")
+	cmd.Env = []string{"TMPDIR=" + tmp, "HOME=" + tmp, "PATH=/usr/bin:/bin"}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestEscapeMatrix")) {
+		t.Fatalf("escape suite as uid 65534: %v\n%s", err, out)
+	}
+	if i := bytes.Index(out, []byte("attempt")); i >= 0 {
+		t.Logf("as uid 65534:\n%s", out[i:])
 	}
 }

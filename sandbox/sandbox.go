@@ -185,7 +185,9 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 		errR.Close()
 		if req.Hardening.Namespaces {
 			return protocol.Result{ExitCode: -1, Reason: protocol.Rejected, Diagnostics: []string{
-				"cannot start the worker in new namespaces, which policy requires: " + err.Error()}}, nil
+				"cannot start the worker in new user, network, mount, pid, IPC and UTS namespaces (" + err.Error() +
+					"), which policy requires; no code was run. Where the kernel or a container forbids them, a policy " +
+					"whose require list leaves out userns, netns, mntns, pidns, ipcns and utsns runs without them"}}, nil
 		}
 		return protocol.Result{}, fmt.Errorf("sandbox: start worker: %w", err)
 	}

@@ -1,0 +1,47 @@
+package sandbox_test
+
+import (
+	"context"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/bundle/bundletest"
+	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// BenchmarkColdRun times whole cold runs of print(6*7) (spawn, harden, load, run,
+// reap) without hardening, with each layer alone, and with every layer, and reports
+// the median as ms/median (run with -benchtime 20x for a median of 20).
+func BenchmarkColdRun(b *testing.B) {
+	limits := policy.Default().Default
+	bare := struct {
+		name string
+		make func(protocol.Limits) protocol.Hardening
+	}{"bare", func(protocol.Limits) protocol.Hardening { return protocol.Hardening{} }}
+	// bare: nothing; base: rlimits, no capabilities, no_new_privs; then each layer
+	// over base, and all.
+	for _, c := range append([]struct {
+		name string
+		make func(protocol.Limits) protocol.Hardening
+	}{bare}, configurations...) {
+		c := c
+		b.Run(c.name, func(b *testing.B) {
+			req := protocol.Request{Code: "print(6*7)", Workspace: b.TempDir(), Limits: limits,
+				ModulePath: bundletest.Module(b, false), LibDir: bundletest.LibDir(b), Hardening: c.make(limits)}
+			times := make([]time.Duration, 0, b.N)
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				res, err := sandbox.SelfSpawner().Run(context.Background(), req)
+				times = append(times, time.Since(start))
+				if err != nil || res.Reason != protocol.Exited || string(res.Stdout) != "42\n" {
+					b.Fatalf("%v %s %q %v", err, res.Reason, res.Stdout, res.Diagnostics)
+				}
+			}
+			sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+			b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms/median")
+		})
+	}
+}
