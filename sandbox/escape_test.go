@@ -736,3 +736,42 @@ func TestEscapeMatrixUnprivileged(t *testing.T) {
 		t.Logf("as uid 65534:\n%s", out[i:])
 	}
 }
+
+// TestFileSizeLimit: RLIMIT_FSIZE makes a write past it fail (EFBIG), not kill the run.
+func TestFileSizeLimit(t *testing.T) {
+	t.Parallel()
+	res, ws := run(t, `
+try:
+    with open("big", "wb") as f:
+        f.write(b"x" * (3 << 20))
+    print("wrote")
+except OSError as e:
+    print("refused", e.errno)
+`, func(r *protocol.Request) {
+		limits, _ := policy.Default().Resolve(r.Limits)
+		r.Hardening = policy.Default().Hardening(limits)
+		r.Hardening.Rlimits.FSIZE = 1 << 20
+	})
+	wantExit(t, res, 0)
+	if !strings.HasPrefix(string(res.Stdout), "refused") {
+		t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+	if st, err := os.Stat(filepath.Join(ws, "big")); err != nil || st.Size() > 1<<20 {
+		t.Fatalf("file: %v %v", st, err)
+	}
+}
+
+// TestCPURlimitBackstop: with the engine's CPU limit off, RLIMIT_CPU still ends a
+// busy worker, and the run says cpu_limit.
+func TestCPURlimitBackstop(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "while True: pass", func(r *protocol.Request) {
+		r.Limits.TimeoutMS = 20_000
+		limits, _ := policy.Default().Resolve(r.Limits)
+		r.Hardening = policy.Default().Hardening(limits)
+		r.Hardening.Rlimits.CPU = 1
+	})
+	if res.Reason != protocol.CPULimit || res.ElapsedMS > 10_000 {
+		t.Fatalf("reason %s after %.0f ms: %v", res.Reason, res.ElapsedMS, res.Diagnostics)
+	}
+}

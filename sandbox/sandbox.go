@@ -275,6 +275,10 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 	case killReason != "":
 		res.ExitCode = -1
 		res.Reason = killReason
+	case cpuBackstop(cmd.ProcessState, req.Hardening.Rlimits.CPU):
+		res.ExitCode = -1
+		res.Reason = protocol.CPULimit
+		res.Diagnostics = []string{fmt.Sprintf("the worker reached its CPU-time backstop (RLIMIT_CPU, %d s)", req.Hardening.Rlimits.CPU)}
 	default:
 		res.ExitCode = -1
 		res.Reason = protocol.InternalError
@@ -348,11 +352,22 @@ func within(path, dir string) bool {
 	return err != nil || (rel != ".." && !strings.HasPrefix(rel, "../"))
 }
 
+// cpuBackstop reports whether the worker was killed by its RLIMIT_CPU (SIGXCPU at
+// the soft limit, SIGKILL at the hard one, setrlimit(2)): killed by one of those
+// signals, not by the parent, after using at least limit seconds of CPU.
+func cpuBackstop(ps *os.ProcessState, limit uint64) bool {
+	ws, ok := ps.Sys().(syscall.WaitStatus)
+	if limit == 0 || !ok || !ws.Signaled() || (ws.Signal() != syscall.SIGKILL && ws.Signal() != syscall.SIGXCPU) {
+		return false
+	}
+	return ps.UserTime()+ps.SystemTime() >= time.Duration(limit)*time.Second
+}
+
 func describeExit(err error) string {
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return "killed by " + ws.Signal().String()
+			return fmt.Sprintf("killed by signal %d (%s)", int(ws.Signal()), ws.Signal())
 		}
 		return fmt.Sprintf("exit status %d", ee.ExitCode())
 	}

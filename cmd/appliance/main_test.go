@@ -207,3 +207,45 @@ func TestCLIDeepRecursionAndSmallStack(t *testing.T) {
 		t.Fatalf("1 MiB stack: %+v", res)
 	}
 }
+
+// TestCLIEnforcementContract: --json carries the contract with every layer active,
+// --require refuses unknown layers, and a bad seccomp profile is refused before any
+// code runs.
+func TestCLIEnforcementContract(t *testing.T) {
+	r := cli(t, "", "run", "--json", "-c", "print(1)")
+	var res protocol.Result
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != 0 {
+		t.Fatalf("%v: %+v", err, r)
+	}
+	if res.Enforcement == nil {
+		t.Fatalf("no enforcement in %s", r.stdout)
+	}
+	if miss := res.Enforcement.Missing(protocol.Layers); len(miss) > 0 {
+		t.Fatalf("layers not active: %v %v", miss, res.Enforcement.Errors)
+	}
+	r = cli(t, "", "run", "--require", "seccomp,selinux", "-c", "print(1)")
+	if r.code != exitRejected || !strings.Contains(r.stderr, "selinux") || r.stdout != "" {
+		t.Fatalf("unknown layer: %+v", r)
+	}
+	r = cli(t, "", "run", "--require", "none", "-c", "print(1)")
+	if r.code != 0 || r.stdout != "1\n" {
+		t.Fatalf("--require none: %+v", r)
+	}
+	bad := filepath.Join(t.TempDir(), "profile.json")
+	os.WriteFile(bad, []byte(`{"defaultAction":"SCMP_ACT_ALLOW"}`), 0o644)
+	r = cli(t, "", "run", "--seccomp-profile", bad, "-c", "print(1)")
+	if r.code != exitRejected || !strings.Contains(r.stderr, "SCMP_ACT_ALLOW") {
+		t.Fatalf("allow-all profile: %+v", r)
+	}
+	// An operator's profile that leaves out a call the worker needs (getrandom, for
+	// the interpreter's hash seed): the run fails cleanly, it does not hang.
+	narrow := filepath.Join(t.TempDir(), "narrow.json")
+	os.WriteFile(narrow, []byte(`{"defaultAction":"SCMP_ACT_ERRNO","syscalls":[{"names":["read","write","exit_group","futex"],"action":"SCMP_ACT_ALLOW"}]}`), 0o644)
+	r = cli(t, "", "run", "--timeout", "20s", "--json", "--seccomp-profile", narrow, "-c", "print(1)")
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+		t.Fatalf("%v: %+v", err, r)
+	}
+	if res.Reason == protocol.Exited && string(res.Stdout) == "1\n" || res.Reason == protocol.Timeout {
+		t.Fatalf("a profile without the calls the worker needs: %+v", res)
+	}
+}
