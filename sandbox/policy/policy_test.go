@@ -62,3 +62,22 @@ func TestFilterEnv(t *testing.T) {
 		t.Fatalf("%v %v", env, err)
 	}
 }
+
+func TestHardening(t *testing.T) {
+	p := Default()
+	h := p.Hardening(protocol.Limits{TimeoutMS: 1500, CPUMS: 4200})
+	if h.Seccomp == nil || !h.Landlock || !h.Namespaces || len(h.Require) != len(protocol.Layers) {
+		t.Fatalf("%+v", h)
+	}
+	// The CPU backstop: a second above the larger limit, rounded up.
+	if h.Rlimits.CPU != 6 || h.Rlimits.FSIZE != 1<<30 || h.Rlimits.NOFILE != 256 || h.Rlimits.NPROC != 256 {
+		t.Fatalf("%+v", h.Rlimits)
+	}
+	p.MaxOpenFiles, p.MaxThreads, p.MaxFileBytes = 3, 0, -1
+	err := p.Validate()
+	for _, key := range []string{"max_open_files", "max_threads", "max_file_bytes"} {
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("Validate does not name %s: %v", key, err)
+		}
+	}
+}
