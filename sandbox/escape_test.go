@@ -725,8 +725,15 @@ func TestEscapeMatrixUnprivileged(t *testing.T) {
 	os.Mkdir(tmp, 0o777)
 	os.Chmod(dir, 0o755)
 	os.Chmod(tmp, 0o777)
+	// The source tree may be where uid 65534 cannot go (CI clones into a 0700
+	// directory), so the bundle is copied beside the binary.
+	bundleDir := filepath.Join(dir, "bundle")
+	if err := copyTree(bundletest.Dir(t), bundleDir); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command(bin, "-test.run=^TestEscapeMatrix$", "-test.v", "-test.count=1")
-	cmd.Env = []string{"TMPDIR=" + tmp, "HOME=" + tmp, "PATH=/usr/bin:/bin"}
+	cmd.Dir = dir
+	cmd.Env = []string{"TMPDIR=" + tmp, "HOME=" + tmp, "PATH=/usr/bin:/bin", "SANDCELL_BUNDLE_DIR=" + bundleDir}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.CombinedOutput()
 	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestEscapeMatrix")) {
@@ -774,4 +781,30 @@ func TestCPURlimitBackstop(t *testing.T) {
 	if res.Reason != protocol.CPULimit || res.ElapsedMS > 10_000 {
 		t.Fatalf("reason %s after %.0f ms: %v", res.Reason, res.ElapsedMS, res.Diagnostics)
 	}
+}
+
+// copyTree copies the regular files and directories under src to dst, keeping modes.
+func copyTree(src, dst string) error {
+	return filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		to := filepath.Join(dst, rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		switch {
+		case d.IsDir():
+			return os.MkdirAll(to, info.Mode().Perm())
+		case info.Mode().IsRegular():
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(to, b, info.Mode().Perm())
+		}
+		return nil
+	})
 }

@@ -46,8 +46,9 @@ import (
 )
 
 // Version is the protocol version. A worker refuses a Request of another version, so
-// a parent and a worker from different builds never guess at each other's fields.
-const Version = 1
+// a parent and a worker from different builds never guess at each other's fields
+// (version 2 added Hardening: a version-1 worker would run without it).
+const Version = 2
 
 // MaxFrame is the largest frame either side accepts, in bytes (16 MiB). It bounds the
 // code, the stdin and the argv a Request may carry.
