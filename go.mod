@@ -3,7 +3,9 @@ module github.com/sandcell/sandcell
 go 1.27.3
 
 require (
+	github.com/BurntSushi/toml v1.6.0
 	github.com/bytecodealliance/wasmtime-go/v39 v39.0.1
+	github.com/caarlos0/env/v11 v11.4.2
 	github.com/hashicorp/go-multierror v1.1.1
 	github.com/landlock-lsm/go-landlock v0.11.2
 	github.com/opencontainers/runtime-spec v1.3.0

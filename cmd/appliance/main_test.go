@@ -249,3 +249,27 @@ func TestCLIEnforcementContract(t *testing.T) {
 		t.Fatalf("a profile without the calls the worker needs: %+v", res)
 	}
 }
+
+func TestCLIConfig(t *testing.T) {
+	r := cli(t, "", "config", "default")
+	if r.code != 0 || !strings.Contains(r.stdout, "[sandbox]") || !strings.Contains(r.stdout, "# The kill switch") {
+		t.Fatalf("%+v", r)
+	}
+	good := filepath.Join(t.TempDir(), "good.toml")
+	os.WriteFile(good, []byte(r.stdout), 0o644)
+	if r := cli(t, "", "config", "validate", good); r.code != 0 || !strings.Contains(r.stdout, "ok") {
+		t.Fatalf("validate the default: %+v", r)
+	}
+	bad := filepath.Join(t.TempDir(), "bad.toml")
+	os.WriteFile(bad, []byte("[socket]\nmode = \"0777\"\n[runs]\nqueue_length = -1\n"), 0o644)
+	r = cli(t, "", "config", "validate", bad)
+	if r.code == 0 || !strings.Contains(r.stderr, "socket.mode") || !strings.Contains(r.stderr, "runs.queue_length") {
+		t.Fatalf("validate a bad file: %+v", r)
+	}
+	cmd := cliCmd(t, "config", "dump", "--config", good)
+	cmd.Env = append(cmd.Env, "SANDCELL_RUNS_QUEUE_LENGTH=7")
+	out, err := cmd.Output()
+	if err != nil || !strings.Contains(string(out), "queue_length = 7") {
+		t.Fatalf("dump: %v\n%s", err, out)
+	}
+}

@@ -33,7 +33,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newBundleCmd(), newVersionCmd())
+	root.AddCommand(newRunCmd(), newBundleCmd(), newConfigCmd(), newVersionCmd())
 	return root
 }
 

@@ -1,0 +1,340 @@
+// Package config is the daemon's configuration: a TOML file (decoded strictly: an
+// unknown key is an error naming it), then SANDCELL_* environment variables over it,
+// then Validate, which reports every problem at once, each with its key.
+//
+// The fully commented default is packaging/sandcell.toml; `sandcell config default`
+// prints the same values, `sandcell config dump` the configuration in force and
+// `sandcell config validate` checks a file.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"github.com/caarlos0/env/v11"
+	"github.com/hashicorp/go-multierror"
+
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/sandbox/seccomp"
+)
+
+// EnvPrefix starts the name of every environment override: SANDCELL_<SECTION>_<KEY>,
+// for example SANDCELL_SOCKET_PATH or SANDCELL_RUNS_MAX_CONCURRENT. Lists are
+// comma-separated.
+const EnvPrefix = "SANDCELL_"
+
+// Duration is a time.Duration written as a Go duration string ("30s", "1h30m").
+type Duration struct{ time.Duration }
+
+// UnmarshalText parses a duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("%q is not a duration (like \"30s\" or \"2h\")", b)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText writes the duration string.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.Duration.String()), nil }
+
+// Config is the whole configuration. Field comments give units; packaging/sandcell.toml
+// says what each knob is for.
+type Config struct {
+	// Disabled is the kill switch: every run is refused (503) while it is true.
+	Disabled bool `toml:"disabled" env:"DISABLED"`
+
+	Bundle Bundle `toml:"bundle" envPrefix:"BUNDLE_"`
+	State  State  `toml:"state" envPrefix:"STATE_"`
+	Socket Socket `toml:"socket" envPrefix:"SOCKET_"`
+	Runs   Runs   `toml:"runs" envPrefix:"RUNS_"`
+	Audit  Audit  `toml:"audit" envPrefix:"AUDIT_"`
+	Limits Limits `toml:"limits" envPrefix:"LIMITS_"`
+	// Sandbox is the worker's hardening.
+	Sandbox Sandbox `toml:"sandbox" envPrefix:"SANDBOX_"`
+	// Access maps callers (SO_PEERCRED uid and gid) to roles.
+	Access Access `toml:"access" envPrefix:"ACCESS_"`
+}
+
+// Bundle locates the pinned interpreter.
+type Bundle struct {
+	// Dir holds python.wasm, MANIFEST and the precompiled .cwasm files.
+	Dir string `toml:"dir" env:"DIR"`
+	// CacheDir receives a .cwasm rebuilt when the bundle's own cannot be used.
+	CacheDir string `toml:"cache_dir" env:"CACHE_DIR"`
+}
+
+// State locates the daemon's own files.
+type State struct {
+	// Dir holds the audit log, run results and workspaces.
+	Dir string `toml:"dir" env:"DIR"`
+}
+
+// Socket is the Unix socket the API listens on.
+type Socket struct {
+	Path string `toml:"path" env:"PATH"`
+	// Mode is the socket file's octal mode ("0660"); never wider than 0666.
+	Mode string `toml:"mode" env:"MODE"`
+	// Group owns the socket file; empty keeps the daemon's group.
+	Group string `toml:"group" env:"GROUP"`
+}
+
+// Runs bounds the run manager.
+type Runs struct {
+	// MaxConcurrent is how many workers run at once; 0 means one per CPU.
+	MaxConcurrent int `toml:"max_concurrent" env:"MAX_CONCURRENT"`
+	// QueueLength is how many runs may wait for a worker before 429.
+	QueueLength int `toml:"queue_length" env:"QUEUE_LENGTH"`
+	// ResultRetention is how long a finished run's result stays readable.
+	ResultRetention Duration `toml:"result_retention" env:"RESULT_RETENTION"`
+	// MaxRequestBytes bounds a request body (413 above it).
+	MaxRequestBytes int64 `toml:"max_request_bytes" env:"MAX_REQUEST_BYTES"`
+}
+
+// Audit configures the audit log.
+type Audit struct {
+	// Retention is how long audit records are kept.
+	Retention Duration `toml:"retention" env:"RETENTION"`
+	// RecordCode stores each run's code in the log, not only its SHA-256.
+	RecordCode bool `toml:"record_code" env:"RECORD_CODE"`
+}
+
+// Limits are a run's defaults and the maxima a request may ask for.
+type Limits struct {
+	Default RunLimits `toml:"default" envPrefix:"DEFAULT_"`
+	Max     RunLimits `toml:"max" envPrefix:"MAX_"`
+}
+
+// RunLimits bound one run. In Max, 0 means no cap (for Fuel and CPU: not allowed
+// unless a default sets them).
+type RunLimits struct {
+	Timeout        Duration `toml:"timeout" env:"TIMEOUT"`
+	CPU            Duration `toml:"cpu" env:"CPU"`
+	MemoryMiB      int64    `toml:"memory_mib" env:"MEMORY_MIB"`
+	Fuel           uint64   `toml:"fuel" env:"FUEL"`
+	MaxOutputBytes int64    `toml:"max_output_bytes" env:"MAX_OUTPUT_BYTES"`
+}
+
+// Sandbox configures the worker's hardening.
+type Sandbox struct {
+	// Require names the enforcement layers without which no code runs.
+	Require []string `toml:"require" env:"REQUIRE"`
+	// SeccompProfile is an OCI seccomp JSON file replacing the built-in profile.
+	SeccompProfile string `toml:"seccomp_profile" env:"SECCOMP_PROFILE"`
+	// EnvAllow lists the environment variable names a request may pass to the guest.
+	EnvAllow []string `toml:"env_allow" env:"ENV_ALLOW"`
+	// MaxFileBytes is the largest file a run may write (RLIMIT_FSIZE).
+	MaxFileBytes int64 `toml:"max_file_bytes" env:"MAX_FILE_BYTES"`
+	// MaxOpenFiles is RLIMIT_NOFILE of a worker.
+	MaxOpenFiles int64 `toml:"max_open_files" env:"MAX_OPEN_FILES"`
+	// MaxThreads is RLIMIT_NPROC of a worker (inside its user namespace).
+	MaxThreads int64 `toml:"max_threads" env:"MAX_THREADS"`
+}
+
+// Access lists who may do what. An entry is a user name, a uid, "@group" or "@gid".
+type Access struct {
+	// Runners may run code and use workspaces.
+	Runners []string `toml:"runners" env:"RUNNERS"`
+	// Approvers may approve or deny requests that need approval.
+	Approvers []string `toml:"approvers" env:"APPROVERS"`
+	// Admins may read the audit log and change the daemon's state.
+	Admins []string `toml:"admins" env:"ADMINS"`
+}
+
+// Default returns the built-in configuration, the values packaging/sandcell.toml
+// shows.
+func Default() Config {
+	p := policy.Default()
+	return Config{
+		Bundle: Bundle{Dir: "/usr/lib/sandcell", CacheDir: "/var/cache/sandcell"},
+		State:  State{Dir: "/var/lib/sandcell"},
+		Socket: Socket{Path: "/run/sandcell/sandcell.sock", Mode: "0660", Group: "sandcell"},
+		Runs: Runs{MaxConcurrent: 0, QueueLength: 64, ResultRetention: Duration{time.Hour},
+			MaxRequestBytes: 1 << 20},
+		Audit: Audit{Retention: Duration{90 * 24 * time.Hour}},
+		Limits: Limits{
+			Default: fromLimits(p.Default),
+			Max:     fromLimits(p.Max),
+		},
+		Sandbox: Sandbox{Require: p.Require, MaxFileBytes: p.MaxFileBytes, MaxOpenFiles: p.MaxOpenFiles,
+			MaxThreads: p.MaxThreads, EnvAllow: []string{}},
+		Access: Access{Runners: []string{"@sandcell"}, Approvers: []string{}, Admins: []string{"root"}},
+	}
+}
+
+func fromLimits(l protocol.Limits) RunLimits {
+	return RunLimits{Timeout: Duration{time.Duration(l.TimeoutMS) * time.Millisecond},
+		CPU: Duration{time.Duration(l.CPUMS) * time.Millisecond}, MemoryMiB: l.MemoryBytes / policy.MiB,
+		Fuel: l.Fuel, MaxOutputBytes: l.MaxStdoutBytes}
+}
+
+func (r RunLimits) limits() protocol.Limits {
+	return protocol.Limits{TimeoutMS: r.Timeout.Milliseconds(), CPUMS: r.CPU.Milliseconds(),
+		MemoryBytes: r.MemoryMiB * policy.MiB, Fuel: r.Fuel, MaxStdoutBytes: r.MaxOutputBytes,
+		MaxStderrBytes: r.MaxOutputBytes}
+}
+
+// Load reads path over the defaults (an empty path reads no file), then applies the
+// SANDCELL_* environment from environ (os.Environ() form), then validates. Every
+// error names its key: a TOML syntax error with its line, an unknown key by its dotted
+// name, a bad environment value by its variable.
+func Load(path string, environ []string) (Config, error) {
+	c := Default()
+	if path != "" {
+		md, err := toml.DecodeFile(path, &c)
+		if err != nil {
+			return c, fmt.Errorf("config %s: %w", path, err)
+		}
+		if extra := md.Undecoded(); len(extra) > 0 {
+			var keys []string
+			for _, k := range extra {
+				keys = append(keys, k.String())
+			}
+			return c, fmt.Errorf("config %s: unknown key %s", path, strings.Join(keys, ", "))
+		}
+	}
+	vars := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, EnvPrefix) {
+			vars[k] = v
+		}
+	}
+	if err := env.ParseWithOptions(&c, env.Options{Prefix: EnvPrefix, Environment: vars}); err != nil {
+		// Name the variables at fault: the library names struct fields.
+		var bad []string
+		for k, v := range vars {
+			probe := Default()
+			if env.ParseWithOptions(&probe, env.Options{Prefix: EnvPrefix, Environment: map[string]string{k: v}}) != nil {
+				bad = append(bad, fmt.Sprintf("%s=%q", k, v))
+			}
+		}
+		sort.Strings(bad)
+		return c, fmt.Errorf("environment: cannot use %s: %w", strings.Join(bad, ", "), err)
+	}
+	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+var principal = regexp.MustCompile(`^@?[A-Za-z0-9_][A-Za-z0-9_.-]*\$?$`)
+
+// Validate reports every problem in c, one line each, starting with its key.
+func (c Config) Validate() error {
+	var errs *multierror.Error
+	add := func(key, format string, a ...any) {
+		errs = multierror.Append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...)))
+	}
+	for key, p := range map[string]string{"bundle.dir": c.Bundle.Dir, "bundle.cache_dir": c.Bundle.CacheDir,
+		"state.dir": c.State.Dir, "socket.path": c.Socket.Path} {
+		if !filepath.IsAbs(p) {
+			add(key, "must be an absolute path, is %q", p)
+		}
+	}
+	if m, err := strconv.ParseUint(c.Socket.Mode, 8, 32); err != nil || m&^0o666 != 0 || m&0o600 != 0o600 {
+		add("socket.mode", "%q must be octal, give the owner read and write, and grant nothing beyond 0666", c.Socket.Mode)
+	} else if m&0o006 != 0 {
+		add("socket.mode", "%q lets every local user reach the API; use a group (socket.group) instead", c.Socket.Mode)
+	}
+	if c.Runs.MaxConcurrent < 0 {
+		add("runs.max_concurrent", "must be 0 (one per CPU) or positive, is %d", c.Runs.MaxConcurrent)
+	}
+	if c.Runs.QueueLength < 0 {
+		add("runs.queue_length", "must not be negative, is %d", c.Runs.QueueLength)
+	}
+	if c.Runs.ResultRetention.Duration <= 0 {
+		add("runs.result_retention", "must be positive")
+	}
+	if c.Runs.MaxRequestBytes < 1024 || c.Runs.MaxRequestBytes > protocol.MaxFrame {
+		add("runs.max_request_bytes", "must be between 1024 and %d, is %d", protocol.MaxFrame, c.Runs.MaxRequestBytes)
+	}
+	if c.Audit.Retention.Duration <= 0 {
+		add("audit.retention", "must be positive")
+	}
+	if c.Sandbox.SeccompProfile != "" {
+		if _, err := seccomp.LoadFile(c.Sandbox.SeccompProfile); err != nil {
+			add("sandbox.seccomp_profile", "%v", err)
+		}
+	}
+	for key, list := range map[string][]string{"access.runners": c.Access.Runners,
+		"access.approvers": c.Access.Approvers, "access.admins": c.Access.Admins} {
+		for _, p := range list {
+			if !principal.MatchString(p) {
+				add(key, "%q is not a user name, uid, @group or @gid", p)
+			}
+		}
+	}
+	// The limits and the hardening are the sandbox policy's to judge; its messages
+	// name the fields, which map to limits.* and sandbox.* keys.
+	if err := c.policy().Validate(); err != nil {
+		for _, e := range strings.Split(err.Error(), "\n") {
+			errs = multierror.Append(errs, errors.New("limits/sandbox: "+strings.TrimSpace(e)))
+		}
+	}
+	return joined(errs)
+}
+
+// joined formats errs one per line, or returns nil.
+func joined(errs *multierror.Error) error {
+	if errs == nil {
+		return nil
+	}
+	errs.ErrorFormat = func(es []error) string {
+		lines := make([]string, len(es))
+		for i, e := range es {
+			lines[i] = e.Error()
+		}
+		return strings.Join(lines, "\n")
+	}
+	return errs
+}
+
+func (c Config) policy() policy.Policy {
+	return policy.Policy{
+		Default:      c.Limits.Default.limits(),
+		Max:          c.Limits.Max.limits(),
+		EnvAllow:     c.Sandbox.EnvAllow,
+		Require:      c.Sandbox.Require,
+		MaxFileBytes: c.Sandbox.MaxFileBytes,
+		MaxOpenFiles: c.Sandbox.MaxOpenFiles,
+		MaxThreads:   c.Sandbox.MaxThreads,
+	}
+}
+
+// Policy returns the sandbox policy c describes, with the operator's seccomp profile
+// loaded when one is configured.
+func (c Config) Policy() (policy.Policy, error) {
+	p := c.policy()
+	if c.Sandbox.SeccompProfile != "" {
+		prof, err := seccomp.LoadFile(c.Sandbox.SeccompProfile)
+		if err != nil {
+			return p, err
+		}
+		p.Seccomp = &prof
+	}
+	return p, p.Validate()
+}
+
+// Concurrency is Runs.MaxConcurrent with 0 resolved to the CPU count.
+func (c Config) Concurrency() int {
+	if c.Runs.MaxConcurrent > 0 {
+		return c.Runs.MaxConcurrent
+	}
+	return runtime.NumCPU()
+}
+
+// Encode writes c as TOML (what `sandcell config dump` prints).
+func (c Config) Encode(w io.Writer) error {
+	return toml.NewEncoder(w).Encode(c)
+}

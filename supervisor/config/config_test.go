@@ -1,0 +1,129 @@
+package config
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/packaging"
+)
+
+func write(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "sandcell.toml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// The packaged, commented file shows exactly the built-in defaults.
+func TestPackagedFileIsTheDefault(t *testing.T) {
+	c, err := Load(write(t, packaging.DefaultConfig), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(c, Default()) {
+		t.Fatalf("packaging/sandcell.toml differs from Default():\n%+v\n%+v", c, Default())
+	}
+}
+
+func TestDefaultIsValid(t *testing.T) {
+	if err := Default().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Default().Policy(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUnknownKeyNamed(t *testing.T) {
+	_, err := Load(write(t, "[socket]\npath = \"/run/x.sock\"\nmdoe = \"0600\"\n[runz]\n"), nil)
+	if err == nil || !strings.Contains(err.Error(), "socket.mdoe") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestSyntaxErrorHasLine(t *testing.T) {
+	_, err := Load(write(t, "disabled = false\n[runs\n"), nil)
+	if err == nil || !strings.Contains(err.Error(), "line ") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+// Validate reports every problem, each with its key.
+func TestValidateNamesEveryKey(t *testing.T) {
+	_, err := Load(write(t, `
+[socket]
+path = "relative.sock"
+mode = "0666"
+[runs]
+max_concurrent = -1
+queue_length = -2
+max_request_bytes = 10
+[audit]
+retention = "0s"
+[limits.default]
+timeout = "20m"
+[sandbox]
+require = ["seccomp", "apparmor"]
+seccomp_profile = "/nonexistent.json"
+[access]
+runners = ["bad name!"]
+`), nil)
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, key := range []string{"socket.path", "socket.mode", "runs.max_concurrent", "runs.queue_length",
+		"runs.max_request_bytes", "audit.retention", "timeout", "apparmor", "sandbox.seccomp_profile", "access.runners"} {
+		if !strings.Contains(err.Error(), key) {
+			t.Errorf("error does not name %s:\n%v", key, err)
+		}
+	}
+	if _, err := Load(write(t, "[runs]\nresult_retention = \"soon\"\n"), nil); err == nil || !strings.Contains(err.Error(), "soon") {
+		t.Errorf("bad duration: %v", err)
+	}
+}
+
+func TestEnvironmentOverrides(t *testing.T) {
+	c, err := Load(write(t, "[socket]\npath = \"/run/file.sock\"\n"), []string{
+		"SANDCELL_SOCKET_PATH=/run/env.sock",
+		"SANDCELL_DISABLED=true",
+		"SANDCELL_RUNS_MAX_CONCURRENT=3",
+		"SANDCELL_LIMITS_DEFAULT_TIMEOUT=5s",
+		"SANDCELL_SANDBOX_REQUIRE=seccomp,landlock",
+		"HOME=/root",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Socket.Path != "/run/env.sock" || !c.Disabled || c.Concurrency() != 3 ||
+		c.Limits.Default.Timeout.Duration != 5*time.Second || !reflect.DeepEqual(c.Sandbox.Require, []string{"seccomp", "landlock"}) {
+		t.Fatalf("%+v", c)
+	}
+	if _, err := Load("", []string{"SANDCELL_RUNS_QUEUE_LENGTH=many"}); err == nil || !strings.Contains(err.Error(), "SANDCELL_RUNS_QUEUE_LENGTH") {
+		t.Fatalf("bad env value: %v", err)
+	}
+}
+
+// A dump reads back as the same configuration.
+func TestDumpRoundTrip(t *testing.T) {
+	c := Default()
+	c.Runs.MaxConcurrent = 5
+	c.Access.Approvers = []string{"alice", "@ops"}
+	var b bytes.Buffer
+	if err := c.Encode(&b); err != nil {
+		t.Fatal(err)
+	}
+	back, err := Load(write(t, b.String()), nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, b.String())
+	}
+	if !reflect.DeepEqual(back, c) {
+		t.Fatalf("round trip:\n%+v\n%+v", back, c)
+	}
+}
