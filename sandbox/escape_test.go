@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -155,6 +156,34 @@ var probes = []probe{
 			if err != unix.EBADF && err != unix.ENOTDIR {
 				last = err
 			}
+		}
+		return last
+	}},
+	{"write a held file via /proc/self/fd", func(*target) error {
+		// Every descriptor the worker holds (the module above all: its code runs in
+		// every worker), reopened for writing; a writable shared mapping is the
+		// proof, and nothing is written.
+		var last error = unix.ENOENT
+		for fd := 0; fd < 64; fd++ {
+			nfd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", fd), unix.O_RDWR|unix.O_CLOEXEC, 0)
+			if err != nil {
+				if err != unix.ENOENT {
+					last = err
+				}
+				continue
+			}
+			var st unix.Stat_t
+			unix.Fstat(nfd, &st)
+			if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Size > 0 {
+				b, err := unix.Mmap(nfd, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+				if err == nil {
+					unix.Munmap(b)
+					unix.Close(nfd)
+					return nil
+				}
+				last = err
+			}
+			unix.Close(nfd)
 		}
 		return last
 	}},
@@ -408,50 +437,51 @@ func layers(l protocol.Limits, sc, ll, ns bool) protocol.Hardening {
 // stoppedAlone says which single layers must, by design, stop each probe on their
 // own (beyond "all", which must stop every probe). The printed matrix shows the rest.
 var stoppedAlone = map[string][]string{
-	"read /etc/passwd":                   {"landlock", "namespaces"},
-	"read a host file":                   {"landlock", "namespaces"},
-	"list the host root":                 {"landlock", "namespaces"},
-	"read /proc/1/root/etc/passwd":       {"landlock", "namespaces"},
-	"write a host file":                  {"landlock", "namespaces"},
-	"mkdir on the host":                  {"landlock", "namespaces"},
-	"symlink out of /ws":                 {"landlock", "namespaces"},
-	"relative symlink out of /ws":        {"landlock", "namespaces"},
-	"hard link a host file into /ws":     {"landlock", "namespaces"},
-	".. out of /ws":                      {"landlock", "namespaces"},
-	".. from every open fd":              {"landlock", "namespaces"},
-	"socket AF_INET":                     {"seccomp"},
-	"socket AF_UNIX":                     {"seccomp"},
-	"connect to a host TCP port":         {"seccomp", "landlock", "namespaces"},
-	"connect to an abstract Unix socket": {"seccomp", "landlock", "namespaces"},
-	"connect to a host Unix socket":      {"seccomp", "namespaces"},
-	"send UDP to the host":               {"seccomp", "namespaces"},
-	"ptrace the parent":                  {"seccomp", "landlock", "namespaces"},
-	"process_vm_readv the parent":        {"seccomp", "landlock", "namespaces"},
-	"kill(2) the parent":                 {"seccomp", "landlock", "namespaces"},
-	"tgkill(2) the parent":               {"landlock", "namespaces"},
-	"fork":                               {"seccomp"},
-	"fork flood (300 live processes)":    {"seccomp"}, // and namespaces when not root: see TestEscapeMatrix
-	"execve /bin/sh":                     {"seccomp", "landlock", "namespaces"},
-	"mount a tmpfs":                      {"base", "seccomp", "landlock", "namespaces"},
-	"chroot":                             {"base", "seccomp", "landlock", "namespaces"},
-	"unshare a network namespace":        {"base", "seccomp", "landlock", "namespaces"},
-	"keyctl":                             {"seccomp"},
-	"stat /etc/passwd":                   {"namespaces"},
-	"readlink a host symlink":            {"namespaces"},
-	"read /sys":                          {"landlock", "namespaces"},
-	"socket AF_INET6":                    {"seccomp"},
-	"socket AF_NETLINK":                  {"seccomp"},
-	"socket AF_VSOCK":                    {"seccomp"},
-	"socketpair":                         {"seccomp"},
-	"bind and listen on TCP":             {"seccomp", "landlock"},
-	"setns into pid 1's network":         {"base", "seccomp", "landlock", "namespaces"},
-	"perf_event_open":                    {"seccomp"},
-	"userfaultfd":                        {"seccomp"},
-	"personality(READ_IMPLIES_EXEC)":     {"seccomp"},
-	"io_uring_setup":                     {"seccomp"},
-	"a fresh executable mapping":         {"seccomp"},
-	"a huge mapping (1 TiB)":             {"seccomp"},
-	"raise an rlimit":                    {"base", "seccomp", "landlock", "namespaces"},
+	"read /etc/passwd":                    {"landlock", "namespaces"},
+	"read a host file":                    {"landlock", "namespaces"},
+	"list the host root":                  {"landlock", "namespaces"},
+	"read /proc/1/root/etc/passwd":        {"landlock", "namespaces"},
+	"write a host file":                   {"landlock", "namespaces"},
+	"mkdir on the host":                   {"landlock", "namespaces"},
+	"symlink out of /ws":                  {"landlock", "namespaces"},
+	"relative symlink out of /ws":         {"landlock", "namespaces"},
+	"hard link a host file into /ws":      {"landlock", "namespaces"},
+	".. out of /ws":                       {"landlock", "namespaces"},
+	".. from every open fd":               {"landlock", "namespaces"},
+	"socket AF_INET":                      {"seccomp"},
+	"socket AF_UNIX":                      {"seccomp"},
+	"connect to a host TCP port":          {"seccomp", "landlock", "namespaces"},
+	"connect to an abstract Unix socket":  {"seccomp", "landlock", "namespaces"},
+	"connect to a host Unix socket":       {"seccomp", "namespaces"},
+	"send UDP to the host":                {"seccomp", "namespaces"},
+	"ptrace the parent":                   {"seccomp", "landlock", "namespaces"},
+	"process_vm_readv the parent":         {"seccomp", "landlock", "namespaces"},
+	"kill(2) the parent":                  {"seccomp", "landlock", "namespaces"},
+	"tgkill(2) the parent":                {"landlock", "namespaces"},
+	"fork":                                {"seccomp"},
+	"fork flood (300 live processes)":     {"seccomp"}, // and namespaces when not root: see TestEscapeMatrix
+	"execve /bin/sh":                      {"seccomp", "landlock", "namespaces"},
+	"mount a tmpfs":                       {"base", "seccomp", "landlock", "namespaces"},
+	"chroot":                              {"base", "seccomp", "landlock", "namespaces"},
+	"unshare a network namespace":         {"base", "seccomp", "landlock", "namespaces"},
+	"keyctl":                              {"seccomp"},
+	"write a held file via /proc/self/fd": {"base", "seccomp", "landlock", "namespaces"},
+	"stat /etc/passwd":                    {"namespaces"},
+	"readlink a host symlink":             {"namespaces"},
+	"read /sys":                           {"landlock", "namespaces"},
+	"socket AF_INET6":                     {"seccomp"},
+	"socket AF_NETLINK":                   {"seccomp"},
+	"socket AF_VSOCK":                     {"seccomp"},
+	"socketpair":                          {"seccomp"},
+	"bind and listen on TCP":              {"seccomp", "landlock"},
+	"setns into pid 1's network":          {"base", "seccomp", "landlock", "namespaces"},
+	"perf_event_open":                     {"seccomp"},
+	"userfaultfd":                         {"seccomp"},
+	"personality(READ_IMPLIES_EXEC)":      {"seccomp"},
+	"io_uring_setup":                      {"seccomp"},
+	"a fresh executable mapping":          {"seccomp"},
+	"a huge mapping (1 TiB)":              {"seccomp"},
+	"raise an rlimit":                     {"base", "seccomp", "landlock", "namespaces"},
 }
 
 // TestEscapeMatrix is the escape suite (see the file comment).
@@ -807,4 +837,39 @@ func copyTree(src, dst string) error {
 		}
 		return nil
 	})
+}
+
+// TestWorkspaceOnKernelFilesystemRefused: /proc, /sys and their kind are kernel
+// interfaces (a worker mapped to host root could write /proc/sys through them).
+func TestWorkspaceOnKernelFilesystemRefused(t *testing.T) {
+	t.Parallel()
+	for _, ws := range []string{"/proc", "/proc/sys", "/sys", "/sys/fs/cgroup", "/dev"} {
+		if _, err := os.Stat(ws); err != nil {
+			continue
+		}
+		_, err := sandbox.SelfSpawner().Run(context.Background(), protocol.Request{Code: "1", Workspace: ws,
+			ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t), Limits: policy.Default().Default})
+		if !errors.Is(err, sandbox.ErrBadRequest) {
+			t.Errorf("workspace %s: err = %v", ws, err)
+		}
+	}
+}
+
+// TestSymlinkedWorkspace: a workspace named through a symbolic link gets every layer
+// (the worker reopens the path the kernel gives for the checked directory).
+func TestSymlinkedWorkspace(t *testing.T) {
+	t.Parallel()
+	real := t.TempDir()
+	link := filepath.Join(t.TempDir(), "link")
+	if err := os.Symlink(real, link); err != nil {
+		t.Fatal(err)
+	}
+	res, _ := run(t, `open("f", "w").write("x")`, func(r *protocol.Request) { r.Workspace = link })
+	wantExit(t, res, 0)
+	if miss := res.Enforcement.Missing(protocol.Layers); len(miss) > 0 {
+		t.Fatalf("missing %v: %v", miss, res.Enforcement.Errors)
+	}
+	if b, _ := os.ReadFile(filepath.Join(real, "f")); string(b) != "x" {
+		t.Fatal("the file did not reach the workspace")
+	}
 }

@@ -25,6 +25,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/sandbox/worker"
 )
@@ -43,6 +45,66 @@ type Spawner struct {
 	// Command is the worker's argv[1]; empty means worker.Command. Tests use it to
 	// start a test-only worker entry (the escape suite).
 	Command string
+
+	mu      sync.Mutex
+	modules map[moduleKey]*os.File // sealed copies of modules, by file identity
+}
+
+// moduleKey identifies a module file's content as far as the file system tells.
+type moduleKey struct {
+	path             string
+	dev, ino         uint64
+	size, mtime, ctm int64
+}
+
+// sealedModule returns a sealed in-memory copy of the module at path (memfd_create(2)
+// with F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW and F_SEAL_SEAL, see
+// memfd_create(2) and fcntl(2)), made once per file identity and shared by every
+// worker. A worker holds its module open for as long as it runs; were that the file
+// in the bundle, a guest that escaped wasmtime could reopen it for writing through
+// /proc/self/fd and rewrite the code every worker executes. Nobody can change a
+// sealed memfd.
+func (s *Spawner) sealedModule(path string) (*os.File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, err
+	}
+	key := moduleKey{path, uint64(st.Dev), st.Ino, st.Size, st.Mtim.Nano(), st.Ctim.Nano()}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m, ok := s.modules[key]; ok {
+		return m, nil
+	}
+	fd, err := unix.MemfdCreate("sandcell-module", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	m := os.NewFile(uintptr(fd), "module")
+	if n, err := io.Copy(m, f); err != nil || n != st.Size {
+		m.Close()
+		return nil, fmt.Errorf("copy module: %d of %d bytes: %v", n, st.Size, err)
+	}
+	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS,
+		unix.F_SEAL_WRITE|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("seal module: %w", err)
+	}
+	if s.modules == nil {
+		s.modules = map[moduleKey]*os.File{}
+	}
+	for k, old := range s.modules {
+		if k.path == path { // the file was replaced: forget the old copy
+			old.Close()
+			delete(s.modules, k)
+		}
+	}
+	s.modules[key] = m
+	return m, nil
 }
 
 // command is the worker's argv[1].
@@ -109,11 +171,21 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 		return protocol.Result{}, err
 	}
 	defer wsDir.Close()
+	// The worker reopens the workspace by path inside its mount namespace (and checks
+	// it is this directory): give it the kernel's path of what was checked.
+	if p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", wsDir.Fd())); err == nil {
+		req.Workspace = p
+	}
 	req.Version = protocol.Version
 	req.Hardening.HostNamespaces = hostNamespaces()
 	frame, err := protocol.Encode(&req)
 	if err != nil {
 		return protocol.Result{}, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
+	}
+
+	module, err := s.sealedModule(req.ModulePath)
+	if err != nil {
+		return protocol.Result{}, fmt.Errorf("sandbox: module: %w", err)
 	}
 
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
@@ -154,7 +226,7 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 			Env:         []string{}, // built from nothing: no NOTIFY_SOCKET, LISTEN_*, secrets
 			Stdout:      outW,
 			Stderr:      errW,
-			ExtraFiles:  []*os.File{childCtl, wsDir}, // fds 3 and 4: worker.ControlFD, worker.WorkspaceFD
+			ExtraFiles:  []*os.File{childCtl, wsDir, module}, // fds 3, 4, 5: worker.ControlFD, WorkspaceFD, ModuleFD
 			SysProcAttr: attr,
 		}
 	}
@@ -259,6 +331,9 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 		res.Diagnostics = rep.Diagnostics
 		res.Enforcement = rep.Enforcement
 		if res.Enforcement != nil && nsErr != nil {
+			if res.Enforcement.Errors == nil {
+				res.Enforcement.Errors = map[string]string{}
+			}
 			res.Enforcement.Errors[protocol.LayerUserNS] = "cannot create namespaces: " + nsErr.Error()
 		}
 		if missing := checkContract(rep, req.Hardening.Require); missing != "" {

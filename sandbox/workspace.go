@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -33,7 +34,92 @@ func openWorkspace(path string, protected []string) (*os.File, error) {
 	return ws, nil
 }
 
+// pseudoFilesystems are file systems whose files are kernel interfaces, not data
+// (statfs(2) magic numbers from linux/magic.h). A workspace on one would hand the
+// guest the kernel's knobs: /proc/sys is writable by any task whose uid is host root,
+// with or without capabilities.
+var pseudoFilesystems = map[int64]string{
+	0x9fa0:     "proc",
+	0x62656572: "sysfs",
+	0x27e0eb:   "cgroup",
+	0x63677270: "cgroup2",
+	0x64626720: "debugfs",
+	0x74726163: "tracefs",
+	0x73636673: "securityfs",
+	0xcafe4a11: "bpf",
+	0x1cd1:     "devpts",
+	0x62656570: "configfs",
+	0xde5e81e4: "efivarfs",
+	0x6165676c: "pstore",
+	0x42494e4d: "binfmt_misc",
+	0xf97cff8c: "selinuxfs",
+	0x43415d53: "smackfs",
+	0x65735543: "fusectl",
+	0x6e736673: "nsfs",
+}
+
+// checkFilesystem refuses a workspace on a pseudo-file system, or on the file system
+// of /dev (devtmpfs, which statfs reports as tmpfs).
+func checkFilesystem(fd int) error {
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return fmt.Errorf("sandbox: workspace: %w", err)
+	}
+	if name, ok := pseudoFilesystems[int64(fs.Type)]; ok {
+		return fmt.Errorf("%w: the workspace is on %s, a kernel interface, not a file system for data", ErrBadRequest, name)
+	}
+	var ws, dev unix.Stat_t
+	if unix.Fstat(fd, &ws) == nil && unix.Stat("/dev", &dev) == nil && ws.Dev == dev.Dev {
+		var root unix.Stat_t
+		if unix.Stat("/", &root) == nil && root.Dev != dev.Dev {
+			return fmt.Errorf("%w: the workspace is on the device file system (/dev)", ErrBadRequest)
+		}
+	}
+	return nil
+}
+
+// checkNoMountsBeneath refuses a workspace with mount points inside it: a worker with
+// its own root sees only the workspace's own file system there, one without sees the
+// mounted one, so what the guest could reach would depend on the layers. (The
+// workspace may itself be a mount point.)
+func checkNoMountsBeneath(ws string) error {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("sandbox: workspace: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		// proc(5): the mount point is field 5, with spaces and the like as \ooo.
+		mp := unescapeMountinfo(f[4])
+		if mp != ws && within(mp, ws) {
+			return fmt.Errorf("%w: the workspace has a mount point inside it (%s)", ErrBadRequest, mp)
+		}
+	}
+	return nil
+}
+
+func unescapeMountinfo(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
 func checkWorkspace(fd int, protected []string) error {
+	if err := checkFilesystem(fd); err != nil {
+		return err
+	}
 	// The ancestors of the opened directory, itself first, walked with openat("..").
 	var wsChain []inode
 	cur, err := unix.Dup(fd)
@@ -62,6 +148,11 @@ func checkWorkspace(fd int, protected []string) error {
 	wsPath, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
 	if err != nil {
 		return fmt.Errorf("sandbox: workspace: %w", err)
+	}
+	for _, kernel := range []string{"/proc", "/sys", "/dev"} {
+		if within(wsPath, kernel) {
+			return fmt.Errorf("%w: the workspace is under %s, which holds kernel interfaces", ErrBadRequest, kernel)
+		}
 	}
 
 	for _, p := range protected {
@@ -95,5 +186,5 @@ func checkWorkspace(fd int, protected []string) error {
 			return fmt.Errorf("%w: the workspace overlaps %s, which holds the interpreter or its compiled code", ErrBadRequest, p)
 		}
 	}
-	return nil
+	return checkNoMountsBeneath(wsPath)
 }

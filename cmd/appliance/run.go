@@ -130,7 +130,10 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 	}
 	req.Limits = limits
 	pol.Require = f.require
-	if len(f.require) == 1 && f.require[0] == "none" {
+	switch {
+	case len(f.require) == 0:
+		return rejected{errors.New(`--require: give layer names, or "none"`)}
+	case len(f.require) == 1 && f.require[0] == "none":
 		pol.Require = nil
 	}
 	if f.profile != "" {

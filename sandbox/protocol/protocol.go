@@ -8,6 +8,7 @@
 //	fd 2  stderr  pipe -> parent (the guest's stderr, read with a byte cap)
 //	fd 3  control one end of a Unix socketpair; the parent holds the other end
 //	fd 4  the workspace directory, opened and checked by the parent
+//	fd 5  the precompiled module: a sealed memfd copy of the verified .cwasm
 //
 // The exchange on fd 3, one run per worker:
 //
@@ -111,7 +112,8 @@ type Limits struct {
 type Request struct {
 	Version int `json:"version"`
 	// ModulePath is the host path of the precompiled module (.cwasm) to run. The
-	// parent has verified it against the bundle before sending it.
+	// parent has verified it against the bundle, and hands the worker a sealed copy
+	// of it as fd 5; the worker never opens this path.
 	ModulePath string `json:"module_path"`
 	// LibDir is the host directory of the interpreter's library, preopened read-only
 	// at /usr/local/lib.

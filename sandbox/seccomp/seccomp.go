@@ -7,9 +7,11 @@
 // (LoadFile). What this compiler accepts of that format, and how it reads it:
 //
 //   - defaultAction and each rule's action: SCMP_ACT_ALLOW, SCMP_ACT_ERRNO,
-//     SCMP_ACT_KILL (= KILL_THREAD), SCMP_ACT_KILL_THREAD, SCMP_ACT_KILL_PROCESS,
-//     SCMP_ACT_TRAP, SCMP_ACT_LOG. defaultAction may not be SCMP_ACT_ALLOW or LOG
-//     (an allowlist is the point).
+//     SCMP_ACT_KILL_PROCESS, SCMP_ACT_TRAP, SCMP_ACT_LOG. defaultAction may not be
+//     SCMP_ACT_ALLOW or LOG (an allowlist is the point). SCMP_ACT_KILL and
+//     SCMP_ACT_KILL_THREAD are refused: killing one thread of a Go program hangs it.
+//   - the file: a regular file of at most 1 MiB; when a key appears twice the last
+//     one wins (encoding/json).
 //   - errnoRet and defaultErrnoRet: an errno from 1 to 4095; absent means EPERM.
 //   - args: SCMP_CMP_EQ, NE, LT, LE, GT, GE, and SCMP_CMP_MASKED_EQ
 //     ((arg & value) == valueTwo, valueTwo a subset of value). As in runc, the
@@ -36,6 +38,9 @@ import (
 	libseccomp "github.com/seccomp/libseccomp-golang"
 	"golang.org/x/sys/unix"
 )
+
+// maxProfileBytes bounds a profile file (1 MiB; Docker's default profile is 20 KB).
+const maxProfileBytes = 1 << 20
 
 // ErrProfile is wrapped by every error about a profile's content.
 var ErrProfile = errors.New("seccomp: unsupported profile")
@@ -163,9 +168,20 @@ func Mode() (int, error) {
 // compile (see the package comment for what is accepted).
 func LoadFile(path string) (specs.LinuxSeccomp, error) {
 	var p specs.LinuxSeccomp
-	b, err := os.ReadFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return p, fmt.Errorf("seccomp profile: %w", err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return p, fmt.Errorf("seccomp profile %s: not a regular file", path)
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxProfileBytes+1))
+	if err != nil {
+		return p, fmt.Errorf("seccomp profile: %w", err)
+	}
+	if len(b) > maxProfileBytes {
+		return p, fmt.Errorf("seccomp profile %s: larger than %d bytes", path, maxProfileBytes)
 	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
@@ -205,7 +221,8 @@ func action(a specs.LinuxSeccompAction, errno *uint) (libseccomp.ScmpAction, err
 		}
 		return libseccomp.ActErrno.SetReturnCode(int16(e)), nil
 	case specs.ActKill, specs.ActKillThread:
-		return libseccomp.ActKillThread, nil
+		// Killing one thread of a Go program leaves the rest waiting for it forever.
+		return 0, fmt.Errorf("%w: %s kills one thread and hangs the worker; use SCMP_ACT_KILL_PROCESS", ErrProfile, a)
 	case specs.ActKillProcess:
 		return libseccomp.ActKillProcess, nil
 	case specs.ActTrap:

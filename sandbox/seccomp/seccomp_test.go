@@ -1,6 +1,7 @@
 package seccomp
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"os"
@@ -117,7 +118,8 @@ func TestCompileRefusals(t *testing.T) {
 			p.Syscalls = append(p.Syscalls, specs.LinuxSyscall{Names: []string{"read"}, Action: specs.ActAllow,
 				Args: []specs.LinuxSeccompArg{{Index: 0, Op: specs.OpMaskedEqual, Value: 1, ValueTwo: 2}}})
 		},
-		"flags": func(p *specs.LinuxSeccomp) { p.Flags = []specs.LinuxSeccompFlag{specs.LinuxSeccompFlagLog} },
+		"flags":       func(p *specs.LinuxSeccomp) { p.Flags = []specs.LinuxSeccompFlag{specs.LinuxSeccompFlagLog} },
+		"kill thread": func(p *specs.LinuxSeccomp) { p.DefaultAction = specs.ActKill },
 		"nothing known": func(p *specs.LinuxSeccomp) {
 			p.Syscalls = []specs.LinuxSyscall{{Names: []string{"no_such_call"}, Action: specs.ActAllow}}
 		},
@@ -150,6 +152,16 @@ func TestLoadFile(t *testing.T) {
 	os.WriteFile(bad, []byte(`{"defaultAction":"SCMP_ACT_ERRNO","syscalls":[],"extra":1}`), 0o644)
 	if _, err := LoadFile(bad); err == nil || !strings.Contains(err.Error(), "extra") {
 		t.Errorf("unknown field: err = %v", err)
+	}
+	for _, path := range []string{"/dev/zero", dir} {
+		if _, err := LoadFile(path); err == nil || !strings.Contains(err.Error(), "regular file") {
+			t.Errorf("%s: err = %v", path, err)
+		}
+	}
+	huge := filepath.Join(dir, "huge.json")
+	os.WriteFile(huge, bytes.Repeat([]byte(" "), maxProfileBytes+10), 0o644)
+	if _, err := LoadFile(huge); err == nil || !strings.Contains(err.Error(), "larger") {
+		t.Errorf("huge: err = %v", err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/landlock-lsm/go-landlock/landlock"
@@ -323,12 +324,16 @@ func sameDir(path string, fd int) error {
 	return nil
 }
 
-// checkThreadList returns an error unless /proc/PID/task lists this process's threads
-// (it would not in a pid namespace whose procfs could not be mounted: there PID 1
-// names another process).
+// checkThreadList returns an error unless /proc is a procfs of this process's own pid
+// namespace, so that /proc/PID/task lists this process's threads. In a new pid
+// namespace whose procfs could not be mounted, /proc is the parent's, where PID 1 is
+// another process (whose threads psx would wait on, or change instead of ours).
 func checkThreadList() error {
-	tid := unix.Gettid()
-	if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", os.Getpid(), tid)); err != nil {
+	self, err := os.Readlink("/proc/self")
+	if err != nil || self != strconv.Itoa(os.Getpid()) {
+		return fmt.Errorf("no procfs of this process's pid namespace to find its threads (/proc/self is %q, pid %d)", self, os.Getpid())
+	}
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d/task/%d", os.Getpid(), unix.Gettid())); err != nil {
 		return fmt.Errorf("no procfs of this process's pid namespace to find its threads: %w", err)
 	}
 	return nil

@@ -36,6 +36,10 @@ const ControlFD = 3
 // it gets is the one the parent checked.
 const WorkspaceFD = 4
 
+// ModuleFD is the precompiled module (.cwasm): a sealed in-memory copy the parent
+// made of the verified file, which nobody can write.
+const ModuleFD = 5
+
 // GuestWorkdir is the guest path of the workspace preopen, and its working directory.
 const GuestWorkdir = "/ws"
 
@@ -118,9 +122,9 @@ type Env struct {
 // The escape suite's test worker calls Serve with its own body, so it is hardened by
 // exactly this code.
 func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int {
-	// Only the protocol's fds 0-4 may be open (the parent passes no others; this
+	// Only the protocol's fds 0-5 may be open (the parent passes no others; this
 	// makes sure of it before anything else opens one).
-	_ = unix.CloseRange(5, ^uint(0), 0)
+	_ = unix.CloseRange(ModuleFD+1, ^uint(0), 0)
 	ctl := os.NewFile(ControlFD, "control")
 	if ctl == nil {
 		return 1
@@ -159,7 +163,7 @@ func serve(req *protocol.Request, body func(*protocol.Request, *Env) protocol.Re
 	signal.Ignore(syscall.SIGXFSZ)
 
 	eng := engine.New(engine.Options{Fuel: req.Limits.Fuel > 0, WasmStack: sizeStacks()})
-	mod, err := eng.Load(req.ModulePath)
+	mod, err := eng.Load(fmt.Sprintf("/proc/self/fd/%d", ModuleFD))
 	if err != nil {
 		// Say why (version, configuration, damage), but not where: no host paths.
 		msg := strings.ReplaceAll(err.Error(), req.ModulePath, filepath.Base(req.ModulePath))
