@@ -2,7 +2,11 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -271,5 +275,61 @@ func TestCLIConfig(t *testing.T) {
 	out, err := cmd.Output()
 	if err != nil || !strings.Contains(string(out), "queue_length = 7") {
 		t.Fatalf("dump: %v\n%s", err, out)
+	}
+}
+
+// TestServe is the daemon end to end: `sandcell serve --socket --state-dir`, readiness
+// after the canary, a run over the socket, then SIGTERM and exit 0.
+func TestServe(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "run", "s.sock")
+	cmd := cliCmd(t, "serve", "--socket", sock, "--state-dir", filepath.Join(dir, "state"))
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := client.Get("http://sandcell/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready after 30 s: %v\n%s", err, logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	resp, err := client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(`{"code":"print(6*7)"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"stdout":"42\n"`)) {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	resp, err = client.Get("http://sandcell/v1/info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !bytes.Contains(body, []byte(`"seccomp":{"active":true`)) {
+		t.Fatalf("info without the contract: %s", body)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("after SIGTERM: %v\n%s", err, logs.String())
+	}
+	if _, err := os.Stat(sock); !os.IsNotExist(err) {
+		t.Fatalf("socket left behind: %v", err)
 	}
 }

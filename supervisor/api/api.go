@@ -1,0 +1,322 @@
+// Package api is the daemon's HTTP API (labstack/echo v4) on a Unix socket. Every
+// error is an RFC 9457 problem document (application/problem+json) with a stable
+// "code" member; the codes are listed in Codes.
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor"
+)
+
+// The problem codes. They are stable: clients may switch on them.
+const (
+	CodeInvalidJSON    = "invalid_json"   // 400: the body is not JSON of the expected shape
+	CodeUnknownField   = "unknown_field"  // 400: the body has a member the API does not know
+	CodeBadRequest     = "bad_request"    // 400: a value is not acceptable (code and path, NUL bytes, ...)
+	CodeLimitExceeded  = "limit_exceeded" // 400: a limit above policy's maximum, or nonsensical
+	CodeForbidden      = "forbidden"      // 403: the caller has no role for this
+	CodeNotFound       = "not_found"      // 404: no such run or route
+	CodeMethod         = "method_not_allowed"
+	CodeBodyTooLarge   = "body_too_large"         // 413: the body is over runs.max_request_bytes
+	CodeQueueFull      = "queue_full"             // 429: every worker busy and the queue full (Retry-After)
+	CodeDisabled       = "disabled"               // 503: the kill switch is on
+	CodeNotReady       = "not_ready"              // 503: the sandbox has not been verified
+	CodeStopping       = "stopping"               // 503: the daemon is shutting down
+	CodeInternal       = "internal_error"         // 500
+	CodeUnsupportedMed = "unsupported_media_type" // 415: the body is not application/json
+)
+
+// Problem is an RFC 9457 problem document.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	Code   string `json:"code"`
+}
+
+func problem(c echo.Context, status int, code, detail string) error {
+	p := Problem{Type: "urn:sandcell:problem:" + code, Title: http.StatusText(status), Status: status,
+		Detail: detail, Code: code}
+	b, _ := json.Marshal(p)
+	return c.Blob(status, "application/problem+json", b)
+}
+
+// Service is what the API needs from the daemon.
+type Service interface {
+	Start(req protocol.Request) (*supervisor.Run, error)
+	Get(id string) (*supervisor.Run, error)
+	Cancel(id string) (*supervisor.Run, error)
+}
+
+// Options configure a Server.
+type Options struct {
+	Service Service
+	Access  Access
+	Policy  policy.Policy
+	// MaxBodyBytes bounds a request body (413 above it).
+	MaxBodyBytes int64
+	// Module returns the precompiled module and library directory for a run.
+	Module func(fuel bool) (module, lib string, err error)
+	// Disabled reports the kill switch.
+	Disabled func() bool
+	// Ready reports whether the sandbox has been verified, and why not.
+	Ready func() (bool, string)
+	// Info is the body of GET /v1/info.
+	Info func() any
+}
+
+// Server is the HTTP API.
+type Server struct {
+	o    Options
+	echo *echo.Echo
+}
+
+// New builds the server and its routes.
+func New(o Options) *Server {
+	e := echo.New()
+	e.HideBanner, e.HidePort = true, true
+	s := &Server{o: o, echo: e}
+	e.HTTPErrorHandler = s.errorHandler
+	e.Server.ConnContext = connContext
+	// Slow clients cannot hold a connection: headers within 5 s, a body within 30 s.
+	// No write timeout: a synchronous run answers when it ends (at most the maximum
+	// timeout).
+	e.Server.ReadHeaderTimeout = 5 * time.Second
+	e.Server.ReadTimeout = 30 * time.Second
+	e.Server.IdleTimeout = 2 * time.Minute
+
+	e.GET("/livez", s.livez)
+	e.GET("/healthz", s.livez)
+	e.GET("/readyz", s.readyz)
+	// Per-route middleware, not a group's: a group's catch-all would turn 405 into 404.
+	runner := s.require(RoleRunner)
+	e.GET("/v1/info", s.info, runner)
+	e.POST("/v1/runs", s.createRun, runner)
+	e.GET("/v1/runs/:id", s.getRun, runner)
+	e.DELETE("/v1/runs/:id", s.cancelRun, runner)
+	return s
+}
+
+// Handler returns the server as an http.Handler (for tests).
+func (s *Server) Handler() http.Handler { return s.echo }
+
+// Serve answers requests on l until Shutdown.
+func (s *Server) Serve(l net.Listener) error {
+	err := s.echo.Server.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting connections and waits for the open ones, at most until
+// ctx ends.
+func (s *Server) Shutdown(ctx context.Context) error { return s.echo.Server.Shutdown(ctx) }
+
+func (s *Server) errorHandler(err error, c echo.Context) {
+	if c.Response().Committed {
+		return
+	}
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		code := CodeInternal
+		switch he.Code {
+		case http.StatusNotFound:
+			code = CodeNotFound
+		case http.StatusMethodNotAllowed:
+			code = CodeMethod
+		}
+		problem(c, he.Code, code, fmt.Sprint(he.Message))
+		return
+	}
+	problem(c, http.StatusInternalServerError, CodeInternal, "")
+}
+
+// require admits only callers holding role (from their SO_PEERCRED credentials).
+func (s *Server) require(role Role) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			peer, ok := PeerFrom(c.Request().Context())
+			if !ok || !s.o.Access.Allows(peer, role) {
+				return problem(c, http.StatusForbidden, CodeForbidden,
+					fmt.Sprintf("uid %d is not allowed the %s role", peer.UID, role))
+			}
+			return next(c)
+		}
+	}
+}
+
+func (s *Server) livez(c echo.Context) error {
+	return c.JSON(http.StatusOK, map[string]string{"status": "alive"})
+}
+
+func (s *Server) readyz(c echo.Context) error {
+	if ok, why := s.o.Ready(); !ok {
+		return problem(c, http.StatusServiceUnavailable, CodeNotReady, why)
+	}
+	return c.JSON(http.StatusOK, map[string]string{"status": "ready"})
+}
+
+func (s *Server) info(c echo.Context) error { return c.JSON(http.StatusOK, s.o.Info()) }
+
+// RunRequest is the body of POST /v1/runs.
+type RunRequest struct {
+	// Code is the Python source to run.
+	Code string `json:"code"`
+	// Args are the program's arguments (sys.argv[1:]).
+	Args []string `json:"args,omitempty"`
+	// Stdin is the program's whole standard input.
+	Stdin string `json:"stdin,omitempty"`
+	// Env is the guest's environment; names must be in policy's allowlist.
+	Env map[string]string `json:"env,omitempty"`
+	// Limits lower the defaults; none may exceed policy's maximum.
+	Limits RunLimits `json:"limits,omitempty"`
+	// Wait false answers 202 at once with a Location; the default waits for the end.
+	Wait *bool `json:"wait,omitempty"`
+}
+
+// RunLimits are a request's limits; zero fields take policy's defaults.
+type RunLimits struct {
+	TimeoutMS      int64  `json:"timeout_ms,omitempty"`
+	CPUMS          int64  `json:"cpu_ms,omitempty"`
+	MemoryMB       int64  `json:"memory_mb,omitempty"`
+	Fuel           uint64 `json:"fuel,omitempty"`
+	MaxOutputBytes int64  `json:"max_output_bytes,omitempty"`
+}
+
+func (s *Server) createRun(c echo.Context) error {
+	if s.o.Disabled() {
+		return problem(c, http.StatusServiceUnavailable, CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
+	}
+	if ok, why := s.o.Ready(); !ok {
+		return problem(c, http.StatusServiceUnavailable, CodeNotReady, why)
+	}
+	var body RunRequest
+	if bad := s.decode(c, &body); bad != nil {
+		return problem(c, bad.status, bad.code, bad.detail)
+	}
+	req, perr := s.request(body)
+	if perr != nil {
+		return problem(c, perr.status, perr.code, perr.detail)
+	}
+	run, err := s.o.Service.Start(req)
+	switch {
+	case errors.Is(err, supervisor.ErrQueueFull):
+		c.Response().Header().Set("Retry-After", "1")
+		return problem(c, http.StatusTooManyRequests, CodeQueueFull, err.Error())
+	case errors.Is(err, supervisor.ErrStopping):
+		return problem(c, http.StatusServiceUnavailable, CodeStopping, err.Error())
+	case err != nil:
+		return problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
+	}
+	if body.Wait != nil && !*body.Wait {
+		c.Response().Header().Set("Location", "/v1/runs/"+run.ID)
+		return c.JSON(http.StatusAccepted, run.View())
+	}
+	select {
+	case <-run.Done():
+	case <-c.Request().Context().Done():
+		// The caller went away: nobody will read the result, so stop the work.
+		s.o.Service.Cancel(run.ID)
+		<-run.Done()
+	}
+	return c.JSON(http.StatusOK, run.View())
+}
+
+type badRequest struct {
+	status       int
+	code, detail string
+}
+
+// request turns a body into a sandbox request under policy.
+func (s *Server) request(b RunRequest) (protocol.Request, *badRequest) {
+	limits, err := s.o.Policy.Resolve(protocol.Limits{
+		TimeoutMS: b.Limits.TimeoutMS, CPUMS: b.Limits.CPUMS, MemoryBytes: b.Limits.MemoryMB * policy.MiB,
+		Fuel: b.Limits.Fuel, MaxStdoutBytes: b.Limits.MaxOutputBytes, MaxStderrBytes: b.Limits.MaxOutputBytes,
+	})
+	if err != nil {
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeLimitExceeded, err.Error()}
+	}
+	env, err := s.o.Policy.FilterEnv(b.Env)
+	if err != nil {
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest, err.Error()}
+	}
+	if b.Code == "" {
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest, "code is required"}
+	}
+	module, lib, err := s.o.Module(limits.Fuel > 0)
+	if err != nil {
+		return protocol.Request{}, &badRequest{http.StatusInternalServerError, CodeInternal, err.Error()}
+	}
+	return protocol.Request{Code: b.Code, Args: b.Args, Stdin: []byte(b.Stdin), Env: env, Limits: limits,
+		Hardening: s.o.Policy.Hardening(limits), ModulePath: module, LibDir: lib}, nil
+}
+
+// decode reads a JSON body strictly: at most MaxBodyBytes (413 beyond, before reading
+// the rest), no unknown members, one value.
+func (s *Server) decode(c echo.Context, v any) *badRequest {
+	r := c.Request()
+	if ct := r.Header.Get("Content-Type"); ct != "" && ct != "application/json" && !strings.HasPrefix(ct, "application/json;") {
+		return &badRequest{http.StatusUnsupportedMediaType, CodeUnsupportedMed, "send application/json"}
+	}
+	tooLarge := &badRequest{http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+		fmt.Sprintf("at most %d bytes are accepted", s.o.MaxBodyBytes)}
+	if r.ContentLength > s.o.MaxBodyBytes {
+		return tooLarge
+	}
+	body := http.MaxBytesReader(c.Response(), r.Body, s.o.MaxBodyBytes)
+	dec := json.NewDecoder(body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && dec.Decode(&struct{}{}) != io.EOF {
+		err = errors.New("more than one JSON value in the body")
+	}
+	var maxErr *http.MaxBytesError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &maxErr):
+		return tooLarge
+	case strings.HasPrefix(err.Error(), "json: unknown field"):
+		return &badRequest{http.StatusBadRequest, CodeUnknownField, err.Error()}
+	default:
+		return &badRequest{http.StatusBadRequest, CodeInvalidJSON, err.Error()}
+	}
+}
+
+func (s *Server) getRun(c echo.Context) error {
+	run, err := s.o.Service.Get(c.Param("id"))
+	if err != nil {
+		return problem(c, http.StatusNotFound, CodeNotFound, "no run "+c.Param("id"))
+	}
+	return c.JSON(http.StatusOK, run.View())
+}
+
+// cancelRun kills the run's worker and answers with its final state; a finished run
+// keeps the state it had.
+func (s *Server) cancelRun(c echo.Context) error {
+	run, err := s.o.Service.Cancel(c.Param("id"))
+	if err != nil {
+		return problem(c, http.StatusNotFound, CodeNotFound, "no run "+c.Param("id"))
+	}
+	select {
+	case <-run.Done():
+	case <-time.After(10 * time.Second):
+		return problem(c, http.StatusInternalServerError, CodeInternal, "the worker did not end after cancel")
+	}
+	return c.JSON(http.StatusOK, run.View())
+}

@@ -1,0 +1,286 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/bundle/bundletest"
+	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/sandbox/worker"
+	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/api"
+)
+
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == worker.Command {
+		os.Exit(worker.Main())
+	}
+	os.Exit(m.Run())
+}
+
+type daemon struct {
+	client   *http.Client
+	socket   string
+	disabled atomic.Bool
+}
+
+type setup struct {
+	concurrency, queue int
+	access             *api.Access
+}
+
+// start serves the real API with real workers on a Unix socket in a temporary
+// directory.
+func start(t *testing.T, s setup) *daemon {
+	t.Helper()
+	if s.concurrency == 0 {
+		s.concurrency = 2
+	}
+	dir := t.TempDir()
+	mgr, err := supervisor.NewManager(sandbox.SelfSpawner(), supervisor.Options{Concurrency: s.concurrency,
+		QueueLength: s.queue, Retention: time.Minute, WorkDir: filepath.Join(dir, "work")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	access := api.Access{Admins: api.Principals{UIDs: map[int]bool{os.Getuid(): true}}}
+	if s.access != nil {
+		access = *s.access
+	}
+	mod, lib := bundletest.Module(t, false), bundletest.LibDir(t)
+	fuelMod := bundletest.Module(t, true)
+	d := &daemon{socket: filepath.Join(dir, "s.sock")}
+	srv := api.New(api.Options{Service: mgr, Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
+		Module: func(fuel bool) (string, string, error) {
+			if fuel {
+				return fuelMod, lib, nil
+			}
+			return mod, lib, nil
+		},
+		Disabled: d.disabled.Load,
+		Ready:    func() (bool, string) { return true, "" },
+		Info:     func() any { return map[string]string{"version": "test"} },
+	})
+	l, err := api.ListenUnix(d.socket, 0o660, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		mgr.Shutdown(time.Second)
+	})
+	d.client = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", d.socket)
+	}}}
+	return d
+}
+
+func (d *daemon) do(t *testing.T, method, path, body string, headers ...string) (*http.Response, []byte) {
+	t.Helper()
+	req, _ := http.NewRequest(method, "http://sandcell"+path, strings.NewReader(body))
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := d.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
+func wantProblem(t *testing.T, resp *http.Response, body []byte, status int, code string) {
+	t.Helper()
+	var p api.Problem
+	if resp.StatusCode != status || resp.Header.Get("Content-Type") != "application/problem+json" ||
+		json.Unmarshal(body, &p) != nil || p.Code != code || p.Status != status {
+		t.Fatalf("want %d %s, got %d %s: %s", status, code, resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	}
+}
+
+func TestRunOverSocket(t *testing.T) {
+	d := start(t, setup{})
+	resp, body := d.do(t, "POST", "/v1/runs", `{"code":"print(6*7)"}`)
+	var v supervisor.View
+	if err := json.Unmarshal(body, &v); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	if v.State != supervisor.Done || v.Result == nil || string(v.Result.Stdout) != "42\n" || v.Result.Reason != protocol.Exited {
+		t.Fatalf("%s", body)
+	}
+	if v.Result.Enforcement == nil || len(v.Result.Enforcement.Missing(protocol.Layers)) > 0 {
+		t.Fatalf("contract: %s", body)
+	}
+	resp, body = d.do(t, "GET", "/v1/runs/"+v.ID, "")
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"stdout":"42\n"`)) {
+		t.Fatalf("GET: %d %s", resp.StatusCode, body)
+	}
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"import sys; print(sys.stdin.read(), sys.argv[1:])","stdin":"in","args":["a"],"limits":{"fuel":100000000000}}`)
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"stdout":"in ['a']\n"`)) || !bytes.Contains(body, []byte(`"fuel_consumed"`)) {
+		t.Fatalf("stdin, args, fuel: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestErrorsAreProblems(t *testing.T) {
+	d := start(t, setup{})
+	resp, body := d.do(t, "POST", "/v1/runs", `{"code":`)
+	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","cod":"2"}`)
+	wantProblem(t, resp, body, 400, api.CodeUnknownField)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1"} {"code":"2"}`)
+	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","limits":{"timeout_ms":99999999}}`)
+	wantProblem(t, resp, body, 400, api.CodeLimitExceeded)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":""}`)
+	wantProblem(t, resp, body, 400, api.CodeBadRequest)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","env":{"SECRET":"x"}}`)
+	wantProblem(t, resp, body, 400, api.CodeBadRequest)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"`+strings.Repeat("x", 2<<20)+`"}`)
+	wantProblem(t, resp, body, 413, api.CodeBodyTooLarge)
+	resp, body = d.do(t, "POST", "/v1/runs", `code=1`, "Content-Type", "application/x-www-form-urlencoded")
+	wantProblem(t, resp, body, 415, api.CodeUnsupportedMed)
+	resp, body = d.do(t, "GET", "/v1/runs/nosuchrun", "")
+	wantProblem(t, resp, body, 404, api.CodeNotFound)
+	resp, body = d.do(t, "GET", "/v2/elsewhere", "")
+	wantProblem(t, resp, body, 404, api.CodeNotFound)
+	resp, body = d.do(t, "PUT", "/v1/runs", `{}`)
+	wantProblem(t, resp, body, 405, api.CodeMethod)
+	d.disabled.Store(true)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1"}`)
+	wantProblem(t, resp, body, 503, api.CodeDisabled)
+}
+
+// A body larger than the limit is refused before it is read in full: the server
+// answers while the client is still sending.
+func TestOversizedBodyNotReadInFull(t *testing.T) {
+	d := start(t, setup{})
+	var sent atomic.Int64
+	pr, pw := io.Pipe()
+	go func() {
+		chunk := bytes.Repeat([]byte("x"), 64<<10)
+		pw.Write([]byte(`{"code":"`))
+		for i := 0; i < 1024; i++ { // up to 64 MiB
+			if _, err := pw.Write(chunk); err != nil {
+				return
+			}
+			sent.Add(int64(len(chunk)))
+		}
+		pw.Close()
+	}()
+	req, _ := http.NewRequest("POST", "http://sandcell/v1/runs", pr)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := d.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	pr.CloseWithError(io.ErrClosedPipe)
+	wantProblem(t, resp, body, 413, api.CodeBodyTooLarge)
+	if sent.Load() >= 64<<20 {
+		t.Fatalf("the server read all %d bytes", sent.Load())
+	}
+}
+
+func TestAsyncCancelAndQueue(t *testing.T) {
+	d := start(t, setup{concurrency: 1, queue: 0})
+	resp, body := d.do(t, "POST", "/v1/runs", `{"code":"while True: pass","wait":false}`)
+	var v supervisor.View
+	json.Unmarshal(body, &v)
+	if resp.StatusCode != 202 || resp.Header.Get("Location") != "/v1/runs/"+v.ID || v.State == supervisor.Done {
+		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
+	}
+	// The only worker is busy and there is no queue: 429 with Retry-After.
+	time.Sleep(50 * time.Millisecond)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
+	wantProblem(t, resp, body, 429, api.CodeQueueFull)
+	if resp.Header.Get("Retry-After") == "" {
+		t.Fatal("no Retry-After")
+	}
+	began := time.Now()
+	resp, body = d.do(t, "DELETE", "/v1/runs/"+v.ID, "")
+	took := time.Since(began)
+	json.Unmarshal(body, &v)
+	if resp.StatusCode != 200 || v.State != supervisor.Done || v.Result.Reason != protocol.Cancelled {
+		t.Fatalf("cancel: %d %s", resp.StatusCode, body)
+	}
+	t.Logf("cancel answered in %v", took)
+	// Cancelling again changes nothing; the slot is free again.
+	resp, body = d.do(t, "DELETE", "/v1/runs/"+v.ID, "")
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"reason":"cancelled"`)) {
+		t.Fatalf("second cancel: %d %s", resp.StatusCode, body)
+	}
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
+	if resp.StatusCode != 200 {
+		t.Fatalf("after cancel: %d %s", resp.StatusCode, body)
+	}
+}
+
+// Callers are identified by SO_PEERCRED: without a role, 403; health endpoints stay
+// open to anyone who can connect.
+func TestPeerCredentials(t *testing.T) {
+	nobody := api.Access{Runners: api.Principals{UIDs: map[int]bool{os.Getuid() + 12345: true}}}
+	d := start(t, setup{access: &nobody})
+	resp, body := d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
+	wantProblem(t, resp, body, 403, api.CodeForbidden)
+	resp, body = d.do(t, "GET", "/v1/info", "")
+	wantProblem(t, resp, body, 403, api.CodeForbidden)
+	for _, p := range []string{"/livez", "/healthz", "/readyz"} {
+		if resp, body := d.do(t, "GET", p, ""); resp.StatusCode != 200 {
+			t.Fatalf("%s: %d %s", p, resp.StatusCode, body)
+		}
+	}
+	byGroup := api.Access{Runners: api.Principals{GIDs: map[int]bool{os.Getgid(): true}}}
+	d = start(t, setup{access: &byGroup})
+	if resp, body := d.do(t, "GET", "/v1/info", ""); resp.StatusCode != 200 {
+		t.Fatalf("runner by group: %d %s", resp.StatusCode, body)
+	}
+}
+
+func TestSocketFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "s.sock")
+	l, err := api.ListenUnix(path, 0o660, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.Stat(path)
+	if st.Mode().Perm() != 0o660 || st.Mode()&os.ModeSocket == 0 {
+		t.Fatalf("mode %v", st.Mode())
+	}
+	// A live socket is not stolen.
+	if _, err := api.ListenUnix(path, 0o660, -1); err == nil || !strings.Contains(err.Error(), "another daemon") {
+		t.Fatalf("second listener: %v", err)
+	}
+	// A stale one (its listener gone without removing it) is replaced.
+	l.SetUnlinkOnClose(false)
+	l.Close()
+	l2, err := api.ListenUnix(path, 0o600, -1)
+	if err != nil {
+		t.Fatalf("stale socket: %v", err)
+	}
+	l2.Close()
+	// Not a socket: refused, left alone.
+	os.WriteFile(filepath.Join(dir, "file"), []byte("x"), 0o644)
+	if _, err := api.ListenUnix(filepath.Join(dir, "file"), 0o660, -1); err == nil {
+		t.Fatal("listened over a regular file")
+	}
+}

@@ -1,0 +1,187 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Role is what a caller may do.
+type Role string
+
+// The roles, from DESIGN.md section 6. An admin may do everything.
+const (
+	RoleRunner   Role = "runner"
+	RoleApprover Role = "approver"
+	RoleAdmin    Role = "admin"
+)
+
+// Peer is the process at the other end of a Unix socket connection, from SO_PEERCRED
+// (unix(7)).
+type Peer struct {
+	PID, UID, GID int
+	// Groups are the peer's supplementary groups, read from /proc/PID/status when
+	// the process is still there.
+	Groups []int
+}
+
+type peerKey struct{}
+
+// connContext stores the peer's credentials in the context of every request on c.
+func connContext(ctx context.Context, c net.Conn) context.Context {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return ctx
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return ctx
+	}
+	var cred *unix.Ucred
+	var cerr error
+	raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if cerr != nil || cred == nil {
+		return ctx
+	}
+	p := Peer{PID: int(cred.Pid), UID: int(cred.Uid), GID: int(cred.Gid)}
+	p.Groups = supplementaryGroups(p.PID)
+	return context.WithValue(ctx, peerKey{}, p)
+}
+
+// supplementaryGroups reads the Groups line of /proc/PID/status (proc(5)).
+func supplementaryGroups(pid int) []int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return nil
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Groups:"); ok {
+			var out []int
+			for _, f := range strings.Fields(rest) {
+				if g, err := strconv.Atoi(f); err == nil {
+					out = append(out, g)
+				}
+			}
+			return out
+		}
+	}
+	return nil
+}
+
+// PeerFrom returns the caller's credentials, if the request came over a Unix socket.
+func PeerFrom(ctx context.Context) (Peer, bool) {
+	p, ok := ctx.Value(peerKey{}).(Peer)
+	return p, ok
+}
+
+// Principals is a resolved access list: uids and gids.
+type Principals struct {
+	UIDs map[int]bool
+	GIDs map[int]bool
+}
+
+// ResolvePrincipals turns entries (a user name, a uid, "@group" or "@gid") into ids.
+// Names must exist on this host.
+func ResolvePrincipals(entries []string) (Principals, error) {
+	p := Principals{UIDs: map[int]bool{}, GIDs: map[int]bool{}}
+	var errs []error
+	for _, e := range entries {
+		if g, ok := strings.CutPrefix(e, "@"); ok {
+			if id, err := strconv.Atoi(g); err == nil {
+				p.GIDs[id] = true
+			} else if grp, err := user.LookupGroup(g); err == nil {
+				id, _ := strconv.Atoi(grp.Gid)
+				p.GIDs[id] = true
+			} else {
+				errs = append(errs, fmt.Errorf("group %q: %w", g, err))
+			}
+			continue
+		}
+		if id, err := strconv.Atoi(e); err == nil {
+			p.UIDs[id] = true
+		} else if u, err := user.Lookup(e); err == nil {
+			id, _ := strconv.Atoi(u.Uid)
+			p.UIDs[id] = true
+		} else {
+			errs = append(errs, fmt.Errorf("user %q: %w", e, err))
+		}
+	}
+	return p, errors.Join(errs...)
+}
+
+// Has reports whether peer is one of p, by uid, primary gid or a supplementary group.
+func (p Principals) Has(peer Peer) bool {
+	if p.UIDs[peer.UID] || p.GIDs[peer.GID] {
+		return true
+	}
+	for _, g := range peer.Groups {
+		if p.GIDs[g] {
+			return true
+		}
+	}
+	return false
+}
+
+// Access maps callers to roles.
+type Access struct {
+	Runners, Approvers, Admins Principals
+}
+
+// Allows reports whether peer holds role (admins hold every role).
+func (a Access) Allows(peer Peer, role Role) bool {
+	if a.Admins.Has(peer) {
+		return true
+	}
+	switch role {
+	case RoleRunner:
+		return a.Runners.Has(peer)
+	case RoleApprover:
+		return a.Approvers.Has(peer)
+	}
+	return false
+}
+
+// ListenUnix listens on a Unix socket at path whose file has mode (and group gid, if
+// gid >= 0) before anyone can connect: it is created under a umask that leaves only
+// the owner's bits, then widened to mode, never beyond. A stale socket file (nothing
+// listening) is replaced; a live one is not: the error says a daemon is running.
+func ListenUnix(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return nil, fmt.Errorf("%s exists and is not a socket", path)
+		}
+		if c, err := net.Dial("unix", path); err == nil {
+			c.Close()
+			return nil, fmt.Errorf("%s: another daemon is listening on it", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("remove stale socket: %w", err)
+		}
+	}
+	old := syscall.Umask(0o177)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	syscall.Umask(old)
+	if err != nil {
+		return nil, err
+	}
+	l.SetUnlinkOnClose(true)
+	if gid >= 0 {
+		if err := os.Chown(path, -1, gid); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("socket group: %w", err)
+		}
+	}
+	if err := os.Chmod(path, mode&0o666); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("socket mode: %w", err)
+	}
+	return l, nil
+}

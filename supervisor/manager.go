@@ -1,0 +1,275 @@
+// Package supervisor is the daemon's core: the run manager, which admits runs into a
+// bounded pool of concurrent workers and a bounded queue, owns each run's lifecycle
+// (queued, running, done) and keeps results for a while. The HTTP API
+// (supervisor/api) is a client of it.
+package supervisor
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// Errors of admission and lookup, mapped by the API to stable codes.
+var (
+	ErrQueueFull = errors.New("supervisor: every worker is busy and the queue is full")
+	ErrStopping  = errors.New("supervisor: shutting down")
+	ErrNotFound  = errors.New("supervisor: no such run")
+)
+
+// State is where a run is in its life.
+type State string
+
+// The run states.
+const (
+	Queued  State = "queued"
+	Running State = "running"
+	Done    State = "done"
+)
+
+// Runner executes one request; *sandbox.Spawner is the real one.
+type Runner interface {
+	Run(ctx context.Context, req protocol.Request) (protocol.Result, error)
+}
+
+// Manager admits and runs requests. Create it with NewManager.
+type Manager struct {
+	runner    Runner
+	workDir   string // private workspaces of runs that name none
+	retention time.Duration
+	slots     chan struct{} // one token per concurrent worker
+	maxQueued int
+
+	mu       sync.Mutex
+	runs     map[string]*Run
+	queued   int
+	stopping bool
+	wg       sync.WaitGroup
+}
+
+// Options configure a Manager.
+type Options struct {
+	// Concurrency is how many workers run at once (at least 1).
+	Concurrency int
+	// QueueLength is how many runs may wait for a worker.
+	QueueLength int
+	// Retention is how long a finished run stays readable.
+	Retention time.Duration
+	// WorkDir holds the private workspace of each run (created and removed per run).
+	WorkDir string
+}
+
+// NewManager returns a manager running requests with runner.
+func NewManager(runner Runner, o Options) (*Manager, error) {
+	if o.Concurrency < 1 {
+		return nil, fmt.Errorf("supervisor: concurrency %d", o.Concurrency)
+	}
+	if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
+		return nil, fmt.Errorf("supervisor: %w", err)
+	}
+	return &Manager{runner: runner, workDir: o.WorkDir, retention: o.Retention,
+		slots: make(chan struct{}, o.Concurrency), maxQueued: o.QueueLength, runs: map[string]*Run{}}, nil
+}
+
+// Run is one run's record. Its methods are safe for concurrent use.
+type Run struct {
+	ID      string
+	Created time.Time
+
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu       sync.Mutex
+	state    State
+	result   protocol.Result
+	err      error
+	finished time.Time
+}
+
+// View is a run as the API shows it.
+type View struct {
+	ID         string           `json:"id"`
+	State      State            `json:"state"`
+	CreatedAt  time.Time        `json:"created_at"`
+	FinishedAt *time.Time       `json:"finished_at,omitempty"`
+	Result     *protocol.Result `json:"result,omitempty"`
+}
+
+// View returns the run's current state.
+func (r *Run) View() View {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	v := View{ID: r.ID, State: r.state, CreatedAt: r.Created}
+	if r.state == Done {
+		res := r.result
+		f := r.finished
+		v.Result, v.FinishedAt = &res, &f
+	}
+	return v
+}
+
+// Done is closed when the run has its final state.
+func (r *Run) Done() <-chan struct{} { return r.done }
+
+// Err is the error that kept a finished run from starting a worker (a bad request),
+// or nil.
+func (r *Run) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err
+}
+
+// Start admits req: it returns at once with the run queued or running, or fails with
+// ErrQueueFull or ErrStopping. A request without a workspace gets a private one,
+// removed when the run ends.
+func (m *Manager) Start(req protocol.Request) (*Run, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stopping {
+		return nil, ErrStopping
+	}
+	// Admitted while a worker is free or the queue has room: runs waiting for a
+	// slot (queued) may use the free slots and the queue.
+	if m.queued >= cap(m.slots)-len(m.slots)+m.maxQueued {
+		return nil, ErrQueueFull
+	}
+	m.sweep()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &Run{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Created: time.Now().UTC(), cancel: cancel,
+		done: make(chan struct{}), state: Queued}
+	m.runs[r.ID] = r
+	m.queued++
+	m.wg.Add(1)
+	go m.execute(ctx, r, req)
+	return r, nil
+}
+
+func (m *Manager) execute(ctx context.Context, r *Run, req protocol.Request) {
+	defer m.wg.Done()
+	defer r.cancel()
+	select {
+	case m.slots <- struct{}{}:
+	case <-ctx.Done():
+		m.mu.Lock()
+		m.queued--
+		m.mu.Unlock()
+		m.finish(r, protocol.Result{ExitCode: -1, Reason: protocol.Cancelled,
+			Diagnostics: []string{"cancelled before a worker was free"}}, nil)
+		return
+	}
+	m.mu.Lock()
+	m.queued--
+	m.mu.Unlock()
+	defer func() { <-m.slots }()
+	r.mu.Lock()
+	r.state = Running
+	r.mu.Unlock()
+
+	if req.Workspace == "" {
+		ws, err := os.MkdirTemp(m.workDir, r.ID+"-")
+		if err != nil {
+			m.finish(r, protocol.Result{ExitCode: -1, Reason: protocol.InternalError,
+				Diagnostics: []string{"cannot create the run's workspace"}}, nil)
+			return
+		}
+		defer os.RemoveAll(ws)
+		req.Workspace = ws
+	}
+	res, err := m.runner.Run(ctx, req)
+	if err != nil {
+		reason := protocol.InternalError
+		if errors.Is(err, sandbox.ErrBadRequest) {
+			reason = protocol.Rejected
+		}
+		res = protocol.Result{ExitCode: -1, Reason: reason, Diagnostics: []string{err.Error()}}
+	}
+	m.finish(r, res, err)
+}
+
+// finish records the final state once.
+func (m *Manager) finish(r *Run, res protocol.Result, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.state == Done {
+		return
+	}
+	r.state, r.result, r.err, r.finished = Done, res, err, time.Now().UTC()
+	close(r.done)
+}
+
+// Get returns the run with id, or ErrNotFound.
+func (m *Manager) Get(id string) (*Run, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.runs[id]
+	if !ok {
+		return nil, ErrNotFound
+	}
+	return r, nil
+}
+
+// Cancel asks run id to stop: a queued run ends cancelled at once, a running one when
+// its worker has been killed (the parent kills it on cancel). Cancelling a finished
+// run changes nothing. It returns the run, or ErrNotFound.
+func (m *Manager) Cancel(id string) (*Run, error) {
+	r, err := m.Get(id)
+	if err != nil {
+		return nil, err
+	}
+	r.cancel()
+	return r, nil
+}
+
+// Busy returns the number of running and queued runs.
+func (m *Manager) Busy() (running, queued int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.slots), m.queued
+}
+
+// sweep forgets finished runs older than the retention; m.mu is held.
+func (m *Manager) sweep() {
+	cut := time.Now().Add(-m.retention)
+	for id, r := range m.runs {
+		r.mu.Lock()
+		old := r.state == Done && r.finished.Before(cut)
+		r.mu.Unlock()
+		if old {
+			delete(m.runs, id)
+		}
+	}
+}
+
+// Shutdown stops admitting runs, waits up to grace for those in progress, then
+// cancels the rest (their workers are killed) and waits for them to end.
+func (m *Manager) Shutdown(grace time.Duration) {
+	m.mu.Lock()
+	m.stopping = true
+	m.mu.Unlock()
+	done := make(chan struct{})
+	go func() { m.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-time.After(grace):
+	}
+	m.mu.Lock()
+	for _, r := range m.runs {
+		r.cancel()
+	}
+	m.mu.Unlock()
+	<-done
+}
+
+// WorkDir is where private workspaces are created.
+func (m *Manager) WorkDir() string { return filepath.Clean(m.workDir) }

@@ -1,0 +1,66 @@
+package supervisor
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// racer finishes after a random few microseconds, or reports cancellation, as the
+// real spawner does.
+type racer struct{}
+
+func (racer) Run(ctx context.Context, req protocol.Request) (protocol.Result, error) {
+	select {
+	case <-time.After(time.Duration(rand.IntN(200)) * time.Microsecond):
+		return protocol.Result{Reason: protocol.Exited}, nil
+	case <-ctx.Done():
+		return protocol.Result{ExitCode: -1, Reason: protocol.Cancelled}, nil
+	}
+}
+
+// Cancel racing completion: every run ends with exactly one final state, once.
+func TestCancelRacesCompletion(t *testing.T) {
+	m, err := NewManager(racer{}, Options{Concurrency: 8, QueueLength: 2000, Retention: time.Minute, WorkDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	counts := map[protocol.Reason]int{}
+	var mu sync.Mutex
+	for i := 0; i < 1000; i++ {
+		r, err := m.Start(protocol.Request{Code: "1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			time.Sleep(time.Duration(rand.IntN(200)) * time.Microsecond)
+			m.Cancel(r.ID)
+			m.Cancel(r.ID)
+			<-r.Done()
+			v := r.View()
+			if v.State != Done || v.Result == nil || v.FinishedAt == nil {
+				t.Errorf("run %s: %+v", r.ID, v)
+				return
+			}
+			mu.Lock()
+			counts[v.Result.Reason]++
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	m.Shutdown(time.Second)
+	if counts[protocol.Exited]+counts[protocol.Cancelled] != 1000 {
+		t.Fatalf("final states: %v", counts)
+	}
+	t.Logf("final states of 1000 cancel/complete races: %v", counts)
+	if _, err := m.Start(protocol.Request{Code: "1"}); err != ErrStopping {
+		t.Fatalf("after shutdown: %v", err)
+	}
+}
