@@ -50,6 +50,8 @@ type Manager struct {
 	slots     chan struct{} // one token per concurrent worker
 	maxQueued int
 
+	onFinish func(View) // set by NewMetrics; called once per run, after its final state
+
 	mu       sync.Mutex
 	runs     map[string]*Run
 	queued   int
@@ -199,12 +201,16 @@ func (m *Manager) execute(ctx context.Context, r *Run, req protocol.Request) {
 // finish records the final state once.
 func (m *Manager) finish(r *Run, res protocol.Result, err error) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	if r.state == Done {
+		r.mu.Unlock()
 		return
 	}
 	r.state, r.result, r.err, r.finished = Done, res, err, time.Now().UTC()
 	close(r.done)
+	r.mu.Unlock()
+	if m.onFinish != nil {
+		m.onFinish(r.View())
+	}
 }
 
 // Get returns the run with id, or ErrNotFound.

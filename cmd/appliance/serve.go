@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
 	"github.com/sandcell/sandcell/bundle"
@@ -176,7 +177,9 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	if err != nil {
 		return err
 	}
+	metrics := supervisor.NewMetrics(mgr, version, revision)
 	srv := api.New(api.Options{
+		Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}),
 		Service: mgr, Access: access, Policy: pol, MaxBodyBytes: cfg.Runs.MaxRequestBytes, Module: module,
 		Disabled: func() bool { return cfg.Disabled },
 		Ready: func() (bool, string) {

@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -122,9 +123,7 @@ type Env struct {
 // The escape suite's test worker calls Serve with its own body, so it is hardened by
 // exactly this code.
 func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int {
-	// Only the protocol's fds 0-5 may be open (the parent passes no others; this
-	// makes sure of it before anything else opens one).
-	_ = unix.CloseRange(ModuleFD+1, ^uint(0), 0)
+	closeStrayFDs()
 	ctl := os.NewFile(ControlFD, "control")
 	if ctl == nil {
 		return 1
@@ -139,6 +138,29 @@ func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int {
 		return 1
 	}
 	return 0
+}
+
+// closeStrayFDs closes every descriptor above the protocol's (0-5) that the Go
+// runtime did not open itself. The parent passes no others; this makes sure of it.
+// The runtime's network poller (an epoll instance and its eventfd) may already exist
+// when this runs, so those two kinds are left alone: closing them kills the process,
+// and neither reaches a file, a socket or another process.
+func closeStrayFDs() {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil || fd <= ModuleFD {
+			continue
+		}
+		target, err := os.Readlink("/proc/self/fd/" + e.Name())
+		if err != nil || target == "anon_inode:[eventpoll]" || target == "anon_inode:[eventfd]" {
+			continue // gone (the directory's own fd), or the runtime's poller
+		}
+		unix.Close(fd)
+	}
 }
 
 // serve turns a request into a report; a panic becomes an internal_error report.

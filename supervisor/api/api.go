@@ -77,6 +77,8 @@ type Options struct {
 	Ready func() (bool, string)
 	// Info is the body of GET /v1/info.
 	Info func() any
+	// Metrics, if set, is served at GET /metrics (Prometheus text format).
+	Metrics http.Handler
 }
 
 // Server is the HTTP API.
@@ -102,6 +104,9 @@ func New(o Options) *Server {
 	e.GET("/livez", s.livez)
 	e.GET("/healthz", s.livez)
 	e.GET("/readyz", s.readyz)
+	if o.Metrics != nil {
+		e.GET("/metrics", echo.WrapHandler(o.Metrics))
+	}
 	// Per-route middleware, not a group's: a group's catch-all would turn 405 into 404.
 	runner := s.require(RoleRunner)
 	e.GET("/v1/info", s.info, runner)

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
@@ -61,7 +63,8 @@ func start(t *testing.T, s setup) *daemon {
 	mod, lib := bundletest.Module(t, false), bundletest.LibDir(t)
 	fuelMod := bundletest.Module(t, true)
 	d := &daemon{socket: filepath.Join(dir, "s.sock")}
-	srv := api.New(api.Options{Service: mgr, Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
+	metrics := supervisor.NewMetrics(mgr, "test", "abc")
+	srv := api.New(api.Options{Service: mgr, Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
 		Module: func(fuel bool) (string, string, error) {
 			if fuel {
 				return fuelMod, lib, nil
@@ -136,6 +139,14 @@ func TestRunOverSocket(t *testing.T) {
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"import sys; print(sys.stdin.read(), sys.argv[1:])","stdin":"in","args":["a"],"limits":{"fuel":100000000000}}`)
 	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"stdout":"in ['a']\n"`)) || !bytes.Contains(body, []byte(`"fuel_consumed"`)) {
 		t.Fatalf("stdin, args, fuel: %d %s", resp.StatusCode, body)
+	}
+	resp, body = d.do(t, "GET", "/metrics", "")
+	for _, want := range []string{`sandcell_runs_total{reason="exited"} 2`, `sandcell_runs_total{reason="timeout"} 0`,
+		`sandcell_run_duration_seconds_count 2`, `sandcell_build_info{revision="abc",version="test"} 1`,
+		"sandcell_queue_depth 0", "sandcell_workers_busy 0"} {
+		if resp.StatusCode != 200 || !bytes.Contains(body, []byte(want)) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 }
 

@@ -1,0 +1,58 @@
+package supervisor
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// Metrics are the daemon's Prometheus metrics, in base units with the sandcell_
+// prefix:
+//
+//	sandcell_runs_total{reason}        counter: finished runs by termination reason
+//	sandcell_run_duration_seconds      histogram: wall time of finished runs, queueing included
+//	sandcell_queue_depth               gauge: runs waiting for a worker
+//	sandcell_workers_busy              gauge: workers running now
+//	sandcell_build_info{version,revision} gauge, always 1
+//
+// plus the Go runtime's and the process's standard collectors.
+type Metrics struct {
+	Registry *prometheus.Registry
+	runs     *prometheus.CounterVec
+	duration prometheus.Histogram
+}
+
+// NewMetrics registers the metrics of m.
+func NewMetrics(m *Manager, version, revision string) *Metrics {
+	x := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sandcell_runs_total",
+			Help: "Finished runs by termination reason."}, []string{"reason"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "sandcell_run_duration_seconds",
+			Help:    "Wall time of finished runs, from admission to the final state.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 600}}),
+	}
+	for _, r := range protocol.Reasons {
+		x.runs.WithLabelValues(string(r)) // every reason present from the start, at 0
+	}
+	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "sandcell_build_info",
+		Help: "Build of this daemon (always 1).", ConstLabels: prometheus.Labels{"version": version, "revision": revision}})
+	build.Set(1)
+	x.Registry.MustRegister(x.runs, x.duration, build,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_queue_depth", Help: "Runs waiting for a worker."},
+			func() float64 { _, q := m.Busy(); return float64(q) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_workers_busy", Help: "Workers running now."},
+			func() float64 { r, _ := m.Busy(); return float64(r) }),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.onFinish = x.observe
+	return x
+}
+
+func (x *Metrics) observe(v View) {
+	if v.Result == nil || v.FinishedAt == nil {
+		return
+	}
+	x.runs.WithLabelValues(string(v.Result.Reason)).Inc()
+	x.duration.Observe(v.FinishedAt.Sub(v.CreatedAt).Seconds())
+}
