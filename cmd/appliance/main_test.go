@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -331,5 +333,74 @@ func TestServe(t *testing.T) {
 	}
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Fatalf("socket left behind: %v", err)
+	}
+}
+
+// workersOfThisBinary lists the pids of running workers started from this test binary.
+func workersOfThisBinary(t *testing.T) []int {
+	self, _ := os.Executable()
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if exe == self && bytes.Contains(cmdline, []byte("\x00"+worker.Command+"\x00")) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// TestServeKilled: after SIGKILL of the daemon, none of its workers survives.
+func TestServeKilled(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "s.sock")
+	cmd := cliCmd(t, "serve", "--socket", sock, "--state-dir", filepath.Join(dir, "state"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	for i := 0; ; i++ {
+		resp, err := client.Get("http://sandcell/readyz")
+		if err == nil && resp.StatusCode == 200 {
+			resp.Body.Close()
+			break
+		}
+		if i > 600 {
+			t.Fatal("not ready")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for i := 0; i < 2; i++ {
+		resp, err := client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(`{"code":"while True: pass","wait":false}`))
+		if err != nil || resp.StatusCode != 202 {
+			t.Fatalf("%v %v", err, resp)
+		}
+		resp.Body.Close()
+	}
+	for i := 0; len(workersOfThisBinary(t)) < 2; i++ {
+		if i > 200 {
+			t.Fatal("workers did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+	for i := 0; ; i++ {
+		left := workersOfThisBinary(t)
+		if len(left) == 0 {
+			break
+		}
+		if i > 100 {
+			t.Fatalf("workers %v survived SIGKILL of the daemon", left)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
