@@ -50,7 +50,7 @@ type Manager struct {
 	slots     chan struct{} // one token per concurrent worker
 	maxQueued int
 
-	onFinish func(View) // set by NewMetrics; called once per run, after its final state
+	onFinish []func(*Run, View) // called once per run, after its final state
 
 	mu       sync.Mutex
 	runs     map[string]*Run
@@ -87,6 +87,8 @@ func NewManager(runner Runner, o Options) (*Manager, error) {
 type Run struct {
 	ID      string
 	Created time.Time
+	// UID is the caller who started the run (for the audit log).
+	UID int
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -134,7 +136,7 @@ func (r *Run) Err() error {
 // Start admits req: it returns at once with the run queued or running, or fails with
 // ErrQueueFull or ErrStopping. A request without a workspace gets a private one,
 // removed when the run ends.
-func (m *Manager) Start(req protocol.Request) (*Run, error) {
+func (m *Manager) Start(req protocol.Request, uid int) (*Run, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stopping {
@@ -147,8 +149,8 @@ func (m *Manager) Start(req protocol.Request) (*Run, error) {
 	}
 	m.sweep()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Run{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Created: time.Now().UTC(), cancel: cancel,
-		done: make(chan struct{}), state: Queued}
+	r := &Run{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Created: time.Now().UTC(), UID: uid,
+		cancel: cancel, done: make(chan struct{}), state: Queued}
 	m.runs[r.ID] = r
 	m.queued++
 	m.wg.Add(1)
@@ -208,10 +210,15 @@ func (m *Manager) finish(r *Run, res protocol.Result, err error) {
 	r.state, r.result, r.err, r.finished = Done, res, err, time.Now().UTC()
 	close(r.done)
 	r.mu.Unlock()
-	if m.onFinish != nil {
-		m.onFinish(r.View())
+	v := r.View()
+	for _, f := range m.onFinish {
+		f(r, v)
 	}
 }
+
+// OnFinish adds f to the functions called once per run after its final state (before
+// the first Start).
+func (m *Manager) OnFinish(f func(*Run, View)) { m.onFinish = append(m.onFinish, f) }
 
 // Get returns the run with id, or ErrNotFound.
 func (m *Manager) Get(id string) (*Run, error) {

@@ -33,7 +33,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 	counts := map[protocol.Reason]int{}
 	var mu sync.Mutex
 	for i := 0; i < 1000; i++ {
-		r, err := m.Start(protocol.Request{Code: "1"})
+		r, err := m.Start(protocol.Request{Code: "1"}, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,7 +60,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 		t.Fatalf("final states: %v", counts)
 	}
 	t.Logf("final states of 1000 cancel/complete races: %v", counts)
-	if _, err := m.Start(protocol.Request{Code: "1"}); err != ErrStopping {
+	if _, err := m.Start(protocol.Request{Code: "1"}, 0); err != ErrStopping {
 		t.Fatalf("after shutdown: %v", err)
 	}
 }

@@ -45,11 +45,11 @@ func NewMetrics(m *Manager, version, revision string) *Metrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_workers_busy", Help: "Workers running now."},
 			func() float64 { r, _ := m.Busy(); return float64(r) }),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.onFinish = x.observe
+	m.OnFinish(x.observe)
 	return x
 }
 
-func (x *Metrics) observe(v View) {
+func (x *Metrics) observe(_ *Run, v View) {
 	if v.Result == nil || v.FinishedAt == nil {
 		return
 	}

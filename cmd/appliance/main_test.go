@@ -334,6 +334,11 @@ func TestServe(t *testing.T) {
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Fatalf("socket left behind: %v", err)
 	}
+	// start, requested, admitted, finished, stop (the canary is not a request).
+	r := cli(t, "", "audit", "verify", "--state-dir", filepath.Join(dir, "state"))
+	if r.code != 0 || !strings.Contains(r.stdout, "5 records, chain intact") {
+		t.Fatalf("audit verify: %+v", r)
+	}
 }
 
 // workersOfThisBinary lists the pids of running workers started from this test binary.

@@ -23,6 +23,7 @@ import (
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/config"
+	"github.com/sandcell/sandcell/supervisor/store"
 )
 
 // shutdownGrace is how long running runs may go on after SIGTERM before their
@@ -177,10 +178,22 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	if err != nil {
 		return err
 	}
+	db, err := store.Open(filepath.Join(cfg.State.Dir, "audit.db"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	audit := &supervisor.Audit{Store: db, Log: log}
+	audit.Attach(mgr)
+	if err := audit.Record(context.Background(), "daemon.start", os.Getuid(), "",
+		map[string]any{"version": version, "revision": revision, "config": path}); err != nil {
+		return fmt.Errorf("the audit log cannot be written: %w", err)
+	}
 	metrics := supervisor.NewMetrics(mgr, version, revision)
 	srv := api.New(api.Options{
-		Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}),
-		Service: mgr, Access: access, Policy: pol, MaxBodyBytes: cfg.Runs.MaxRequestBytes, Module: module,
+		Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Audit: audit,
+		RecordCode: cfg.Audit.RecordCode,
+		Service:    mgr, Access: access, Policy: pol, MaxBodyBytes: cfg.Runs.MaxRequestBytes, Module: module,
 		Disabled: func() bool { return cfg.Disabled },
 		Ready: func() (bool, string) {
 			if ready.Load() {
@@ -230,6 +243,7 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 		log.Warn("shutdown", "error", err)
 	}
 	<-done
+	audit.Record(context.Background(), "daemon.stop", os.Getuid(), "", map[string]any{})
 	log.Info("stopped")
 	return nil
 }

@@ -5,12 +5,15 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"sort"
 	"strings"
 	"time"
 
@@ -37,6 +40,7 @@ const (
 	CodeStopping       = "stopping"               // 503: the daemon is shutting down
 	CodeInternal       = "internal_error"         // 500
 	CodeUnsupportedMed = "unsupported_media_type" // 415: the body is not application/json
+	CodeAuditDown      = "audit_unavailable"      // 503: the audit log cannot be written, so no run starts
 )
 
 // Problem is an RFC 9457 problem document.
@@ -55,9 +59,14 @@ func problem(c echo.Context, status int, code, detail string) error {
 	return c.Blob(status, "application/problem+json", b)
 }
 
+// Auditor records decisions; an error means nothing was recorded.
+type Auditor interface {
+	Record(ctx context.Context, kind string, uid int, runID string, detail any) error
+}
+
 // Service is what the API needs from the daemon.
 type Service interface {
-	Start(req protocol.Request) (*supervisor.Run, error)
+	Start(req protocol.Request, uid int) (*supervisor.Run, error)
 	Get(id string) (*supervisor.Run, error)
 	Cancel(id string) (*supervisor.Run, error)
 }
@@ -79,6 +88,10 @@ type Options struct {
 	Info func() any
 	// Metrics, if set, is served at GET /metrics (Prometheus text format).
 	Metrics http.Handler
+	// Audit records every request, decision and refusal.
+	Audit Auditor
+	// RecordCode puts each run's code in the audit log, not only its SHA-256.
+	RecordCode bool
 }
 
 // Server is the HTTP API.
@@ -157,6 +170,8 @@ func (s *Server) require(role Role) echo.MiddlewareFunc {
 		return func(c echo.Context) error {
 			peer, ok := PeerFrom(c.Request().Context())
 			if !ok || !s.o.Access.Allows(peer, role) {
+				s.o.Audit.Record(c.Request().Context(), "access.denied", peerUID(peer, ok), "",
+					map[string]any{"method": c.Request().Method, "path": c.Path(), "role": role, "pid": peer.PID})
 				return problem(c, http.StatusForbidden, CodeForbidden,
 					fmt.Sprintf("uid %d is not allowed the %s role", peer.UID, role))
 			}
@@ -204,42 +219,78 @@ type RunLimits struct {
 }
 
 func (s *Server) createRun(c echo.Context) error {
+	ctx := c.Request().Context()
+	peer, ok := PeerFrom(ctx)
+	uid := peerUID(peer, ok)
+	refuse := func(status int, code, detail string) error {
+		// A refusal is audited too; if it cannot be, the caller still gets it.
+		s.o.Audit.Record(ctx, "run.refused", uid, "", map[string]any{"status": status, "code": code, "detail": detail})
+		return problem(c, status, code, detail)
+	}
 	if s.o.Disabled() {
-		return problem(c, http.StatusServiceUnavailable, CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
+		return refuse(http.StatusServiceUnavailable, CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
 	}
 	if ok, why := s.o.Ready(); !ok {
-		return problem(c, http.StatusServiceUnavailable, CodeNotReady, why)
+		return refuse(http.StatusServiceUnavailable, CodeNotReady, why)
 	}
 	var body RunRequest
 	if bad := s.decode(c, &body); bad != nil {
-		return problem(c, bad.status, bad.code, bad.detail)
+		return refuse(bad.status, bad.code, bad.detail)
 	}
 	req, perr := s.request(body)
 	if perr != nil {
-		return problem(c, perr.status, perr.code, perr.detail)
+		return refuse(perr.status, perr.code, perr.detail)
 	}
-	run, err := s.o.Service.Start(req)
+	sum := sha256.Sum256([]byte(req.Code))
+	detail := map[string]any{"code_sha256": hex.EncodeToString(sum[:]), "limits": req.Limits,
+		"args": len(req.Args), "stdin_bytes": len(req.Stdin), "env": envNames(req.Env)}
+	if s.o.RecordCode {
+		detail["code"] = req.Code
+	}
+	// No record, no run: the request is audited before a worker is spent on it.
+	if err := s.o.Audit.Record(ctx, "run.requested", uid, "", detail); err != nil {
+		return problem(c, http.StatusServiceUnavailable, CodeAuditDown, "the audit log cannot be written: "+err.Error())
+	}
+	run, err := s.o.Service.Start(req, uid)
 	switch {
 	case errors.Is(err, supervisor.ErrQueueFull):
 		c.Response().Header().Set("Retry-After", "1")
-		return problem(c, http.StatusTooManyRequests, CodeQueueFull, err.Error())
+		return refuse(http.StatusTooManyRequests, CodeQueueFull, err.Error())
 	case errors.Is(err, supervisor.ErrStopping):
-		return problem(c, http.StatusServiceUnavailable, CodeStopping, err.Error())
+		return refuse(http.StatusServiceUnavailable, CodeStopping, err.Error())
 	case err != nil:
-		return problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
+		return refuse(http.StatusInternalServerError, CodeInternal, err.Error())
 	}
+	s.o.Audit.Record(ctx, "run.admitted", uid, run.ID, map[string]any{"code_sha256": detail["code_sha256"]})
 	if body.Wait != nil && !*body.Wait {
 		c.Response().Header().Set("Location", "/v1/runs/"+run.ID)
 		return c.JSON(http.StatusAccepted, run.View())
 	}
 	select {
 	case <-run.Done():
-	case <-c.Request().Context().Done():
+	case <-ctx.Done():
 		// The caller went away: nobody will read the result, so stop the work.
 		s.o.Service.Cancel(run.ID)
 		<-run.Done()
 	}
 	return c.JSON(http.StatusOK, run.View())
+}
+
+// peerUID is the caller's uid, or -1 when unknown.
+func peerUID(p Peer, ok bool) int {
+	if !ok {
+		return -1
+	}
+	return p.UID
+}
+
+func envNames(env map[string]string) []string {
+	names := make([]string, 0, len(env))
+	for k := range env {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return names
 }
 
 type badRequest struct {
@@ -318,6 +369,8 @@ func (s *Server) cancelRun(c echo.Context) error {
 	if err != nil {
 		return problem(c, http.StatusNotFound, CodeNotFound, "no run "+c.Param("id"))
 	}
+	peer, ok := PeerFrom(c.Request().Context())
+	s.o.Audit.Record(c.Request().Context(), "run.cancel", peerUID(peer, ok), run.ID, map[string]any{})
 	select {
 	case <-run.Done():
 	case <-time.After(10 * time.Second):

@@ -23,6 +23,7 @@ import (
 	"github.com/sandcell/sandcell/sandbox/worker"
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/store"
 )
 
 func TestMain(m *testing.M) {
@@ -36,6 +37,7 @@ type daemon struct {
 	client   *http.Client
 	socket   string
 	disabled atomic.Bool
+	store    *store.Store
 }
 
 type setup struct {
@@ -64,7 +66,12 @@ func start(t *testing.T, s setup) *daemon {
 	fuelMod := bundletest.Module(t, true)
 	d := &daemon{socket: filepath.Join(dir, "s.sock")}
 	metrics := supervisor.NewMetrics(mgr, "test", "abc")
-	srv := api.New(api.Options{Service: mgr, Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
+	if d.store, err = store.Open(filepath.Join(dir, "audit.db")); err != nil {
+		t.Fatal(err)
+	}
+	audit := &supervisor.Audit{Store: d.store}
+	audit.Attach(mgr)
+	srv := api.New(api.Options{Service: mgr, Audit: audit, Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
 		Module: func(fuel bool) (string, string, error) {
 			if fuel {
 				return fuelMod, lib, nil
@@ -85,6 +92,7 @@ func start(t *testing.T, s setup) *daemon {
 		defer cancel()
 		srv.Shutdown(ctx)
 		mgr.Shutdown(time.Second)
+		d.store.Close()
 	})
 	d.client = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "unix", d.socket)
@@ -293,5 +301,50 @@ func TestSocketFile(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "file"), []byte("x"), 0o644)
 	if _, err := api.ListenUnix(filepath.Join(dir, "file"), 0o660, -1); err == nil {
 		t.Fatal("listened over a regular file")
+	}
+}
+
+// Every decision is in the audit log, the chain verifies, and when the log cannot be
+// written no run starts.
+func TestAudit(t *testing.T) {
+	nobody := api.Access{Runners: api.Principals{UIDs: map[int]bool{os.Getuid(): true}}}
+	d := start(t, setup{access: &nobody})
+	d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
+	d.do(t, "POST", "/v1/runs", `{"code":"1","limits":{"timeout_ms":99999999}}`)
+	ctx := context.Background()
+	n, err := d.store.Verify(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, _ := d.store.Events(ctx, 0, "", 100)
+	var kinds []string
+	for _, e := range evs {
+		kinds = append(kinds, e.Kind)
+		if e.UID != os.Getuid() {
+			t.Errorf("event %s has uid %d", e.Kind, e.UID)
+		}
+	}
+	got := strings.Join(kinds, ",")
+	// The finish may be recorded before or after the admission reaches the log.
+	if n != 4 || !strings.Contains(got, "run.requested") || !strings.Contains(got, "run.admitted") ||
+		!strings.Contains(got, "run.finished") || !strings.HasSuffix(got, "run.refused") {
+		t.Fatalf("%d events: %s", n, got)
+	}
+	if !bytes.Contains(evs[0].Detail, []byte(`"code_sha256"`)) || bytes.Contains(evs[0].Detail, []byte("print(1)")) {
+		t.Fatalf("requested: %s", evs[0].Detail)
+	}
+	d.store.Close()
+	resp, body := d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
+	wantProblem(t, resp, body, 503, api.CodeAuditDown)
+}
+
+func TestDeniedCallerAudited(t *testing.T) {
+	other := api.Access{Runners: api.Principals{UIDs: map[int]bool{os.Getuid() + 1: true}}}
+	d := start(t, setup{access: &other})
+	resp, body := d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
+	wantProblem(t, resp, body, 403, api.CodeForbidden)
+	evs, _ := d.store.Events(context.Background(), 0, "", 10)
+	if len(evs) != 1 || evs[0].Kind != "access.denied" || evs[0].UID != os.Getuid() {
+		t.Fatalf("%+v", evs)
 	}
 }

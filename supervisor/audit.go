@@ -1,0 +1,50 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+
+	"github.com/sandcell/sandcell/supervisor/store"
+)
+
+// Audit writes the daemon's decisions to the audit log: what the API records (each
+// request, admission, refusal, cancel, denied caller) and, through the manager, the
+// end of every run.
+type Audit struct {
+	Store *store.Store
+	Log   *slog.Logger
+}
+
+// Record appends one event; detail is encoded as JSON. An error means nothing was
+// recorded (the API then refuses to start a run).
+func (a *Audit) Record(ctx context.Context, kind string, uid int, runID string, detail any) error {
+	b, err := json.Marshal(detail)
+	if err != nil {
+		return err
+	}
+	if _, err := a.Store.Append(ctx, store.Event{Kind: kind, UID: uid, RunID: runID, Detail: b}); err != nil {
+		if a.Log != nil {
+			a.Log.Error("audit record lost", "kind", kind, "run", runID, "error", err)
+		}
+		return err
+	}
+	return nil
+}
+
+// Attach records "run.finished" for every run m ends.
+func (a *Audit) Attach(m *Manager) {
+	m.OnFinish(func(r *Run, v View) {
+		d := map[string]any{}
+		if res := v.Result; res != nil {
+			d = map[string]any{"reason": res.Reason, "exit_code": res.ExitCode, "elapsed_ms": res.ElapsedMS,
+				"stdout_bytes": len(res.Stdout), "stderr_bytes": len(res.Stderr),
+				"stdout_truncated": res.StdoutTruncated, "stderr_truncated": res.StderrTruncated,
+				"diagnostics": res.Diagnostics}
+			if res.Enforcement != nil {
+				d["layers"] = res.Enforcement.ActiveLayers()
+			}
+		}
+		a.Record(context.Background(), "run.finished", r.UID, r.ID, d)
+	})
+}
