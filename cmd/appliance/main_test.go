@@ -20,6 +20,7 @@ import (
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/sandbox/worker"
+	"github.com/sandcell/sandcell/supervisor/store"
 )
 
 // TestMain makes the test binary behave as the sandcell binary: the worker when
@@ -407,5 +408,38 @@ func TestServeKilled(t *testing.T) {
 			t.Fatalf("workers %v survived SIGKILL of the daemon", left)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	// Restarted over the stale socket, the daemon marks the two runs aborted.
+	cmd = cliCmd(t, "serve", "--socket", sock, "--state-dir", filepath.Join(dir, "state"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		resp, err := client.Get("http://sandcell/readyz")
+		if err == nil && resp.StatusCode == 200 {
+			resp.Body.Close()
+			break
+		}
+		if i > 600 {
+			t.Fatal("not ready after restart")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+	db, err := store.Open(filepath.Join(dir, "state", "audit.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	evs, _ := db.Events(context.Background(), 0, "", 100)
+	aborted := 0
+	for _, e := range evs {
+		if e.Kind == "run.aborted" {
+			aborted++
+		}
+	}
+	if n, err := db.Verify(context.Background()); aborted != 2 || err != nil {
+		t.Fatalf("%d aborted, chain of %d: %v", aborted, n, err)
 	}
 }

@@ -189,6 +189,17 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 		map[string]any{"version": version, "revision": revision, "config": path}); err != nil {
 		return fmt.Errorf("the audit log cannot be written: %w", err)
 	}
+	// Runs in flight when the daemon last died (SIGKILL, power loss) ended with it:
+	// their workers died too (parent-death signal). Say so in the log.
+	if ids, err := db.Unfinished(context.Background()); err == nil {
+		for _, id := range ids {
+			audit.Record(context.Background(), "run.aborted", os.Getuid(), id,
+				map[string]any{"reason": "the daemon stopped while the run was in flight"})
+		}
+		if len(ids) > 0 {
+			log.Warn("runs in flight at the last stop marked aborted", "runs", len(ids))
+		}
+	}
 	metrics := supervisor.NewMetrics(mgr, version, revision)
 	srv := api.New(api.Options{
 		Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Audit: audit,

@@ -206,3 +206,23 @@ func (s *Store) Events(ctx context.Context, after int64, runID string, limit int
 	}
 	return out, rows.Err()
 }
+
+// Unfinished returns the runs admitted but never finished or aborted, oldest first:
+// after a crash of the daemon, the runs that were in flight.
+func (s *Store) Unfinished(ctx context.Context) ([]string, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT run_id FROM audit WHERE kind = 'run.admitted' AND run_id NOT IN
+		(SELECT run_id FROM audit WHERE kind IN ('run.finished', 'run.aborted')) ORDER BY seq`)
+	if err != nil {
+		return nil, fmt.Errorf("store: %w", err)
+	}
+	defer rows.Close()
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, fmt.Errorf("store: %w", err)
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
