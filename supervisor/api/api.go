@@ -106,7 +106,7 @@ func New(o Options) *Server {
 	e.HideBanner, e.HidePort = true, true
 	s := &Server{o: o, echo: e}
 	e.HTTPErrorHandler = s.errorHandler
-	e.Server.ConnContext = connContext
+	e.Server.ConnContext = ConnContext
 	// Slow clients cannot hold a connection: headers within 5 s, a body within 30 s.
 	// No write timeout: a synchronous run answers when it ends (at most the maximum
 	// timeout).

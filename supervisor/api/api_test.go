@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -38,6 +39,7 @@ type daemon struct {
 	socket   string
 	disabled atomic.Bool
 	store    *store.Store
+	handler  http.Handler
 }
 
 type setup struct {
@@ -82,6 +84,7 @@ func start(t *testing.T, s setup) *daemon {
 		Ready:    func() (bool, string) { return true, "" },
 		Info:     func() any { return map[string]string{"version": "test"} },
 	})
+	d.handler = srv.Handler()
 	l, err := api.ListenUnix(d.socket, 0o660, -1)
 	if err != nil {
 		t.Fatal(err)
@@ -345,6 +348,45 @@ func TestDeniedCallerAudited(t *testing.T) {
 	wantProblem(t, resp, body, 403, api.CodeForbidden)
 	evs, _ := d.store.Events(context.Background(), 0, "", 10)
 	if len(evs) != 1 || evs[0].Kind != "access.denied" || evs[0].UID != os.Getuid() {
+		t.Fatalf("%+v", evs)
+	}
+}
+
+// A real caller with another uid (uid 65534, through setpriv and curl) is refused and
+// the refusal audited, while the socket's own user is served.
+func TestOtherUIDRefused(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root to run a client as another user")
+	}
+	for _, tool := range []string{"setpriv", "curl"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	dir, err := os.MkdirTemp("", "sandcell-api-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	d := start(t, setup{})
+	// A second socket, world-connectable, in a directory uid 65534 can reach.
+	sock := filepath.Join(dir, "s.sock")
+	l, err := api.ListenUnix(sock, 0o666, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: d.handler, ConnContext: api.ConnContext}
+	go srv.Serve(l)
+	defer srv.Close()
+	out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+		"curl", "-s", "--unix-socket", sock, "-H", "Content-Type: application/json",
+		"-d", `{"code":"print(1)"}`, "http://sandcell/v1/runs").Output()
+	if err != nil || !bytes.Contains(out, []byte(`"code":"forbidden"`)) || !bytes.Contains(out, []byte("uid 65534")) {
+		t.Fatalf("uid 65534: %v %s", err, out)
+	}
+	evs, _ := d.store.Events(context.Background(), 0, "", 10)
+	if len(evs) != 1 || evs[0].Kind != "access.denied" || evs[0].UID != 65534 {
 		t.Fatalf("%+v", evs)
 	}
 }

@@ -35,8 +35,9 @@ type Peer struct {
 
 type peerKey struct{}
 
-// connContext stores the peer's credentials in the context of every request on c.
-func connContext(ctx context.Context, c net.Conn) context.Context {
+// ConnContext stores the peer's credentials in the context of every request on c;
+// it is http.Server.ConnContext of the API's server.
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
 		return ctx
