@@ -6,6 +6,7 @@ package api
 import (
 	"context"
 	"crypto/sha256"
+	_ "embed"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -42,6 +43,26 @@ const (
 	CodeUnsupportedMed = "unsupported_media_type" // 415: the body is not application/json
 	CodeAuditDown      = "audit_unavailable"      // 503: the audit log cannot be written, so no run starts
 )
+
+// OpenAPI is the API's contract (OpenAPI 3.1), served at /v1/openapi.json.
+//
+//go:embed openapi.json
+var OpenAPI []byte
+
+// Statuses lists, per route ("METHOD /path" as echo names it), every status the
+// route answers with. TestOpenAPI checks that the document and this list agree and
+// that the server has exactly these routes.
+var Statuses = map[string][]int{
+	"GET /livez":           {200},
+	"GET /healthz":         {200},
+	"GET /readyz":          {200, 503},
+	"GET /metrics":         {200},
+	"GET /v1/openapi.json": {200},
+	"GET /v1/info":         {200, 403},
+	"POST /v1/runs":        {200, 202, 400, 403, 413, 415, 429, 500, 503},
+	"GET /v1/runs/:id":     {200, 403, 404},
+	"DELETE /v1/runs/:id":  {200, 403, 404, 500},
+}
 
 // Problem is an RFC 9457 problem document.
 type Problem struct {
@@ -117,6 +138,7 @@ func New(o Options) *Server {
 	e.GET("/livez", s.livez)
 	e.GET("/healthz", s.livez)
 	e.GET("/readyz", s.readyz)
+	e.GET("/v1/openapi.json", func(c echo.Context) error { return c.Blob(http.StatusOK, "application/json", OpenAPI) })
 	if o.Metrics != nil {
 		e.GET("/metrics", echo.WrapHandler(o.Metrics))
 	}
@@ -127,6 +149,15 @@ func New(o Options) *Server {
 	e.GET("/v1/runs/:id", s.getRun, runner)
 	e.DELETE("/v1/runs/:id", s.cancelRun, runner)
 	return s
+}
+
+// Routes returns "METHOD /path" of every route the server has.
+func (s *Server) Routes() []string {
+	var out []string
+	for _, r := range s.echo.Routes() {
+		out = append(out, r.Method+" "+r.Path)
+	}
+	return out
 }
 
 // Handler returns the server as an http.Handler (for tests).

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -35,6 +37,7 @@ func TestMain(m *testing.M) {
 }
 
 type daemon struct {
+	server   *api.Server
 	client   *http.Client
 	socket   string
 	disabled atomic.Bool
@@ -85,6 +88,7 @@ func start(t *testing.T, s setup) *daemon {
 		Info:     func() any { return map[string]string{"version": "test"} },
 	})
 	d.handler = srv.Handler()
+	d.server = srv
 	l, err := api.ListenUnix(d.socket, 0o660, -1)
 	if err != nil {
 		t.Fatal(err)
@@ -388,5 +392,60 @@ func TestOtherUIDRefused(t *testing.T) {
 	evs, _ := d.store.Events(context.Background(), 0, "", 10)
 	if len(evs) != 1 || evs[0].Kind != "access.denied" || evs[0].UID != 65534 {
 		t.Fatalf("%+v", evs)
+	}
+}
+
+// The OpenAPI document and the server agree: the same routes, the same statuses.
+func TestOpenAPI(t *testing.T) {
+	d := start(t, setup{})
+	resp, body := d.do(t, "GET", "/v1/openapi.json", "")
+	var doc struct {
+		OpenAPI string                                `json:"openapi"`
+		Paths   map[string]map[string]json.RawMessage `json:"paths"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal(body, &doc) != nil || doc.OpenAPI != "3.1.0" {
+		t.Fatalf("%d %.200s", resp.StatusCode, body)
+	}
+	inDoc := map[string][]int{}
+	for path, ops := range doc.Paths {
+		echoPath := path
+		if i := strings.Index(path, "{"); i >= 0 {
+			echoPath = path[:i] + ":" + strings.Trim(path[i:], "{}")
+		}
+		for method, raw := range ops {
+			if method == "parameters" {
+				continue
+			}
+			var op struct {
+				Responses map[string]json.RawMessage `json:"responses"`
+			}
+			json.Unmarshal(raw, &op)
+			var codes []int
+			for code := range op.Responses {
+				var n int
+				fmt.Sscan(code, &n)
+				codes = append(codes, n)
+			}
+			sort.Ints(codes)
+			inDoc[strings.ToUpper(method)+" "+echoPath] = codes
+		}
+	}
+	for route, want := range api.Statuses {
+		if got := inDoc[route]; fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s: document says %v, server %v", route, got, want)
+		}
+	}
+	for route := range inDoc {
+		if _, ok := api.Statuses[route]; !ok {
+			t.Errorf("%s is in the document, not in the server", route)
+		}
+	}
+	for _, route := range d.server.Routes() {
+		if _, ok := api.Statuses[route]; !ok {
+			t.Errorf("the server has %s, the document does not", route)
+		}
+	}
+	if len(d.server.Routes()) != len(api.Statuses) {
+		t.Errorf("server routes %v", d.server.Routes())
 	}
 }
