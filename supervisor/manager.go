@@ -174,22 +174,13 @@ func (m *Manager) execute(ctx context.Context, r *Run, req protocol.Request) {
 	m.mu.Lock()
 	m.queued--
 	m.mu.Unlock()
-	defer func() { <-m.slots }()
 	r.mu.Lock()
 	r.state = Running
 	r.mu.Unlock()
-
-	if req.Workspace == "" {
-		ws, err := os.MkdirTemp(m.workDir, r.ID+"-")
-		if err != nil {
-			m.finish(r, protocol.Result{ExitCode: -1, Reason: protocol.InternalError,
-				Diagnostics: []string{"cannot create the run's workspace"}}, nil)
-			return
-		}
-		defer os.RemoveAll(ws)
-		req.Workspace = ws
-	}
-	res, err := m.runner.Run(ctx, req)
+	res, err := m.work(ctx, r, req)
+	// The slot is free before the final state is visible, so a caller who saw the
+	// run end never sees its worker still counted busy.
+	<-m.slots
 	if err != nil {
 		reason := protocol.InternalError
 		if errors.Is(err, sandbox.ErrBadRequest) {
@@ -198,6 +189,20 @@ func (m *Manager) execute(ctx context.Context, r *Run, req protocol.Request) {
 		res = protocol.Result{ExitCode: -1, Reason: reason, Diagnostics: []string{err.Error()}}
 	}
 	m.finish(r, res, err)
+}
+
+// work runs req in a worker, in a private workspace (removed afterwards) when the
+// request names none.
+func (m *Manager) work(ctx context.Context, r *Run, req protocol.Request) (protocol.Result, error) {
+	if req.Workspace == "" {
+		ws, err := os.MkdirTemp(m.workDir, r.ID+"-")
+		if err != nil {
+			return protocol.Result{}, fmt.Errorf("cannot create the run's workspace: %w", err)
+		}
+		defer os.RemoveAll(ws)
+		req.Workspace = ws
+	}
+	return m.runner.Run(ctx, req)
 }
 
 // finish records the final state once.
