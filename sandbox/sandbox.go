@@ -330,6 +330,9 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 		res.PeakMemoryBytes = rep.PeakMemoryBytes
 		res.Diagnostics = rep.Diagnostics
 		res.Enforcement = rep.Enforcement
+		if rep.PeakRSSBytes > 0 {
+			res.WorkerMaxRSSBytes = rep.PeakRSSBytes
+		}
 		if res.Enforcement != nil && nsErr != nil {
 			if res.Enforcement.Errors == nil {
 				res.Enforcement.Errors = map[string]string{}
@@ -377,6 +380,21 @@ func check(req *protocol.Request) error {
 		}
 		req.Path = clean
 	}
+	if err := CheckProgram(req); err != nil {
+		return err
+	}
+	l := req.Limits
+	if l.TimeoutMS <= 0 || l.MemoryBytes <= 0 || l.MaxStdoutBytes <= 0 || l.MaxStderrBytes <= 0 {
+		return fmt.Errorf("%w: limits are incomplete", ErrBadRequest)
+	}
+	return nil
+}
+
+// CheckProgram refuses code, arguments or stdin that no worker can run: NUL bytes
+// (argv cannot carry them), code that is not UTF-8 (Python source is, PEP 3120), stdin
+// over half a frame. Errors wrap ErrBadRequest. Callers may use it to refuse a
+// request before admitting it.
+func CheckProgram(req *protocol.Request) error {
 	if strings.ContainsRune(req.Code, 0) {
 		return fmt.Errorf("%w: code contains a NUL byte", ErrBadRequest)
 	}
@@ -391,10 +409,6 @@ func check(req *protocol.Request) error {
 	}
 	if len(req.Stdin) > protocol.MaxFrame/2 {
 		return fmt.Errorf("%w: stdin is larger than %d bytes", ErrBadRequest, protocol.MaxFrame/2)
-	}
-	l := req.Limits
-	if l.TimeoutMS <= 0 || l.MemoryBytes <= 0 || l.MaxStdoutBytes <= 0 || l.MaxStderrBytes <= 0 {
-		return fmt.Errorf("%w: limits are incomplete", ErrBadRequest)
 	}
 	return nil
 }

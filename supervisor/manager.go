@@ -50,6 +50,10 @@ type Manager struct {
 	slots     chan struct{} // one token per concurrent worker
 	maxQueued int
 
+	maxRetained int64    // bytes of output kept over all finished runs
+	retained    int64    // bytes of output kept now (under mu)
+	finishedIDs []string // finished runs, oldest first (under mu)
+
 	onFinish []func(*Run, View) // called once per run, after its final state
 
 	mu       sync.Mutex
@@ -68,7 +72,12 @@ type Options struct {
 	// Retention is how long a finished run stays readable.
 	Retention time.Duration
 	// WorkDir holds the private workspace of each run (created and removed per run).
+	// Whatever it holds at start is left from a daemon that died, and is removed.
 	WorkDir string
+	// MaxRetainedOutputBytes bounds the stdout and stderr kept, over all finished
+	// runs; past it the oldest results lose their output (they keep the rest).
+	// 0 means 256 MiB.
+	MaxRetainedOutputBytes int64
 }
 
 // NewManager returns a manager running requests with runner.
@@ -76,10 +85,17 @@ func NewManager(runner Runner, o Options) (*Manager, error) {
 	if o.Concurrency < 1 {
 		return nil, fmt.Errorf("supervisor: concurrency %d", o.Concurrency)
 	}
+	// Private workspaces left by a daemon that died in the middle of runs.
+	if err := os.RemoveAll(o.WorkDir); err != nil {
+		return nil, fmt.Errorf("supervisor: %w", err)
+	}
 	if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
 		return nil, fmt.Errorf("supervisor: %w", err)
 	}
-	return &Manager{runner: runner, workDir: o.WorkDir, retention: o.Retention,
+	if o.MaxRetainedOutputBytes <= 0 {
+		o.MaxRetainedOutputBytes = 256 << 20
+	}
+	return &Manager{runner: runner, workDir: o.WorkDir, retention: o.Retention, maxRetained: o.MaxRetainedOutputBytes,
 		slots: make(chan struct{}, o.Concurrency), maxQueued: o.QueueLength, runs: map[string]*Run{}}, nil
 }
 
@@ -219,6 +235,37 @@ func (m *Manager) finish(r *Run, res protocol.Result, err error) {
 	for _, f := range m.onFinish {
 		f(r, v)
 	}
+	m.retain(r, int64(len(res.Stdout)+len(res.Stderr)))
+}
+
+// retain accounts for r's output and drops the output of the oldest finished runs
+// while the total is over the budget: the daemon's memory stays bounded however
+// large the outputs and however many results are kept.
+func (m *Manager) retain(r *Run, n int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.retained += n
+	m.finishedIDs = append(m.finishedIDs, r.ID)
+	for len(m.finishedIDs) > 0 && m.retained > m.maxRetained {
+		old, ok := m.runs[m.finishedIDs[0]]
+		m.finishedIDs = m.finishedIDs[1:]
+		if ok {
+			m.retained -= old.dropOutput()
+		}
+	}
+}
+
+// dropOutput forgets the run's stdout and stderr and returns how many bytes they were.
+func (r *Run) dropOutput() int64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := int64(len(r.result.Stdout) + len(r.result.Stderr))
+	if n > 0 {
+		r.result.Stdout, r.result.Stderr = nil, nil
+		r.result.Diagnostics = append(r.result.Diagnostics,
+			"output discarded: the daemon keeps a bounded amount of output of finished runs")
+	}
+	return n
 }
 
 // OnFinish adds f to the functions called once per run after its final state (before
@@ -261,11 +308,20 @@ func (m *Manager) sweep() {
 	for id, r := range m.runs {
 		r.mu.Lock()
 		old := r.state == Done && r.finished.Before(cut)
+		size := int64(len(r.result.Stdout) + len(r.result.Stderr))
 		r.mu.Unlock()
 		if old {
+			m.retained -= size
 			delete(m.runs, id)
 		}
 	}
+	kept := m.finishedIDs[:0]
+	for _, id := range m.finishedIDs {
+		if _, ok := m.runs[id]; ok {
+			kept = append(kept, id)
+		}
+	}
+	m.finishedIDs = kept
 }
 
 // Shutdown stops admitting runs, waits up to grace for those in progress, then

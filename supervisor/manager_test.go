@@ -64,3 +64,41 @@ func TestCancelRacesCompletion(t *testing.T) {
 		t.Fatalf("after shutdown: %v", err)
 	}
 }
+
+// big returns 1 MiB of stdout per run.
+type big struct{}
+
+func (big) Run(ctx context.Context, req protocol.Request) (protocol.Result, error) {
+	return protocol.Result{Reason: protocol.Exited, Stdout: make([]byte, 1<<20)}, nil
+}
+
+// The output kept over all finished runs stays within the budget; the oldest
+// results lose their output first.
+func TestRetainedOutputBounded(t *testing.T) {
+	m, err := NewManager(big{}, Options{Concurrency: 2, QueueLength: 100, Retention: time.Hour,
+		WorkDir: t.TempDir(), MaxRetainedOutputBytes: 5 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs []*Run
+	for i := 0; i < 20; i++ {
+		r, err := m.Start(protocol.Request{Code: "1"}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-r.Done()
+		runs = append(runs, r)
+	}
+	m.mu.Lock()
+	kept := m.retained
+	m.mu.Unlock()
+	if kept > 5<<20 {
+		t.Fatalf("%d bytes kept", kept)
+	}
+	if v := runs[0].View(); len(v.Result.Stdout) != 0 || len(v.Result.Diagnostics) == 0 {
+		t.Fatalf("oldest kept its output: %d bytes", len(v.Result.Stdout))
+	}
+	if v := runs[19].View(); len(v.Result.Stdout) != 1<<20 {
+		t.Fatalf("newest lost its output")
+	}
+}

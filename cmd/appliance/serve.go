@@ -111,7 +111,7 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	}
 	mgr, err := supervisor.NewManager(sp, supervisor.Options{Concurrency: cfg.Concurrency(),
 		QueueLength: cfg.Runs.QueueLength, Retention: cfg.Runs.ResultRetention.Duration,
-		WorkDir: filepath.Join(cfg.State.Dir, "work")})
+		WorkDir: filepath.Join(cfg.State.Dir, "work"), MaxRetainedOutputBytes: cfg.Runs.MaxRetainedOutputBytes})
 	if err != nil {
 		return err
 	}
@@ -224,7 +224,9 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 		},
 	})
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(l) }()
+	// At most max_connections open at once: slow clients queue in the backlog
+	// instead of taking descriptors and memory without bound.
+	go func() { errc <- srv.Serve(api.Listen(l, cfg.Runs.MaxConnections)) }()
 	log.Info("listening", "socket", cfg.Socket.Path, "mode", cfg.Socket.Mode)
 
 	go func() {

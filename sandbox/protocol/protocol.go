@@ -158,6 +158,8 @@ type Report struct {
 	// Enforcement is the contract the worker verified before the guest ran; nil when
 	// the worker failed before it could tell.
 	Enforcement *Enforcement `json:"enforcement,omitempty"`
+	// PeakRSSBytes is the worker's peak resident set (VmHWM, proc(5)).
+	PeakRSSBytes int64 `json:"peak_rss_bytes,omitempty"`
 }
 
 // Result is the outcome of one run as the parent reports it to callers.
@@ -175,8 +177,9 @@ type Result struct {
 	ElapsedMS       float64 `json:"elapsed_ms"`
 	FuelConsumed    uint64  `json:"fuel_consumed,omitempty"`
 	PeakMemoryBytes int64   `json:"peak_memory_bytes"`
-	// WorkerMaxRSSBytes is the worker process's peak resident set (getrusage(2)
-	// ru_maxrss), engine and interpreter included.
+	// WorkerMaxRSSBytes is the worker process's peak resident set, engine and
+	// interpreter included (VmHWM as the worker reports it; getrusage(2) ru_maxrss
+	// when it could not, which may count the parent's memory from before the exec).
 	WorkerMaxRSSBytes int64    `json:"worker_max_rss_bytes"`
 	Diagnostics       []string `json:"diagnostics,omitempty"`
 	// Enforcement is the worker's contract: the layers that were in force while the

@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	libseccomp "github.com/seccomp/libseccomp-golang"
@@ -168,7 +169,8 @@ func Mode() (int, error) {
 // compile (see the package comment for what is accepted).
 func LoadFile(path string) (specs.LinuxSeccomp, error) {
 	var p specs.LinuxSeccomp
-	f, err := os.Open(path)
+	// O_NONBLOCK: opening a FIFO must not wait for a writer (it is then refused).
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return p, fmt.Errorf("seccomp profile: %w", err)
 	}

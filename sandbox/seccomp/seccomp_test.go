@@ -158,6 +158,13 @@ func TestLoadFile(t *testing.T) {
 			t.Errorf("%s: err = %v", path, err)
 		}
 	}
+	fifo := filepath.Join(dir, "fifo")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadFile(fifo); err == nil || !strings.Contains(err.Error(), "regular file") {
+		t.Errorf("fifo: err = %v", err)
+	}
 	huge := filepath.Join(dir, "huge.json")
 	os.WriteFile(huge, bytes.Repeat([]byte(" "), maxProfileBytes+10), 0o644)
 	if _, err := LoadFile(huge); err == nil || !strings.Contains(err.Error(), "larger") {

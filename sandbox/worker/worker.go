@@ -133,9 +133,32 @@ func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int {
 	if err := protocol.ReadFrame(ctl, &req); err != nil {
 		return 1
 	}
+	// /proc/self/status, opened before the process is narrowed, to read its peak
+	// resident set at the end (VmHWM: of this program only; the parent's rusage
+	// would include what the parent had mapped before the exec).
+	status, _ := os.Open("/proc/self/status")
 	rep := serve(&req, body)
+	if status != nil {
+		rep.PeakRSSBytes = peakRSS(status)
+		status.Close()
+	}
 	if err := protocol.WriteFrame(ctl, rep); err != nil {
 		return 1
+	}
+	return 0
+}
+
+// peakRSS reads VmHWM from an open /proc/PID/status, in bytes (0 if unknown).
+func peakRSS(f *os.File) int64 {
+	buf := make([]byte, 4096)
+	n, _ := f.ReadAt(buf, 0)
+	for _, line := range strings.Split(string(buf[:n]), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err == nil {
+				return kb << 10
+			}
+		}
 	}
 	return 0
 }

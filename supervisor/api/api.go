@@ -4,6 +4,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	_ "embed"
@@ -12,14 +13,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net"
 	"net/http"
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
@@ -134,6 +138,7 @@ func New(o Options) *Server {
 	e.Server.ReadHeaderTimeout = 5 * time.Second
 	e.Server.ReadTimeout = 30 * time.Second
 	e.Server.IdleTimeout = 2 * time.Minute
+	e.Server.MaxHeaderBytes = 16 << 10
 
 	e.GET("/livez", s.livez)
 	e.GET("/healthz", s.livez)
@@ -331,6 +336,10 @@ type badRequest struct {
 
 // request turns a body into a sandbox request under policy.
 func (s *Server) request(b RunRequest) (protocol.Request, *badRequest) {
+	if b.Limits.MemoryMB > 1<<20 {
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeLimitExceeded,
+			fmt.Sprintf("memory_mb %d is above any maximum", b.Limits.MemoryMB)}
+	}
 	limits, err := s.o.Policy.Resolve(protocol.Limits{
 		TimeoutMS: b.Limits.TimeoutMS, CPUMS: b.Limits.CPUMS, MemoryBytes: b.Limits.MemoryMB * policy.MiB,
 		Fuel: b.Limits.Fuel, MaxStdoutBytes: b.Limits.MaxOutputBytes, MaxStderrBytes: b.Limits.MaxOutputBytes,
@@ -345,6 +354,9 @@ func (s *Server) request(b RunRequest) (protocol.Request, *badRequest) {
 	if b.Code == "" {
 		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest, "code is required"}
 	}
+	if err := sandbox.CheckProgram(&protocol.Request{Code: b.Code, Args: b.Args, Stdin: []byte(b.Stdin)}); err != nil {
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest, err.Error()}
+	}
 	module, lib, err := s.o.Module(limits.Fuel > 0)
 	if err != nil {
 		return protocol.Request{}, &badRequest{http.StatusInternalServerError, CodeInternal, err.Error()}
@@ -354,30 +366,41 @@ func (s *Server) request(b RunRequest) (protocol.Request, *badRequest) {
 }
 
 // decode reads a JSON body strictly: at most MaxBodyBytes (413 beyond, before reading
-// the rest), no unknown members, one value.
+// the rest), UTF-8, no unknown, repeated or differently cased members, one value.
 func (s *Server) decode(c echo.Context, v any) *badRequest {
 	r := c.Request()
-	if ct := r.Header.Get("Content-Type"); ct != "" && ct != "application/json" && !strings.HasPrefix(ct, "application/json;") {
-		return &badRequest{http.StatusUnsupportedMediaType, CodeUnsupportedMed, "send application/json"}
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
+			return &badRequest{http.StatusUnsupportedMediaType, CodeUnsupportedMed, "send application/json"}
+		}
 	}
 	tooLarge := &badRequest{http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
 		fmt.Sprintf("at most %d bytes are accepted", s.o.MaxBodyBytes)}
 	if r.ContentLength > s.o.MaxBodyBytes {
 		return tooLarge
 	}
-	body := http.MaxBytesReader(c.Response(), r.Body, s.o.MaxBodyBytes)
-	dec := json.NewDecoder(body)
+	raw, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, s.o.MaxBodyBytes))
+	var maxErr *http.MaxBytesError
+	switch {
+	case errors.As(err, &maxErr):
+		return tooLarge
+	case err != nil:
+		return &badRequest{http.StatusBadRequest, CodeInvalidJSON, err.Error()}
+	case !utf8.Valid(raw):
+		return &badRequest{http.StatusBadRequest, CodeInvalidJSON, "the body is not valid UTF-8"}
+	}
+	if err := checkKeys(raw); err != nil {
+		return &badRequest{http.StatusBadRequest, CodeUnknownField, err.Error()}
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	err = dec.Decode(v)
 	if err == nil && dec.Decode(&struct{}{}) != io.EOF {
 		err = errors.New("more than one JSON value in the body")
 	}
-	var maxErr *http.MaxBytesError
 	switch {
 	case err == nil:
 		return nil
-	case errors.As(err, &maxErr):
-		return tooLarge
 	case strings.HasPrefix(err.Error(), "json: unknown field"):
 		return &badRequest{http.StatusBadRequest, CodeUnknownField, err.Error()}
 	default:
@@ -385,9 +408,77 @@ func (s *Server) decode(c echo.Context, v any) *badRequest {
 	}
 }
 
+// checkKeys refuses what encoding/json would quietly accept: a member name given
+// twice in any object (the last would win), a member of the request's own objects
+// (the body and its "limits") in other letter case ("CODE" for "code"), and an
+// escaped lone surrogate in any string (it would become U+FFFD, so the code run would
+// not be the code sent).
+func checkKeys(raw []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	type frame struct {
+		object, schema bool
+		keys           map[string]bool
+		key            bool   // the next string token is a member name
+		last           string // the last member name
+	}
+	var stack []*frame
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil // io.EOF, or a syntax error, which is the decoder's to report
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		switch t := tok.(type) {
+		case json.Delim:
+			switch t {
+			case '{':
+				schema := top == nil || (top.schema && len(stack) == 1 && top.last == "limits")
+				stack = append(stack, &frame{object: true, schema: schema, keys: map[string]bool{}, key: true})
+				continue
+			case '[':
+				stack = append(stack, &frame{})
+				continue
+			default:
+				stack = stack[:len(stack)-1]
+			}
+		case string:
+			if top != nil && top.object && top.key {
+				if top.keys[t] {
+					return fmt.Errorf("member %q is given twice", t)
+				}
+				if top.schema && t != strings.ToLower(t) {
+					return fmt.Errorf("member %q: the request's member names are lower case", t)
+				}
+				top.keys[t], top.key, top.last = true, false, t
+				continue
+			}
+			// U+FFFD that the body did not spell (as the character or as \ufffd) came
+			// from a lone surrogate.
+			if strings.ContainsRune(t, utf8.RuneError) && !bytes.Contains(raw, []byte("\uFFFD")) &&
+				!bytes.Contains(bytes.ToLower(raw), []byte(`\ufffd`)) {
+				return errors.New("a string holds an escaped lone surrogate, which is not a character")
+			}
+		}
+		// A value ended: in an object, the next string is a member name again.
+		if len(stack) > 0 && stack[len(stack)-1].object {
+			stack[len(stack)-1].key = true
+		}
+	}
+}
+
+// visible reports whether the caller may see run: its owner or an admin. Others get
+// 404, as if it did not exist.
+func (s *Server) visible(c echo.Context, run *supervisor.Run) bool {
+	peer, ok := PeerFrom(c.Request().Context())
+	return ok && (peer.UID == run.UID || s.o.Access.Admins.Has(peer))
+}
+
 func (s *Server) getRun(c echo.Context) error {
 	run, err := s.o.Service.Get(c.Param("id"))
-	if err != nil {
+	if err != nil || !s.visible(c, run) {
 		return problem(c, http.StatusNotFound, CodeNotFound, "no run "+c.Param("id"))
 	}
 	return c.JSON(http.StatusOK, run.View())
@@ -396,10 +487,11 @@ func (s *Server) getRun(c echo.Context) error {
 // cancelRun kills the run's worker and answers with its final state; a finished run
 // keeps the state it had.
 func (s *Server) cancelRun(c echo.Context) error {
-	run, err := s.o.Service.Cancel(c.Param("id"))
-	if err != nil {
+	run, err := s.o.Service.Get(c.Param("id"))
+	if err != nil || !s.visible(c, run) {
 		return problem(c, http.StatusNotFound, CodeNotFound, "no run "+c.Param("id"))
 	}
+	s.o.Service.Cancel(run.ID)
 	peer, ok := PeerFrom(c.Request().Context())
 	s.o.Audit.Record(c.Request().Context(), "run.cancel", peerUID(peer, ok), run.ID, map[string]any{})
 	select {

@@ -93,7 +93,7 @@ func start(t *testing.T, s setup) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(l)
+	go srv.Serve(api.Listen(l, 64))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -189,6 +189,26 @@ func TestErrorsAreProblems(t *testing.T) {
 	wantProblem(t, resp, body, 404, api.CodeNotFound)
 	resp, body = d.do(t, "PUT", "/v1/runs", `{}`)
 	wantProblem(t, resp, body, 405, api.CodeMethod)
+	// What encoding/json would quietly accept is refused.
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)","code":"print(2)"}`)
+	wantProblem(t, resp, body, 400, api.CodeUnknownField)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)","CODE":"print(3)"}`)
+	wantProblem(t, resp, body, 400, api.CodeUnknownField)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)","limits":{"timeout_ms":100,"timeout_ms":200}}`)
+	wantProblem(t, resp, body, 400, api.CodeUnknownField)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print('\ud800')"}`)
+	wantProblem(t, resp, body, 400, api.CodeUnknownField)
+	resp, body = d.do(t, "POST", "/v1/runs", "{\"code\":\"print('\xff')\"}")
+	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)\u0000"}`)
+	wantProblem(t, resp, body, 400, api.CodeBadRequest)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","limits":{"memory_mb":17592186044672}}`)
+	wantProblem(t, resp, body, 400, api.CodeLimitExceeded)
+	// U+FFFD spelled out is a character like any other; media types ignore case.
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(ascii('\ufffd'))"}`, "Content-Type", "Application/JSON; charset=utf-8")
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`ufffd`)) {
+		t.Fatalf("U+FFFD: %d %s", resp.StatusCode, body)
+	}
 	d.disabled.Store(true)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1"}`)
 	wantProblem(t, resp, body, 503, api.CodeDisabled)
@@ -448,4 +468,48 @@ func TestOpenAPI(t *testing.T) {
 	if len(d.server.Routes()) != len(api.Statuses) {
 		t.Errorf("server routes %v", d.server.Routes())
 	}
+}
+
+// At most max connections are served at once; the next waits in the backlog and is
+// served when one closes (slow clients cannot take descriptors without bound).
+func TestConnectionLimit(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "s.sock")
+	l, err := api.ListenUnix(sock, 0o600, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, ok := api.PeerFrom(r.Context())
+		fmt.Fprintf(w, "%v %d", ok, p.UID)
+	}), ConnContext: api.ConnContext}
+	go srv.Serve(api.Listen(l, 2))
+	defer srv.Close()
+	var idle []net.Conn
+	for i := 0; i < 2; i++ {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c)
+	}
+	time.Sleep(50 * time.Millisecond)
+	client := &http.Client{Timeout: 300 * time.Millisecond, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	if _, err := client.Get("http://x/"); err == nil {
+		t.Fatal("a third connection was served while two were open")
+	}
+	idle[0].Close()
+	client.Timeout = 5 * time.Second
+	resp, err := client.Get("http://x/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != fmt.Sprintf("true %d", os.Getuid()) {
+		t.Fatalf("peer: %s", b)
+	}
+	idle[1].Close()
 }

@@ -9,6 +9,7 @@ import (
 	"os/user"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -36,25 +37,71 @@ type Peer struct {
 type peerKey struct{}
 
 // ConnContext stores the peer's credentials in the context of every request on c;
-// it is http.Server.ConnContext of the API's server.
+// it is http.Server.ConnContext of the API's server. c is a connection from Listen,
+// or a *net.UnixConn.
 func ConnContext(ctx context.Context, c net.Conn) context.Context {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return ctx
+	if pc, ok := c.(*peerConn); ok {
+		return context.WithValue(ctx, peerKey{}, pc.peer)
 	}
+	if uc, ok := c.(*net.UnixConn); ok {
+		if p, ok := peerOf(uc); ok {
+			return context.WithValue(ctx, peerKey{}, p)
+		}
+	}
+	return ctx
+}
+
+// peerOf reads SO_PEERCRED of uc (unix(7)) and the peer's supplementary groups.
+func peerOf(uc *net.UnixConn) (Peer, bool) {
 	raw, err := uc.SyscallConn()
 	if err != nil {
-		return ctx
+		return Peer{}, false
 	}
 	var cred *unix.Ucred
 	var cerr error
 	raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
 	if cerr != nil || cred == nil {
-		return ctx
+		return Peer{}, false
 	}
 	p := Peer{PID: int(cred.Pid), UID: int(cred.Uid), GID: int(cred.Gid)}
 	p.Groups = supplementaryGroups(p.PID)
-	return context.WithValue(ctx, peerKey{}, p)
+	return p, true
+}
+
+// Listen wraps l so that at most max connections are open at once (further clients
+// wait in the socket's backlog) and each carries its peer's credentials, read once
+// at accept.
+func Listen(l *net.UnixListener, max int) net.Listener {
+	return &peerListener{UnixListener: l, slots: make(chan struct{}, max)}
+}
+
+type peerListener struct {
+	*net.UnixListener
+	slots chan struct{}
+}
+
+func (l *peerListener) Accept() (net.Conn, error) {
+	l.slots <- struct{}{}
+	c, err := l.UnixListener.AcceptUnix()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	p, _ := peerOf(c)
+	return &peerConn{UnixConn: c, peer: p, release: func() { <-l.slots }}, nil
+}
+
+type peerConn struct {
+	*net.UnixConn
+	peer    Peer
+	once    sync.Once
+	release func()
+}
+
+func (c *peerConn) Close() error {
+	err := c.UnixConn.Close()
+	c.once.Do(c.release)
+	return err
 }
 
 // supplementaryGroups reads the Groups line of /proc/PID/status (proc(5)).

@@ -100,6 +100,11 @@ type Runs struct {
 	ResultRetention Duration `toml:"result_retention" env:"RESULT_RETENTION"`
 	// MaxRequestBytes bounds a request body (413 above it).
 	MaxRequestBytes int64 `toml:"max_request_bytes" env:"MAX_REQUEST_BYTES"`
+	// MaxRetainedOutputBytes bounds the output kept over all finished runs; past it
+	// the oldest results lose their stdout and stderr.
+	MaxRetainedOutputBytes int64 `toml:"max_retained_output_bytes" env:"MAX_RETAINED_OUTPUT_BYTES"`
+	// MaxConnections bounds the API's open connections.
+	MaxConnections int `toml:"max_connections" env:"MAX_CONNECTIONS"`
 }
 
 // Audit configures the audit log.
@@ -161,7 +166,7 @@ func Default() Config {
 		State:  State{Dir: "/var/lib/sandcell"},
 		Socket: Socket{Path: "/run/sandcell/sandcell.sock", Mode: "0660", Group: "sandcell"},
 		Runs: Runs{MaxConcurrent: 0, QueueLength: 64, ResultRetention: Duration{time.Hour},
-			MaxRequestBytes: 1 << 20},
+			MaxRequestBytes: 1 << 20, MaxRetainedOutputBytes: 256 << 20, MaxConnections: 256},
 		Audit: Audit{Retention: Duration{90 * 24 * time.Hour}},
 		Limits: Limits{
 			Default: fromLimits(p.Default),
@@ -258,6 +263,12 @@ func (c Config) Validate() error {
 	}
 	if c.Runs.MaxRequestBytes < 1024 || c.Runs.MaxRequestBytes > protocol.MaxFrame {
 		add("runs.max_request_bytes", "must be between 1024 and %d, is %d", protocol.MaxFrame, c.Runs.MaxRequestBytes)
+	}
+	if c.Runs.MaxRetainedOutputBytes < 1<<20 {
+		add("runs.max_retained_output_bytes", "must be at least 1048576, is %d", c.Runs.MaxRetainedOutputBytes)
+	}
+	if c.Runs.MaxConnections < 4 {
+		add("runs.max_connections", "must be at least 4, is %d", c.Runs.MaxConnections)
 	}
 	if c.Audit.Retention.Duration <= 0 {
 		add("audit.retention", "must be positive")
