@@ -36,7 +36,7 @@ type hardened struct {
 // recording in the contract what holds and why something does not. It never stops
 // half-way: a layer that fails is reported inactive and the caller decides, from
 // h.Require, whether the guest may run. The parent has already made the worker a
-// session leader with a parent-death signal, an empty environment, fds 0-4 only and
+// session leader with a parent-death signal, an empty environment, fds 0-5 only and
 // (when asked) its own namespaces.
 //
 //  1. rlimits                 (setrlimit(2): CORE 0, NOFILE, FSIZE, CPU; NPROC in a userns)
@@ -120,6 +120,11 @@ func harden(req *protocol.Request) *hardened {
 	}
 	nnp, err := unix.PrctlRetInt(unix.PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)
 	st.enf.NoNewPrivs = err == nil && nnp == 1
+	if threads != nil && h.Seccomp == nil {
+		// Set on this thread only, and no seccomp TSYNC to extend it: not the layer.
+		st.enf.NoNewPrivs = false
+		fail(protocol.LayerNoNewPrivs, threads)
+	}
 
 	st.enf.Seccomp.Mode = "disabled"
 	if h.Seccomp != nil {
