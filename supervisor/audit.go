@@ -32,6 +32,15 @@ func (a *Audit) Record(ctx context.Context, kind string, uid int, runID string, 
 	return nil
 }
 
+// Events returns audit records (see store.Store.Events); never nil.
+func (a *Audit) Events(ctx context.Context, after int64, runID string, limit int) (any, error) {
+	evs, err := a.Store.Events(ctx, after, runID, limit)
+	if evs == nil {
+		evs = []store.Event{}
+	}
+	return evs, err
+}
+
 // Attach records "run.finished" for every run m ends.
 func (a *Audit) Attach(m *Manager) {
 	m.OnFinish(func(r *Run, v View) {

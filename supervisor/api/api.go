@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -66,6 +67,7 @@ var Statuses = map[string][]int{
 	"POST /v1/runs":        {200, 202, 400, 403, 413, 415, 429, 500, 503},
 	"GET /v1/runs/:id":     {200, 403, 404},
 	"DELETE /v1/runs/:id":  {200, 403, 404, 500},
+	"GET /v1/audit":        {200, 400, 403, 500},
 }
 
 // Problem is an RFC 9457 problem document.
@@ -84,9 +86,12 @@ func problem(c echo.Context, status int, code, detail string) error {
 	return c.Blob(status, "application/problem+json", b)
 }
 
-// Auditor records decisions; an error means nothing was recorded.
+// Auditor records decisions (an error means nothing was recorded) and reads them back.
 type Auditor interface {
 	Record(ctx context.Context, kind string, uid int, runID string, detail any) error
+	// Events returns up to limit records with seq > after, oldest first, only those
+	// of runID when it is not empty.
+	Events(ctx context.Context, after int64, runID string, limit int) (any, error)
 }
 
 // Service is what the API needs from the daemon.
@@ -153,6 +158,7 @@ func New(o Options) *Server {
 	e.POST("/v1/runs", s.createRun, runner)
 	e.GET("/v1/runs/:id", s.getRun, runner)
 	e.DELETE("/v1/runs/:id", s.cancelRun, runner)
+	e.GET("/v1/audit", s.audit, s.require(RoleAdmin))
 	return s
 }
 
@@ -467,6 +473,31 @@ func checkKeys(raw []byte) error {
 			stack[len(stack)-1].key = true
 		}
 	}
+}
+
+// audit answers GET /v1/audit?after=SEQ&run=ID&limit=N (admins only): records in
+// order, at most 1000 per page; page on with after= the last seq.
+func (s *Server) audit(c echo.Context) error {
+	after, limit := int64(0), 100
+	if v := c.QueryParam("after"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return problem(c, http.StatusBadRequest, CodeBadRequest, "after: a record number")
+		}
+		after = n
+	}
+	if v := c.QueryParam("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 1000 {
+			return problem(c, http.StatusBadRequest, CodeBadRequest, "limit: 1 to 1000")
+		}
+		limit = n
+	}
+	evs, err := s.o.Audit.Events(c.Request().Context(), after, c.QueryParam("run"), limit)
+	if err != nil {
+		return problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
+	}
+	return c.JSON(http.StatusOK, map[string]any{"events": evs})
 }
 
 // visible reports whether the caller may see run: its owner or an admin. Others get

@@ -360,8 +360,12 @@ func TestAudit(t *testing.T) {
 	if !bytes.Contains(evs[0].Detail, []byte(`"code_sha256"`)) || bytes.Contains(evs[0].Detail, []byte("print(1)")) {
 		t.Fatalf("requested: %s", evs[0].Detail)
 	}
+
+	// Only admins read the log.
+	resp, body := d.do(t, "GET", "/v1/audit", "")
+	wantProblem(t, resp, body, 403, api.CodeForbidden)
 	d.store.Close()
-	resp, body := d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
 	wantProblem(t, resp, body, 503, api.CodeAuditDown)
 }
 
@@ -512,4 +516,25 @@ func TestConnectionLimit(t *testing.T) {
 		t.Fatalf("peer: %s", b)
 	}
 	idle[1].Close()
+}
+
+func TestAuditEndpoint(t *testing.T) {
+	d := start(t, setup{}) // the caller is an admin
+	d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
+	resp, body := d.do(t, "GET", "/v1/audit?limit=2", "")
+	var page struct {
+		Events []struct {
+			Seq  int64  `json:"seq"`
+			Kind string `json:"kind"`
+		} `json:"events"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal(body, &page) != nil || len(page.Events) != 2 || page.Events[0].Kind != "run.requested" {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	resp, body = d.do(t, "GET", fmt.Sprintf("/v1/audit?after=%d", page.Events[1].Seq), "")
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte("run.finished")) && !bytes.Contains(body, []byte("run.admitted")) {
+		t.Fatalf("next page: %d %s", resp.StatusCode, body)
+	}
+	resp, body = d.do(t, "GET", "/v1/audit?limit=5000", "")
+	wantProblem(t, resp, body, 400, api.CodeBadRequest)
 }
