@@ -328,6 +328,16 @@ func TestServe(t *testing.T) {
 	if !bytes.Contains(body, []byte(`"seccomp":{"active":true`)) {
 		t.Fatalf("info without the contract: %s", body)
 	}
+	// The CLI through the daemon: same output, same exit statuses.
+	if r := cli(t, "in", "run", "--socket", sock, "--stdin", "-", "-c", "import sys; print(6*7, sys.stdin.read()); sys.exit(3)"); r.code != 3 || r.stdout != "42 in\n" {
+		t.Fatalf("run --socket: %+v", r)
+	}
+	if r := cli(t, "", "run", "--socket", sock, "--timeout", "300ms", "-c", "while True: pass"); r.code != exitTimeout {
+		t.Fatalf("run --socket timeout: %+v", r)
+	}
+	if r := cli(t, "", "run", "--socket", sock, "--workspace", dir, "-c", "1"); r.code != exitRejected {
+		t.Fatalf("run --socket --workspace: %+v", r)
+	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("after SIGTERM: %v\n%s", err, logs.String())
@@ -335,9 +345,9 @@ func TestServe(t *testing.T) {
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Fatalf("socket left behind: %v", err)
 	}
-	// start, requested, admitted, finished, stop (the canary is not a request).
+	// start, 3 x (requested, admitted, finished), stop (the canary is not a request).
 	r := cli(t, "", "audit", "verify", "--state-dir", filepath.Join(dir, "state"))
-	if r.code != 0 || !strings.Contains(r.stdout, "5 records, chain intact") {
+	if r.code != 0 || !strings.Contains(r.stdout, "11 records, chain intact") {
 		t.Fatalf("audit verify: %+v", r)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -17,11 +18,13 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandcell/sandcell/bundle"
+	"github.com/sandcell/sandcell/client"
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/engine"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/sandbox/seccomp"
+	"github.com/sandcell/sandcell/supervisor/api"
 )
 
 type runFlags struct {
@@ -39,6 +42,7 @@ type runFlags struct {
 	cacheDir  string
 	require   []string
 	profile   string
+	socket    string
 }
 
 func newRunCmd() *cobra.Command {
@@ -78,6 +82,7 @@ ends the run as rejected (exit 126) with no code run.`,
 	fl.StringVar(&f.cacheDir, "cache-dir", defaultCacheDir(), "where a rebuilt .cwasm is kept ($SANDCELL_CACHE_DIR)")
 	fl.StringSliceVar(&f.require, "require", protocol.Layers, "enforcement layers without which no code runs (comma-separated; \"none\" for none)")
 	fl.StringVar(&f.profile, "seccomp-profile", "", "OCI seccomp profile (JSON) to use instead of the built-in one")
+	fl.StringVar(&f.socket, "socket", os.Getenv("SANDCELL_SOCKET"), "run through the daemon listening on this Unix socket ($SANDCELL_SOCKET) instead of a local worker")
 	return cmd
 }
 
@@ -163,6 +168,10 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 		}
 	}
 
+	if f.socket != "" {
+		return runRemote(cmd, f, req)
+	}
+
 	if f.workspace == "" {
 		dir, err := os.MkdirTemp("", "sandcell-ws-")
 		if err != nil {
@@ -200,6 +209,50 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 	if err != nil {
 		return err
 	}
+	return report(f, res, req.Limits)
+}
+
+// runRemote runs req through the daemon at f.socket: the daemon applies its own
+// policy (limits here only lower its defaults), workspace and hardening.
+func runRemote(cmd *cobra.Command, f *runFlags, req protocol.Request) error {
+	for _, local := range []string{"workspace", "require", "seccomp-profile", "bundle-dir", "cache-dir"} {
+		if cmd.Flags().Changed(local) {
+			return rejected{fmt.Errorf("--%s applies to local runs; the daemon has its own (see sandcell config)", local)}
+		}
+	}
+	rr := api.RunRequest{Code: req.Code, Args: req.Args, Stdin: string(req.Stdin), Env: req.Env}
+	if cmd.Flags().Changed("timeout") {
+		rr.Limits.TimeoutMS = f.timeout.Milliseconds()
+	}
+	if cmd.Flags().Changed("cpu") {
+		rr.Limits.CPUMS = f.cpu.Milliseconds()
+	}
+	if cmd.Flags().Changed("memory") {
+		rr.Limits.MemoryMB = f.memoryMiB
+	}
+	rr.Limits.Fuel = f.fuel
+	if cmd.Flags().Changed("max-output") {
+		rr.Limits.MaxOutputBytes = f.maxOutput
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer stop()
+	v, err := client.New(f.socket).Run(ctx, rr)
+	var p *api.Problem
+	switch {
+	case errors.As(err, &p) && p.Status >= 400 && p.Status < 500 && p.Status != http.StatusTooManyRequests:
+		return rejected{err}
+	case ctx.Err() != nil:
+		return exitCode(exitCancelled)
+	case err != nil:
+		return err
+	case v.Result == nil:
+		return fmt.Errorf("the daemon answered without a result")
+	}
+	return report(f, *v.Result, req.Limits)
+}
+
+// report prints res as `sandcell run` does and returns its exit status as an error.
+func report(f *runFlags, res protocol.Result, limits protocol.Limits) error {
 	if f.json {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetEscapeHTML(false)
@@ -210,7 +263,7 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 	} else {
 		os.Stdout.Write(res.Stdout)
 		os.Stderr.Write(res.Stderr)
-		for _, line := range notes(res, req.Limits) {
+		for _, line := range notes(res, limits) {
 			fmt.Fprintln(os.Stderr, "sandcell:", line)
 		}
 	}

@@ -79,6 +79,14 @@ type Problem struct {
 	Code   string `json:"code"`
 }
 
+// Error makes a Problem an error (what the client package returns).
+func (p *Problem) Error() string {
+	if p.Detail != "" {
+		return fmt.Sprintf("%s (%d %s): %s", p.Code, p.Status, p.Title, p.Detail)
+	}
+	return fmt.Sprintf("%s (%d %s)", p.Code, p.Status, p.Title)
+}
+
 func problem(c echo.Context, status int, code, detail string) error {
 	p := Problem{Type: "urn:sandcell:problem:" + code, Title: http.StatusText(status), Status: status,
 		Detail: detail, Code: code}
