@@ -21,12 +21,16 @@ type Client struct {
 }
 
 // New returns a client for the daemon listening on the Unix socket at path.
-func New(path string) *Client {
-	return &Client{http: &http.Client{Transport: &http.Transport{
+func New(path string) *Client { return &Client{http: HTTP(path)} }
+
+// HTTP returns an http.Client whose every connection goes to the Unix socket at path,
+// whatever host a URL names.
+func HTTP(path string) *http.Client {
+	return &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", path)
 		},
-	}}}
+	}}
 }
 
 // Run submits req and waits for the run to end (unless req.Wait is false). Cancelling

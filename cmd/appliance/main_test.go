@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandcell/sandcell/bundle/bundletest"
+	sandcellclient "github.com/sandcell/sandcell/client"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/sandbox/worker"
 	"github.com/sandcell/sandcell/supervisor/store"
@@ -281,6 +281,25 @@ func TestCLIConfig(t *testing.T) {
 	}
 }
 
+// waitReady waits up to 30 s for the daemon behind client to answer /readyz with 200.
+func waitReady(t *testing.T, client *http.Client, logs func() string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := client.Get("http://sandcell/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready after 30 s: %v\n%s", err, logs())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // TestServe is the daemon end to end: `sandcell serve --socket --state-dir`, readiness
 // after the canary, a run over the socket, then SIGTERM and exit 0.
 func TestServe(t *testing.T) {
@@ -293,23 +312,8 @@ func TestServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cmd.Process.Kill()
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}}}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := client.Get("http://sandcell/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				break
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not ready after 30 s: %v\n%s", err, logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	client := sandcellclient.HTTP(sock)
+	waitReady(t, client, logs.String)
 	resp, err := client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(`{"code":"print(6*7)"}`))
 	if err != nil {
 		t.Fatal(err)
@@ -380,20 +384,8 @@ func TestServeKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cmd.Process.Kill()
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}}}
-	for i := 0; ; i++ {
-		resp, err := client.Get("http://sandcell/readyz")
-		if err == nil && resp.StatusCode == 200 {
-			resp.Body.Close()
-			break
-		}
-		if i > 600 {
-			t.Fatal("not ready")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	client := sandcellclient.HTTP(sock)
+	waitReady(t, client, func() string { return "" })
 	for i := 0; i < 2; i++ {
 		resp, err := client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(`{"code":"while True: pass","wait":false}`))
 		if err != nil || resp.StatusCode != 202 {
@@ -424,17 +416,7 @@ func TestServeKilled(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; ; i++ {
-		resp, err := client.Get("http://sandcell/readyz")
-		if err == nil && resp.StatusCode == 200 {
-			resp.Body.Close()
-			break
-		}
-		if i > 600 {
-			t.Fatal("not ready after restart")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitReady(t, client, func() string { return "after restart" })
 	cmd.Process.Signal(syscall.SIGTERM)
 	cmd.Wait()
 	db, err := store.Open(filepath.Join(dir, "state", "audit.db"))

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sandcell/sandcell/bundle/bundletest"
+	"github.com/sandcell/sandcell/client"
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
@@ -101,9 +102,7 @@ func start(t *testing.T, s setup) *daemon {
 		mgr.Shutdown(time.Second)
 		d.store.Close()
 	})
-	d.client = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", d.socket)
-	}}}
+	d.client = client.HTTP(d.socket)
 	return d
 }
 
@@ -498,9 +497,8 @@ func TestConnectionLimit(t *testing.T) {
 		idle = append(idle, c)
 	}
 	time.Sleep(50 * time.Millisecond)
-	client := &http.Client{Timeout: 300 * time.Millisecond, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}}}
+	client := client.HTTP(sock)
+	client.Timeout = 300 * time.Millisecond
 	if _, err := client.Get("http://x/"); err == nil {
 		t.Fatal("a third connection was served while two were open")
 	}
