@@ -32,9 +32,10 @@ const Command = "__worker"
 // ControlFD is the worker's control socket (request in, report out).
 const ControlFD = 3
 
-// WorkspaceFD is the workspace directory, opened and checked by the parent. The
-// worker preopens it through /proc/self/fd, never by its host path, so the directory
-// it gets is the one the parent checked.
+// WorkspaceFD is the workspace directory, opened and checked by the parent. Without
+// its own mount namespace the worker preopens it through /proc/self/fd; with one, it
+// reopens the path inside the namespace and refuses it unless it is this directory.
+// Either way the directory it gets is the one the parent checked.
 const WorkspaceFD = 4
 
 // ModuleFD is the precompiled module (.cwasm): a sealed in-memory copy the parent
