@@ -229,12 +229,15 @@ func (m *Manager) finish(r *Run, res protocol.Result, err error) {
 		return
 	}
 	r.state, r.result, r.err, r.finished = Done, res, err, time.Now().UTC()
-	close(r.done)
 	r.mu.Unlock()
+	// The hooks (the audit record, the metrics) run before Done is closed, so whoever
+	// waits for the run (a synchronous caller, a cancel) sees the result only after
+	// it has been recorded.
 	v := r.View()
 	for _, f := range m.onFinish {
 		f(r, v)
 	}
+	close(r.done)
 	m.retain(r, int64(len(res.Stdout)+len(res.Stderr)))
 }
 
