@@ -24,6 +24,7 @@ import (
 	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/config"
 	"github.com/sandcell/sandcell/supervisor/store"
+	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
 // shutdownGrace is how long running runs may go on after SIGTERM before their
@@ -200,9 +201,15 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 			log.Warn("runs in flight at the last stop marked aborted", "runs", len(ids))
 		}
 	}
+	workspaces, err := workspace.Open(filepath.Join(cfg.State.Dir, "workspaces"),
+		workspace.Quota{Bytes: cfg.Workspaces.MaxBytes, Files: cfg.Workspaces.MaxFiles})
+	if err != nil {
+		return err
+	}
 	metrics := supervisor.NewMetrics(mgr, version, revision)
 	srv := api.New(api.Options{
-		Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Audit: audit,
+		Workspaces: workspaces,
+		Metrics:    promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Audit: audit,
 		RecordCode: cfg.Audit.RecordCode,
 		Service:    mgr, Access: access, Policy: pol, MaxBodyBytes: cfg.Runs.MaxRequestBytes, Module: module,
 		Disabled: func() bool { return cfg.Disabled },

@@ -28,6 +28,7 @@ import (
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
 // The problem codes. They are stable: clients may switch on them.
@@ -47,6 +48,8 @@ const (
 	CodeInternal       = "internal_error"         // 500
 	CodeUnsupportedMed = "unsupported_media_type" // 415: the body is not application/json
 	CodeAuditDown      = "audit_unavailable"      // 503: the audit log cannot be written, so no run starts
+	CodeUnsafeFile     = "unsafe_file"            // 409: the name is a link, FIFO, directory or file with other hard links
+	CodeQuota          = "quota_exceeded"         // 507: the workspace's byte or file quota would be or is exceeded
 )
 
 // OpenAPI is the API's contract (OpenAPI 3.1), served at /v1/openapi.json.
@@ -64,10 +67,17 @@ var Statuses = map[string][]int{
 	"GET /metrics":         {200},
 	"GET /v1/openapi.json": {200},
 	"GET /v1/info":         {200, 403},
-	"POST /v1/runs":        {200, 202, 400, 403, 413, 415, 429, 500, 503},
+	"POST /v1/runs":        {200, 202, 400, 403, 404, 413, 415, 429, 500, 503, 507},
 	"GET /v1/runs/:id":     {200, 403, 404},
 	"DELETE /v1/runs/:id":  {200, 403, 404, 500},
 	"GET /v1/audit":        {200, 400, 403, 500},
+
+	"POST /v1/workspaces":               {201, 403, 500, 503},
+	"GET /v1/workspaces/:id":            {200, 403, 404, 500},
+	"DELETE /v1/workspaces/:id":         {204, 403, 404, 500},
+	"PUT /v1/workspaces/:id/files/*":    {201, 400, 403, 404, 409, 500, 507},
+	"GET /v1/workspaces/:id/files/*":    {200, 400, 403, 404, 409, 500},
+	"DELETE /v1/workspaces/:id/files/*": {204, 400, 403, 404, 409, 500},
 }
 
 // Problem is an RFC 9457 problem document.
@@ -130,6 +140,8 @@ type Options struct {
 	Audit Auditor
 	// RecordCode puts each run's code in the audit log, not only its SHA-256.
 	RecordCode bool
+	// Workspaces, if set, serves /v1/workspaces and lets runs name a workspace.
+	Workspaces *workspace.Store
 }
 
 // Server is the HTTP API.
@@ -167,6 +179,12 @@ func New(o Options) *Server {
 	e.GET("/v1/runs/:id", s.getRun, runner)
 	e.DELETE("/v1/runs/:id", s.cancelRun, runner)
 	e.GET("/v1/audit", s.audit, s.require(RoleAdmin))
+	e.POST("/v1/workspaces", s.createWorkspace, runner)
+	e.GET("/v1/workspaces/:id", s.getWorkspace, runner)
+	e.DELETE("/v1/workspaces/:id", s.deleteWorkspace, runner)
+	e.PUT("/v1/workspaces/:id/files/*", s.putFile, runner)
+	e.GET("/v1/workspaces/:id/files/*", s.getFile, runner)
+	e.DELETE("/v1/workspaces/:id/files/*", s.deleteFile, runner)
 	return s
 }
 
@@ -257,6 +275,9 @@ type RunRequest struct {
 	Limits RunLimits `json:"limits,omitempty"`
 	// Wait false answers 202 at once with a Location; the default waits for the end.
 	Wait *bool `json:"wait,omitempty"`
+	// Workspace is the id of a workspace (POST /v1/workspaces) the run gets as /ws;
+	// empty gives the run a fresh private one, removed when it ends.
+	Workspace string `json:"workspace,omitempty"`
 }
 
 // RunLimits are a request's limits; zero fields take policy's defaults.
@@ -291,9 +312,31 @@ func (s *Server) createRun(c echo.Context) error {
 	if perr != nil {
 		return refuse(perr.status, perr.code, perr.detail)
 	}
+	if body.Workspace != "" {
+		w := s.workspace(c, body.Workspace)
+		if w == nil {
+			s.o.Audit.Record(ctx, "run.refused", uid, "", map[string]any{"status": http.StatusNotFound,
+				"code": CodeNotFound, "detail": "no workspace " + body.Workspace})
+			return nil
+		}
+		over, u, err := w.OverQuota()
+		if err != nil {
+			return refuse(http.StatusInternalServerError, CodeInternal, err.Error())
+		}
+		if over {
+			q := s.o.Workspaces.Quota()
+			return refuse(http.StatusInsufficientStorage, CodeQuota, fmt.Sprintf(
+				"workspace %s holds %d bytes in %d names, over its quota of %d bytes and %d names: remove files first",
+				w.ID, u.Bytes, u.Files, q.Bytes, q.Files))
+		}
+		req.Workspace = w.Dir()
+		// No single file the run writes may be larger than the whole quota.
+		req.Hardening.Rlimits.FSIZE = min(req.Hardening.Rlimits.FSIZE, uint64(s.o.Workspaces.Quota().Bytes))
+	}
 	sum := sha256.Sum256([]byte(req.Code))
 	detail := map[string]any{"code_sha256": hex.EncodeToString(sum[:]), "limits": req.Limits,
-		"args": len(req.Args), "stdin_bytes": len(req.Stdin), "env": envNames(req.Env)}
+		"args": len(req.Args), "stdin_bytes": len(req.Stdin), "env": envNames(req.Env),
+		"workspace": body.Workspace}
 	if s.o.RecordCode {
 		detail["code"] = req.Code
 	}

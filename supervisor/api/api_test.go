@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -28,6 +29,7 @@ import (
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/store"
+	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
 func TestMain(m *testing.M) {
@@ -44,11 +46,14 @@ type daemon struct {
 	disabled atomic.Bool
 	store    *store.Store
 	handler  http.Handler
+	// workspaces is the workspace store's directory.
+	workspaces string
 }
 
 type setup struct {
 	concurrency, queue int
 	access             *api.Access
+	quota              workspace.Quota // of every workspace; zero: 1 MiB and 100 names
 }
 
 // start serves the real API with real workers on a Unix socket in a temporary
@@ -70,14 +75,21 @@ func start(t *testing.T, s setup) *daemon {
 	}
 	mod, lib := bundletest.Module(t, false), bundletest.LibDir(t)
 	fuelMod := bundletest.Module(t, true)
-	d := &daemon{socket: filepath.Join(dir, "s.sock")}
+	d := &daemon{socket: filepath.Join(dir, "s.sock"), workspaces: filepath.Join(dir, "workspaces")}
+	if s.quota == (workspace.Quota{}) {
+		s.quota = workspace.Quota{Bytes: 1 << 20, Files: 100}
+	}
+	workspaces, err := workspace.Open(d.workspaces, s.quota)
+	if err != nil {
+		t.Fatal(err)
+	}
 	metrics := supervisor.NewMetrics(mgr, "test", "abc")
 	if d.store, err = store.Open(filepath.Join(dir, "audit.db")); err != nil {
 		t.Fatal(err)
 	}
 	audit := &supervisor.Audit{Store: d.store}
 	audit.Attach(mgr)
-	srv := api.New(api.Options{Service: mgr, Audit: audit, Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
+	srv := api.New(api.Options{Service: mgr, Workspaces: workspaces, Audit: audit, Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
 		Module: func(fuel bool) (string, string, error) {
 			if fuel {
 				return fuelMod, lib, nil
@@ -431,10 +443,9 @@ func TestOpenAPI(t *testing.T) {
 	}
 	inDoc := map[string][]int{}
 	for path, ops := range doc.Paths {
-		echoPath := path
-		if i := strings.Index(path, "{"); i >= 0 {
-			echoPath = path[:i] + ":" + strings.Trim(path[i:], "{}")
-		}
+		// OpenAPI's {id} is echo's :id; {path}, the rest of the path, is echo's *.
+		echoPath := strings.ReplaceAll(path, "{path}", "*")
+		echoPath = regexp.MustCompile(`\{(\w+)\}`).ReplaceAllString(echoPath, ":$1")
 		for method, raw := range ops {
 			if method == "parameters" {
 				continue

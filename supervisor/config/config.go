@@ -60,7 +60,9 @@ type Config struct {
 	Socket Socket `toml:"socket" envPrefix:"SOCKET_"`
 	Runs   Runs   `toml:"runs" envPrefix:"RUNS_"`
 	Audit  Audit  `toml:"audit" envPrefix:"AUDIT_"`
-	Limits Limits `toml:"limits" envPrefix:"LIMITS_"`
+	// Workspaces bounds the named workspaces of /v1/workspaces.
+	Workspaces Workspaces `toml:"workspaces" envPrefix:"WORKSPACES_"`
+	Limits     Limits     `toml:"limits" envPrefix:"LIMITS_"`
 	// Sandbox is the worker's hardening.
 	Sandbox Sandbox `toml:"sandbox" envPrefix:"SANDBOX_"`
 	// Access maps callers (SO_PEERCRED uid and gid) to roles.
@@ -115,6 +117,17 @@ type Audit struct {
 	RecordCode bool `toml:"record_code" env:"RECORD_CODE"`
 }
 
+// Workspaces bounds each named workspace. Uploads are refused past the quota; guest
+// code can write past it during a run (each file bounded by RLIMIT_FSIZE, at most
+// max_bytes), after which the workspace refuses runs and uploads until files are
+// removed.
+type Workspaces struct {
+	// MaxBytes bounds the bytes of one workspace's regular files.
+	MaxBytes int64 `toml:"max_bytes" env:"MAX_BYTES"`
+	// MaxFiles bounds the names (files, directories, links) in one workspace.
+	MaxFiles int `toml:"max_files" env:"MAX_FILES"`
+}
+
 // Limits are a run's defaults and the maxima a request may ask for.
 type Limits struct {
 	Default RunLimits `toml:"default" envPrefix:"DEFAULT_"`
@@ -167,7 +180,8 @@ func Default() Config {
 		Socket: Socket{Path: "/run/sandcell/sandcell.sock", Mode: "0660", Group: "sandcell"},
 		Runs: Runs{MaxConcurrent: 0, QueueLength: 64, ResultRetention: Duration{time.Hour},
 			MaxRequestBytes: 1 << 20, MaxRetainedOutputBytes: 256 << 20, MaxConnections: 256},
-		Audit: Audit{Retention: Duration{90 * 24 * time.Hour}},
+		Audit:      Audit{Retention: Duration{90 * 24 * time.Hour}},
+		Workspaces: Workspaces{MaxBytes: 256 << 20, MaxFiles: 10_000},
 		Limits: Limits{
 			Default: fromLimits(p.Default),
 			Max:     fromLimits(p.Max),
@@ -272,6 +286,12 @@ func (c Config) Validate() error {
 	}
 	if c.Audit.Retention.Duration <= 0 {
 		add("audit.retention", "must be positive")
+	}
+	if c.Workspaces.MaxBytes < 1 {
+		add("workspaces.max_bytes", "must be positive, is %d", c.Workspaces.MaxBytes)
+	}
+	if c.Workspaces.MaxFiles < 1 {
+		add("workspaces.max_files", "must be positive, is %d", c.Workspaces.MaxFiles)
 	}
 	if c.Sandbox.SeccompProfile != "" {
 		if _, err := seccomp.LoadFile(c.Sandbox.SeccompProfile); err != nil {

@@ -1,0 +1,185 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sandcell/sandcell/supervisor/workspace"
+)
+
+// workspaceInfo is the body of POST /v1/workspaces and GET /v1/workspaces/{id}.
+type workspaceInfo struct {
+	*workspace.Workspace
+	Quota     workspace.Quota  `json:"quota"`
+	Usage     *workspace.Usage `json:"usage,omitempty"`
+	OverQuota bool             `json:"over_quota"`
+	Files     []workspace.File `json:"files,omitempty"`
+}
+
+// workspace returns the workspace id if the caller may use it (its owner or an
+// admin), or nil after answering: others get 404, as if it did not exist.
+func (s *Server) workspace(c echo.Context, id string) *workspace.Workspace {
+	if s.o.Workspaces == nil {
+		problem(c, http.StatusNotFound, CodeNotFound, "no workspace "+id)
+		return nil
+	}
+	w, err := s.o.Workspaces.Get(id)
+	if err != nil && !errors.Is(err, workspace.ErrNotFound) {
+		problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
+		return nil
+	}
+	peer, ok := PeerFrom(c.Request().Context())
+	if err != nil || !ok || (peer.UID != w.Owner && !s.o.Access.Admins.Has(peer)) {
+		problem(c, http.StatusNotFound, CodeNotFound, "no workspace "+id)
+		return nil
+	}
+	return w
+}
+
+// workspaceError answers a failed file operation with its stable code.
+func workspaceError(c echo.Context, err error) error {
+	switch {
+	case errors.Is(err, workspace.ErrBadPath):
+		return problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
+	case errors.Is(err, workspace.ErrNotFound):
+		return problem(c, http.StatusNotFound, CodeNotFound, err.Error())
+	case errors.Is(err, workspace.ErrUnsafe):
+		return problem(c, http.StatusConflict, CodeUnsafeFile, err.Error())
+	case errors.Is(err, workspace.ErrQuota):
+		return problem(c, http.StatusInsufficientStorage, CodeQuota, err.Error())
+	}
+	return problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
+}
+
+// filePath is the {path} of a files route, percent-decoded.
+func filePath(c echo.Context) (string, error) {
+	p := c.Param("*")
+	if c.Request().URL.RawPath == "" {
+		return p, nil
+	}
+	return url.PathUnescape(p)
+}
+
+// auditWorkspace records a workspace operation and its outcome.
+func (s *Server) auditWorkspace(c echo.Context, kind, id string, detail map[string]any, err error) {
+	peer, ok := PeerFrom(c.Request().Context())
+	detail["workspace"] = id
+	if err != nil {
+		detail["error"] = err.Error()
+	}
+	s.o.Audit.Record(c.Request().Context(), kind, peerUID(peer, ok), "", detail)
+}
+
+func (s *Server) createWorkspace(c echo.Context) error {
+	if s.o.Workspaces == nil {
+		return problem(c, http.StatusServiceUnavailable, CodeDisabled, "workspaces are not configured")
+	}
+	peer, ok := PeerFrom(c.Request().Context())
+	w, err := s.o.Workspaces.Create(peerUID(peer, ok))
+	id := ""
+	if w != nil {
+		id = w.ID
+	}
+	s.auditWorkspace(c, "workspace.created", id, map[string]any{}, err)
+	if err != nil {
+		return problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
+	}
+	c.Response().Header().Set("Location", "/v1/workspaces/"+w.ID)
+	return c.JSON(http.StatusCreated, workspaceInfo{Workspace: w, Quota: s.o.Workspaces.Quota()})
+}
+
+func (s *Server) getWorkspace(c echo.Context) error {
+	w := s.workspace(c, c.Param("id"))
+	if w == nil {
+		return nil
+	}
+	files, u, err := w.List()
+	if err != nil {
+		return workspaceError(c, err)
+	}
+	q := s.o.Workspaces.Quota()
+	return c.JSON(http.StatusOK, workspaceInfo{Workspace: w, Quota: q, Usage: &u, Files: files,
+		OverQuota: u.Bytes > q.Bytes || u.Files > q.Files})
+}
+
+func (s *Server) deleteWorkspace(c echo.Context) error {
+	w := s.workspace(c, c.Param("id"))
+	if w == nil {
+		return nil
+	}
+	err := s.o.Workspaces.Delete(w.ID)
+	s.auditWorkspace(c, "workspace.deleted", w.ID, map[string]any{}, err)
+	if err != nil {
+		return workspaceError(c, err)
+	}
+	return c.NoContent(http.StatusNoContent)
+}
+
+func (s *Server) putFile(c echo.Context) error {
+	w := s.workspace(c, c.Param("id"))
+	if w == nil {
+		return nil
+	}
+	path, err := filePath(c)
+	if err != nil {
+		return problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
+	}
+	q := s.o.Workspaces.Quota()
+	if c.Request().ContentLength > q.Bytes {
+		return problem(c, http.StatusInsufficientStorage, CodeQuota,
+			fmt.Sprintf("a workspace holds at most %d bytes", q.Bytes))
+	}
+	n, err := w.Write(path, c.Request().Body)
+	s.auditWorkspace(c, "workspace.file_written", w.ID, map[string]any{"path": path, "bytes": n}, err)
+	if err != nil {
+		return workspaceError(c, err)
+	}
+	return c.JSON(http.StatusCreated, workspace.File{Path: path, Type: "file", Size: n})
+}
+
+func (s *Server) getFile(c echo.Context) error {
+	w := s.workspace(c, c.Param("id"))
+	if w == nil {
+		return nil
+	}
+	path, err := filePath(c)
+	if err != nil {
+		return problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
+	}
+	f, size, err := w.Open(path)
+	s.auditWorkspace(c, "workspace.file_read", w.ID, map[string]any{"path": path, "bytes": size}, err)
+	if err != nil {
+		return workspaceError(c, err)
+	}
+	defer f.Close()
+	h := c.Response().Header()
+	h.Set("Content-Length", strconv.FormatInt(size, 10))
+	h.Set("Content-Type", "application/octet-stream")
+	c.Response().WriteHeader(http.StatusOK)
+	// The size read at open is what is sent, even if the file grows meanwhile.
+	_, err = io.Copy(c.Response(), io.LimitReader(f, size))
+	return err
+}
+
+func (s *Server) deleteFile(c echo.Context) error {
+	w := s.workspace(c, c.Param("id"))
+	if w == nil {
+		return nil
+	}
+	path, err := filePath(c)
+	if err != nil {
+		return problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
+	}
+	err = w.Remove(path)
+	s.auditWorkspace(c, "workspace.file_removed", w.ID, map[string]any{"path": path}, err)
+	if err != nil {
+		return workspaceError(c, err)
+	}
+	return c.NoContent(http.StatusNoContent)
+}

@@ -1,0 +1,510 @@
+// Package workspace keeps the daemon's named workspaces: directories that runs read
+// and write as /ws and that callers fill and read through the API.
+//
+// Everything here touches files that guest code may have planted: any name in a
+// workspace may be a symbolic link, a hard link to another file, a FIFO or a
+// directory, and may change while the daemon looks at it (../shared/CASES.md, "Host
+// code that touches the workspace"). So no path is ever resolved by the host's usual
+// rules: every lookup is openat2(2) beneath the workspace's directory fd with
+// RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS|RESOLVE_NO_XDEV, files are
+// first opened O_PATH and their type checked on the open fd (never check-then-open),
+// uploads are written to a new file and renamed over the name (so a planted link is
+// replaced, never written through), and removal is os.Root's, which does not follow
+// links.
+//
+// On disk, Dir/<id>/meta.json holds the owner (outside the guest's reach) and
+// Dir/<id>/files is the workspace itself.
+package workspace
+
+import (
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"golang.org/x/sys/unix"
+)
+
+// Errors, mapped by the API to stable problem codes.
+var (
+	ErrNotFound = errors.New("workspace: no such workspace or file")
+	ErrBadPath  = errors.New("workspace: bad path")
+	ErrQuota    = errors.New("workspace: quota exceeded")
+	// ErrUnsafe: the name is not a regular file with a single link (a directory, a
+	// symbolic link, a FIFO, a device, a file with other hard links), or a path
+	// component is a symbolic link.
+	ErrUnsafe = errors.New("workspace: not a plain file")
+)
+
+// Quota bounds one workspace.
+type Quota struct {
+	// Bytes bounds the sum of the apparent sizes of its regular files.
+	Bytes int64 `json:"bytes"`
+	// Files bounds its names (files, directories, links, anything).
+	Files int `json:"files"`
+}
+
+// Store is the set of workspaces under one directory. Its methods are safe for
+// concurrent use.
+type Store struct {
+	dir   string
+	quota Quota
+
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex // per workspace: one upload at a time (quota accounting)
+}
+
+// Open returns the store in dir (created 0700 if missing).
+func Open(dir string, q Quota) (*Store, error) {
+	if q.Bytes <= 0 || q.Files <= 0 {
+		return nil, fmt.Errorf("workspace: quota %+v", q)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("workspace: %w", err)
+	}
+	// Half-created or half-deleted workspaces of a daemon that died.
+	for _, pattern := range []string{".new-*", ".gone-*"} {
+		left, _ := filepath.Glob(filepath.Join(dir, pattern))
+		for _, p := range left {
+			os.RemoveAll(p)
+		}
+	}
+	return &Store{dir: dir, quota: q, locks: map[string]*sync.Mutex{}}, nil
+}
+
+// Quota is every workspace's quota.
+func (s *Store) Quota() Quota { return s.quota }
+
+// Workspace is one workspace.
+type Workspace struct {
+	ID      string    `json:"id"`
+	Owner   int       `json:"owner_uid"`
+	Created time.Time `json:"created_at"`
+
+	s *Store
+}
+
+// validID: a ULID in its canonical upper-case Crockford base32 spelling, so an id
+// is never a path.
+var validID = regexp.MustCompile(`^[0-9A-HJKMNP-TV-Z]{26}$`)
+
+// Create makes an empty workspace owned by uid.
+func (s *Store) Create(uid int) (*Workspace, error) {
+	w := &Workspace{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Owner: uid, Created: time.Now().UTC(), s: s}
+	tmp, err := os.MkdirTemp(s.dir, ".new-")
+	if err != nil {
+		return nil, fmt.Errorf("workspace: %w", err)
+	}
+	meta, _ := json.Marshal(w)
+	err = os.Mkdir(filepath.Join(tmp, "files"), 0o755)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(tmp, "meta.json"), meta, 0o600)
+	}
+	if err == nil {
+		// Visible under its id only when complete.
+		err = os.Rename(tmp, filepath.Join(s.dir, w.ID))
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		return nil, fmt.Errorf("workspace: %w", err)
+	}
+	return w, nil
+}
+
+// Get returns workspace id, or ErrNotFound.
+func (s *Store) Get(id string) (*Workspace, error) {
+	if !validID.MatchString(id) {
+		return nil, ErrNotFound
+	}
+	b, err := os.ReadFile(filepath.Join(s.dir, id, "meta.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("workspace: %w", err)
+	}
+	w := &Workspace{s: s}
+	if err := json.Unmarshal(b, w); err != nil || w.ID != id {
+		return nil, fmt.Errorf("workspace %s: damaged meta.json", id)
+	}
+	return w, nil
+}
+
+// Delete removes workspace id and everything in it. Its id disappears first (a
+// rename), so no request sees it half removed.
+func (s *Store) Delete(id string) error {
+	if _, err := s.Get(id); err != nil {
+		return err
+	}
+	gone := filepath.Join(s.dir, ".gone-"+id)
+	if err := os.Rename(filepath.Join(s.dir, id), gone); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	// os.RemoveAll removes with unlinkat and opens directories with O_NOFOLLOW
+	// relative to their parent's fd: a link planted inside is removed, never
+	// followed.
+	s.mu.Lock()
+	delete(s.locks, id)
+	s.mu.Unlock()
+	if err := os.RemoveAll(gone); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	return nil
+}
+
+// Dir is the workspace's directory on the host (what a run gets as /ws).
+func (w *Workspace) Dir() string { return filepath.Join(w.s.dir, w.ID, "files") }
+
+// beneath is how every path inside a workspace is resolved (openat2(2)): it stays
+// beneath the directory fd, follows no symbolic link (not even one pointing inside),
+// no /proc magic link, and crosses no mount point.
+const beneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
+
+func openat2(dirfd int, path string, flags uint64) (int, error) {
+	for {
+		fd, err := unix.Openat2(dirfd, path, &unix.OpenHow{Flags: flags | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: beneath})
+		if err == unix.EAGAIN || err == unix.EINTR {
+			continue // RESOLVE_* lookups may ask for a retry when a rename raced
+		}
+		return fd, err
+	}
+}
+
+// lookupErr maps a failed lookup to the package's errors.
+func lookupErr(path string, err error) error {
+	switch {
+	case errors.Is(err, unix.ENOENT):
+		return fmt.Errorf("%w: %s", ErrNotFound, path)
+	case errors.Is(err, unix.ELOOP), errors.Is(err, unix.EXDEV), errors.Is(err, unix.ENOTDIR):
+		// ELOOP: a symbolic link; EXDEV: it would leave the workspace or cross a
+		// mount; ENOTDIR: a component is not a directory.
+		return fmt.Errorf("%w: %s: %v", ErrUnsafe, path, err)
+	default:
+		return fmt.Errorf("workspace: %s: %w", path, err)
+	}
+}
+
+// CleanPath checks an API path: relative, slash-separated, no empty, "." or ".."
+// component, no NUL, at most 4096 bytes with components of at most 255 (the Linux
+// PATH_MAX and NAME_MAX).
+func CleanPath(p string) error {
+	if p == "" || len(p) > 4096 || strings.ContainsRune(p, 0) || strings.HasPrefix(p, "/") {
+		return fmt.Errorf("%w: %q: a relative path of at most 4096 bytes", ErrBadPath, p)
+	}
+	for _, c := range strings.Split(p, "/") {
+		if c == "" || c == "." || c == ".." || len(c) > 255 {
+			return fmt.Errorf("%w: %q: components must be names (not empty, \".\" or \"..\", at most 255 bytes)", ErrBadPath, p)
+		}
+	}
+	return nil
+}
+
+// root opens the workspace's directory.
+func (w *Workspace) root() (int, error) {
+	fd, err := unix.Open(w.Dir(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return -1, fmt.Errorf("workspace %s: %w", w.ID, err)
+	}
+	return fd, nil
+}
+
+// Open opens the regular file at path for reading and returns it with its size. A
+// name that is anything but a regular file with one link is ErrUnsafe: a FIFO would
+// block the daemon, a device would be the host's, and another hard link may be a
+// name outside the workspace.
+func (w *Workspace) Open(path string) (*os.File, int64, error) {
+	if err := CleanPath(path); err != nil {
+		return nil, 0, err
+	}
+	root, err := w.root()
+	if err != nil {
+		return nil, 0, err
+	}
+	defer unix.Close(root)
+	// O_PATH opens nothing (no FIFO open, no device open): the type is checked on
+	// this fd, then the same inode is reopened for reading through it.
+	pfd, err := openat2(root, path, unix.O_PATH)
+	if err != nil {
+		return nil, 0, lookupErr(path, err)
+	}
+	defer unix.Close(pfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(pfd, &st); err != nil {
+		return nil, 0, fmt.Errorf("workspace: %w", err)
+	}
+	if err := plainFile(path, &st); err != nil {
+		return nil, 0, err
+	}
+	fd, err := unix.Open("/proc/self/fd/"+strconv.Itoa(pfd), unix.O_RDONLY|unix.O_CLOEXEC|unix.O_NOCTTY, 0)
+	if err != nil {
+		return nil, 0, fmt.Errorf("workspace: reopen %s: %w", path, err)
+	}
+	return os.NewFile(uintptr(fd), path), st.Size, nil
+}
+
+func plainFile(path string, st *unix.Stat_t) error {
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("%w: %s is a %s", ErrUnsafe, path, typeName(st.Mode))
+	}
+	if st.Nlink != 1 {
+		return fmt.Errorf("%w: %s has %d hard links; a file with other names is not served", ErrUnsafe, path, st.Nlink)
+	}
+	return nil
+}
+
+// Write stores r's bytes at path, creating missing directories. The bytes go to a
+// new file in the target's directory, renamed over the name when complete, so
+// readers never see half a file and whatever the name was (a link, a FIFO) is
+// replaced, not written through. More bytes than the quota leaves is ErrQuota, and
+// nothing is changed.
+func (w *Workspace) Write(path string, r io.Reader) (int64, error) {
+	if err := CleanPath(path); err != nil {
+		return 0, err
+	}
+	lock := w.s.lock(w.ID)
+	lock.Lock()
+	defer lock.Unlock()
+	u, err := w.Usage()
+	if err != nil {
+		return 0, err
+	}
+	root, err := w.root()
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(root)
+	dirPath, name := filepath.Split(path)
+	dir, made, err := mkdirs(root, strings.TrimSuffix(dirPath, "/"))
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(dir)
+	// What the upload replaces no longer counts.
+	var old unix.Stat_t
+	if unix.Fstatat(dir, name, &old, unix.AT_SYMLINK_NOFOLLOW) == nil {
+		if old.Mode&unix.S_IFMT == unix.S_IFDIR {
+			return 0, fmt.Errorf("%w: %s is a directory", ErrUnsafe, path)
+		}
+		u.Files--
+		if old.Mode&unix.S_IFMT == unix.S_IFREG {
+			u.Bytes -= old.Size
+		}
+	}
+	if u.Files+made+1 > w.s.quota.Files {
+		return 0, fmt.Errorf("%w: the workspace would hold more than %d names", ErrQuota, w.s.quota.Files)
+	}
+	room := w.s.quota.Bytes - u.Bytes
+	tmpName := ".sandcell-upload-" + ulid.MustNew(ulid.Now(), rand.Reader).String()
+	fd, err := unix.Openat(dir, tmpName, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return 0, fmt.Errorf("workspace: %s: %w", path, err)
+	}
+	f := os.NewFile(uintptr(fd), tmpName)
+	n, err := io.Copy(f, io.LimitReader(r, max(room, 0)+1))
+	if err == nil && n > room {
+		err = fmt.Errorf("%w: the workspace has %d bytes left of %d", ErrQuota, max(room, 0), w.s.quota.Bytes)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Renameat(dir, tmpName, dir, name)
+		if errors.Is(err, unix.EISDIR) || errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EEXIST) {
+			err = fmt.Errorf("%w: %s became a directory", ErrUnsafe, path)
+		}
+	}
+	if err != nil {
+		unix.Unlinkat(dir, tmpName, 0)
+		return 0, err
+	}
+	return n, nil
+}
+
+// mkdirs opens dir (a relative path, "" for the root) beneath root, creating missing
+// components, and returns the fd and how many it created.
+func mkdirs(root int, dir string) (int, int, error) {
+	cur, err := unix.Dup(root)
+	if err != nil {
+		return -1, 0, err
+	}
+	made := 0
+	if dir == "" {
+		return cur, 0, nil
+	}
+	for _, c := range strings.Split(dir, "/") {
+		next, err := openat2(cur, c, unix.O_RDONLY|unix.O_DIRECTORY)
+		if errors.Is(err, unix.ENOENT) {
+			if err = unix.Mkdirat(cur, c, 0o755); err == nil {
+				made++
+			}
+			if err == nil || errors.Is(err, unix.EEXIST) {
+				next, err = openat2(cur, c, unix.O_RDONLY|unix.O_DIRECTORY)
+			}
+		}
+		unix.Close(cur)
+		if err != nil {
+			return -1, 0, lookupErr(dir, err)
+		}
+		cur = next
+	}
+	return cur, made, nil
+}
+
+// Remove deletes the file, link or directory (with its contents) at path. A link
+// is removed, never followed.
+func (w *Workspace) Remove(path string) error {
+	if err := CleanPath(path); err != nil {
+		return err
+	}
+	r, err := os.OpenRoot(w.Dir())
+	if err != nil {
+		return fmt.Errorf("workspace %s: %w", w.ID, err)
+	}
+	defer r.Close()
+	if _, err := r.Lstat(path); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%w: %s", ErrNotFound, path)
+		}
+		return lookupErr(path, err)
+	}
+	if err := r.RemoveAll(path); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	return nil
+}
+
+// File is one name in a workspace listing.
+type File struct {
+	// Path is relative to the workspace, slash-separated.
+	Path string `json:"path"`
+	// Type is "file", "dir", "symlink", "fifo", "socket", "device" or "other".
+	Type string `json:"type"`
+	// Size is the apparent size in bytes (regular files only).
+	Size int64 `json:"size"`
+}
+
+// Usage is what a workspace holds.
+type Usage struct {
+	Bytes int64 `json:"bytes"`
+	Files int   `json:"files"`
+}
+
+// maxListed bounds a listing and a usage walk, whatever guest code created.
+const maxListed = 1 << 20
+
+// maxDepth bounds the directory nesting a walk descends (each level holds an fd).
+const maxDepth = 128
+
+// List returns every name in the workspace (depth first, sorted per directory) and
+// the usage. Nothing is followed: links are listed as links.
+func (w *Workspace) List() ([]File, Usage, error) {
+	var files []File
+	u, err := w.walk(func(f File) { files = append(files, f) })
+	return files, u, err
+}
+
+// Usage walks the workspace and returns what it holds.
+func (w *Workspace) Usage() (Usage, error) { return w.walk(nil) }
+
+// OverQuota reports whether the workspace holds more than its quota (guest code may
+// write past it: the quota is checked on uploads and before each run, and a run's
+// files are bounded only by RLIMIT_FSIZE each).
+func (w *Workspace) OverQuota() (bool, Usage, error) {
+	u, err := w.Usage()
+	return err == nil && (u.Bytes > w.s.quota.Bytes || u.Files > w.s.quota.Files), u, err
+}
+
+func (w *Workspace) walk(visit func(File)) (Usage, error) {
+	root, err := w.root()
+	if err != nil {
+		return Usage{}, err
+	}
+	var u Usage
+	err = walkDir(root, "", &u, visit)
+	return u, err
+}
+
+// walkDir lists the directory dirfd (closing it), recursing through directories
+// opened beneath it.
+func walkDir(dirfd int, prefix string, u *Usage, visit func(File)) error {
+	d := os.NewFile(uintptr(dirfd), prefix)
+	defer d.Close()
+	if strings.Count(prefix, "/") >= maxDepth {
+		return fmt.Errorf("workspace: directories nested deeper than %d", maxDepth)
+	}
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return fmt.Errorf("workspace: list %s: %w", prefix, err)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		if u.Files >= maxListed {
+			return fmt.Errorf("workspace: more than %d names", maxListed)
+		}
+		var st unix.Stat_t
+		if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			continue // removed meanwhile
+		}
+		f := File{Path: prefix + name, Type: typeName(st.Mode)}
+		u.Files++
+		if f.Type == "file" {
+			f.Size = st.Size
+			u.Bytes += st.Size
+		}
+		if visit != nil {
+			visit(f)
+		}
+		if f.Type == "dir" {
+			sub, err := openat2(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY)
+			if err != nil {
+				continue // replaced meanwhile by something that is not a directory
+			}
+			if err := walkDir(sub, f.Path+"/", u, visit); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func typeName(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		return "file"
+	case unix.S_IFDIR:
+		return "dir"
+	case unix.S_IFLNK:
+		return "symlink"
+	case unix.S_IFIFO:
+		return "fifo"
+	case unix.S_IFSOCK:
+		return "socket"
+	case unix.S_IFCHR, unix.S_IFBLK:
+		return "device"
+	}
+	return "other"
+}
+
+func (s *Store) lock(id string) *sync.Mutex {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, ok := s.locks[id]
+	if !ok {
+		l = &sync.Mutex{}
+		s.locks[id] = l
+	}
+	return l
+}

@@ -1,0 +1,214 @@
+package workspace
+
+import (
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func newWorkspace(t *testing.T, q Quota) (*Store, *Workspace) {
+	t.Helper()
+	s, err := Open(t.TempDir(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := s.Create(1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, w
+}
+
+func read(t *testing.T, w *Workspace, path string) (string, error) {
+	t.Helper()
+	f, _, err := w.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	return string(b), err
+}
+
+func TestRoundTrip(t *testing.T) {
+	s, w := newWorkspace(t, Quota{Bytes: 1 << 20, Files: 100})
+	if _, err := w.Write("a/b/c.txt", strings.NewReader("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := read(t, w, "a/b/c.txt"); err != nil || got != "hello" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	files, u, err := w.List()
+	if err != nil || len(files) != 3 || u.Bytes != 5 || u.Files != 3 {
+		t.Fatalf("list %+v %+v %v", files, u, err)
+	}
+	if files[2] != (File{Path: "a/b/c.txt", Type: "file", Size: 5}) {
+		t.Fatalf("list %+v", files)
+	}
+	got, err := s.Get(w.ID)
+	if err != nil || got.Owner != 1000 || got.Dir() != w.Dir() {
+		t.Fatalf("get %+v %v", got, err)
+	}
+	if err := w.Remove("a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := read(t, w, "a/b/c.txt"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after remove: %v", err)
+	}
+	if err := s.Delete(w.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(w.ID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after delete: %v", err)
+	}
+}
+
+func TestBadPathsAndIDs(t *testing.T) {
+	s, w := newWorkspace(t, Quota{Bytes: 1 << 20, Files: 100})
+	for _, p := range []string{"", "/etc/passwd", "../x", "a/../../x", "a//b", "./a", "a/.", "a\x00b",
+		strings.Repeat("x", 256), strings.Repeat("a/", 2049)} {
+		if _, err := w.Write(p, strings.NewReader("x")); !errors.Is(err, ErrBadPath) {
+			t.Errorf("write %q: %v", p, err)
+		}
+		if _, _, err := w.Open(p); !errors.Is(err, ErrBadPath) {
+			t.Errorf("open %q: %v", p, err)
+		}
+		if err := w.Remove(p); !errors.Is(err, ErrBadPath) {
+			t.Errorf("remove %q: %v", p, err)
+		}
+	}
+	for _, id := range []string{"", "..", "../" + w.ID, strings.ToLower(w.ID), w.ID + "/files"} {
+		if _, err := s.Get(id); !errors.Is(err, ErrNotFound) {
+			t.Errorf("get %q: %v", id, err)
+		}
+	}
+}
+
+// plant creates what guest code (or anything else with access to the workspace)
+// might leave at a name the API then touches.
+func plant(t *testing.T, w *Workspace, outside string) {
+	t.Helper()
+	d := w.Dir()
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.Symlink(outside, filepath.Join(d, "link")))
+	must(os.Symlink(filepath.Dir(outside), filepath.Join(d, "dirlink")))
+	must(os.WriteFile(filepath.Join(d, "inside"), []byte("inside"), 0o644))
+	must(os.Symlink("inside", filepath.Join(d, "innerlink")))
+	must(os.Link(outside, filepath.Join(d, "hard")))
+	must(syscall.Mkfifo(filepath.Join(d, "fifo"), 0o644))
+	must(os.Mkdir(filepath.Join(d, "dir"), 0o755))
+}
+
+func TestPlantedNamesAreNotFollowed(t *testing.T) {
+	_, w := newWorkspace(t, Quota{Bytes: 1 << 20, Files: 100})
+	outside := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(outside, []byte("host secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	plant(t, w, outside)
+
+	// Reads: no link is followed, no FIFO opened (the test would hang), no file with
+	// another name served.
+	for _, p := range []string{"link", "dirlink/secret", "innerlink", "hard", "fifo", "dir"} {
+		done := make(chan error, 1)
+		go func() { _, err := read(t, w, p); done <- err }()
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrUnsafe) {
+				t.Errorf("read %s: want ErrUnsafe, got %v", p, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("read %s blocked", p)
+		}
+	}
+	// Writes replace the name; the file outside is never written.
+	for _, p := range []string{"link", "hard", "fifo", "innerlink"} {
+		if _, err := w.Write(p, strings.NewReader("new")); err != nil {
+			t.Errorf("write %s: %v", p, err)
+		}
+		if got, err := read(t, w, p); err != nil || got != "new" {
+			t.Errorf("after write %s: %q %v", p, got, err)
+		}
+	}
+	for _, p := range []string{"dirlink/x", "dir"} {
+		if _, err := w.Write(p, strings.NewReader("new")); !errors.Is(err, ErrUnsafe) {
+			t.Errorf("write %s: want ErrUnsafe, got %v", p, err)
+		}
+	}
+	// Removal removes the link, not its target.
+	if err := w.Remove("dirlink"); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Remove("dirlink/secret"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("remove through a removed link: %v", err)
+	}
+	if b, err := os.ReadFile(outside); err != nil || string(b) != "host secret" {
+		t.Fatalf("the file outside changed: %q %v", b, err)
+	}
+	// Listing names links as links and does not descend through them.
+	files, _, err := w.List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		if strings.Contains(f.Path, "secret") {
+			t.Errorf("listing went through a link: %+v", f)
+		}
+	}
+}
+
+func TestQuota(t *testing.T) {
+	_, w := newWorkspace(t, Quota{Bytes: 10, Files: 3})
+	if _, err := w.Write("a", strings.NewReader("12345678")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write("b", strings.NewReader("123")); !errors.Is(err, ErrQuota) {
+		t.Fatalf("over bytes: %v", err)
+	}
+	// Replacing a file counts the new size only.
+	if _, err := w.Write("a", strings.NewReader("1234567890")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write("d/e", strings.NewReader("")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write("f", strings.NewReader("")); !errors.Is(err, ErrQuota) {
+		t.Fatalf("over files: %v", err)
+	}
+	// A refused upload leaves nothing behind.
+	files, u, err := w.List()
+	if err != nil || u.Files != 3 || u.Bytes != 10 {
+		t.Fatalf("after refusals: %+v %+v %v", files, u, err)
+	}
+	if got, _ := read(t, w, "a"); got != "1234567890" {
+		t.Fatalf("a = %q", got)
+	}
+}
+
+func TestRemoveAndDeleteDoNotFollowLinks(t *testing.T) {
+	s, w := newWorkspace(t, Quota{Bytes: 1 << 20, Files: 100})
+	hostDir := t.TempDir()
+	keep := filepath.Join(hostDir, "keep")
+	os.WriteFile(keep, []byte("x"), 0o600)
+	os.Symlink(hostDir, filepath.Join(w.Dir(), "escape"))
+	os.MkdirAll(filepath.Join(w.Dir(), "d"), 0o755)
+	os.Symlink(hostDir, filepath.Join(w.Dir(), "d", "escape"))
+	if err := w.Remove("d"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Delete(w.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(keep); err != nil {
+		t.Fatalf("a file behind a link was removed: %v", err)
+	}
+}
