@@ -157,12 +157,23 @@ func checkContract(rep protocol.Report, require []string) string {
 // SelfSpawner re-executes the running binary.
 func SelfSpawner() *Spawner { return &Spawner{Exe: "/proc/self/exe"} }
 
-// Run executes req in a new worker and returns the Result. req.Limits must be
+// Observer receives the guest's output as the parent reads it, in order per stream:
+// stream is "stdout" or "stderr", and b, valid only during the call, holds exactly
+// the bytes the Result keeps (nothing past a stream's cap). It is called from the
+// goroutines reading the streams, so it must not block for long.
+type Observer func(stream string, b []byte)
+
+// Run is RunStreaming without an observer.
+func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Result, error) {
+	return s.RunStreaming(ctx, req, nil)
+}
+
+// RunStreaming executes req in a new worker and returns the Result. req.Limits must be
 // complete (see policy.Resolve). Cancelling ctx kills the worker and ends the run as
 // cancelled. The error is non-nil only when no run took place (bad request, the
 // worker could not be started); every outcome of a run, failures included, is a
 // Result.
-func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Result, error) {
+func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observe Observer) (protocol.Result, error) {
 	if err := check(&req); err != nil {
 		return protocol.Result{}, err
 	}
@@ -276,7 +287,7 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 	}
 
 	var wg sync.WaitGroup
-	var stdout, stderr capture
+	stdout, stderr := capture{stream: "stdout", observe: observe}, capture{stream: "stderr", observe: observe}
 	wg.Add(3)
 	go func() { defer wg.Done(); stdout.read(outR, req.Limits.MaxStdoutBytes, kill) }()
 	go func() { defer wg.Done(); stderr.read(errR, req.Limits.MaxStderrBytes, kill) }()
@@ -468,6 +479,8 @@ func describeExit(err error) string {
 
 // capture reads one output stream, keeping at most max bytes.
 type capture struct {
+	stream    string
+	observe   Observer // or nil
 	buf       []byte
 	truncated bool
 }
@@ -480,13 +493,15 @@ func (c *capture) read(r io.ReadCloser, max int64, kill func(protocol.Reason)) {
 	for {
 		n, err := r.Read(chunk)
 		if n > 0 && !c.truncated {
-			room := max - int64(len(c.buf))
-			if int64(n) > room {
-				c.buf = append(c.buf, chunk[:room]...)
+			kept := chunk[:n]
+			if room := max - int64(len(c.buf)); int64(n) > room {
+				kept = chunk[:room]
 				c.truncated = true
 				kill(protocol.OutputLimit)
-			} else {
-				c.buf = append(c.buf, chunk[:n]...)
+			}
+			c.buf = append(c.buf, kept...)
+			if c.observe != nil && len(kept) > 0 {
+				c.observe(c.stream, kept)
 			}
 		}
 		if err != nil {

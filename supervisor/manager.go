@@ -37,9 +37,10 @@ const (
 	Done    State = "done"
 )
 
-// Runner executes one request; *sandbox.Spawner is the real one.
+// Runner executes one request, passing the output to observe as it is produced;
+// *sandbox.Spawner is the real one.
 type Runner interface {
-	Run(ctx context.Context, req protocol.Request) (protocol.Result, error)
+	RunStreaming(ctx context.Context, req protocol.Request, observe sandbox.Observer) (protocol.Result, error)
 }
 
 // Manager admits and runs requests. Create it with NewManager.
@@ -114,6 +115,59 @@ type Run struct {
 	result   protocol.Result
 	err      error
 	finished time.Time
+
+	// The output as it was produced: while the run is going, live holds each
+	// stream's bytes so far; once done, the result's Stdout and Stderr hold the
+	// same bytes, and live is dropped. chunks index into them.
+	live    map[string][]byte
+	chunks  []chunkRef
+	changed chan struct{} // closed (and replaced) when chunks grow or the run ends
+}
+
+type chunkRef struct {
+	stream   string
+	off, end int
+}
+
+// Chunk is a piece of a run's output, in the order it was produced.
+type Chunk struct {
+	// Stream is "stdout" or "stderr".
+	Stream string
+	Data   []byte
+}
+
+// observe appends output (called by the runner's reading goroutines).
+func (r *Run) observe(stream string, b []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.state == Done {
+		return
+	}
+	off := len(r.live[stream])
+	r.live[stream] = append(r.live[stream], b...)
+	r.chunks = append(r.chunks, chunkRef{stream, off, off + len(b)})
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+// Output returns the chunks from index from on, the index after them, whether the
+// run had ended when they were taken (so there will be no more), and a channel
+// closed when there is more to read. A run whose output was discarded (see
+// Options.MaxRetainedOutputBytes) has no chunks.
+func (r *Run) Output(from int) (chunks []Chunk, next int, done bool, changed <-chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	src := r.live
+	if r.state == Done {
+		src = map[string][]byte{"stdout": r.result.Stdout, "stderr": r.result.Stderr}
+	}
+	for i := max(from, 0); i < len(r.chunks); i++ {
+		c := r.chunks[i]
+		if b := src[c.stream]; c.end <= len(b) {
+			chunks = append(chunks, Chunk{Stream: c.stream, Data: b[c.off:c.end]})
+		}
+	}
+	return chunks, max(from, len(r.chunks)), r.state == Done, r.changed
 }
 
 // View is a run as the API shows it.
@@ -166,7 +220,7 @@ func (m *Manager) Start(req protocol.Request, uid int) (*Run, error) {
 	m.sweep()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Run{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Created: time.Now().UTC(), UID: uid,
-		cancel: cancel, done: make(chan struct{}), state: Queued}
+		cancel: cancel, done: make(chan struct{}), state: Queued, live: map[string][]byte{}, changed: make(chan struct{})}
 	m.runs[r.ID] = r
 	m.queued++
 	m.wg.Add(1)
@@ -218,7 +272,7 @@ func (m *Manager) work(ctx context.Context, r *Run, req protocol.Request) (proto
 		defer os.RemoveAll(ws)
 		req.Workspace = ws
 	}
-	return m.runner.Run(ctx, req)
+	return m.runner.RunStreaming(ctx, req, r.observe)
 }
 
 // finish records the final state once.
@@ -229,6 +283,8 @@ func (m *Manager) finish(r *Run, res protocol.Result, err error) {
 		return
 	}
 	r.state, r.result, r.err, r.finished = Done, res, err, time.Now().UTC()
+	r.live = nil
+	close(r.changed)
 	r.mu.Unlock()
 	// The hooks (the audit record, the metrics) run before Done is closed, so whoever
 	// waits for the run (a synchronous caller, a cancel) sees the result only after
@@ -264,7 +320,7 @@ func (r *Run) dropOutput() int64 {
 	defer r.mu.Unlock()
 	n := int64(len(r.result.Stdout) + len(r.result.Stderr))
 	if n > 0 {
-		r.result.Stdout, r.result.Stderr = nil, nil
+		r.result.Stdout, r.result.Stderr, r.chunks = nil, nil, nil
 		r.result.Diagnostics = append(r.result.Diagnostics,
 			"output discarded: the daemon keeps a bounded amount of output of finished runs")
 	}

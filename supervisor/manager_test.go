@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
 
@@ -14,7 +15,7 @@ import (
 // real spawner does.
 type racer struct{}
 
-func (racer) Run(ctx context.Context, req protocol.Request) (protocol.Result, error) {
+func (racer) RunStreaming(ctx context.Context, req protocol.Request, _ sandbox.Observer) (protocol.Result, error) {
 	select {
 	case <-time.After(time.Duration(rand.IntN(200)) * time.Microsecond):
 		return protocol.Result{Reason: protocol.Exited}, nil
@@ -68,7 +69,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 // big returns 1 MiB of stdout per run.
 type big struct{}
 
-func (big) Run(ctx context.Context, req protocol.Request) (protocol.Result, error) {
+func (big) RunStreaming(ctx context.Context, req protocol.Request, _ sandbox.Observer) (protocol.Result, error) {
 	return protocol.Result{Reason: protocol.Exited, Stdout: make([]byte, 1<<20)}, nil
 }
 

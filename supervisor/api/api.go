@@ -61,16 +61,17 @@ var OpenAPI []byte
 // route answers with. TestOpenAPI checks that the document and this list agree and
 // that the server has exactly these routes.
 var Statuses = map[string][]int{
-	"GET /livez":           {200},
-	"GET /healthz":         {200},
-	"GET /readyz":          {200, 503},
-	"GET /metrics":         {200},
-	"GET /v1/openapi.json": {200},
-	"GET /v1/info":         {200, 403},
-	"POST /v1/runs":        {200, 202, 400, 403, 404, 413, 415, 429, 500, 503, 507},
-	"GET /v1/runs/:id":     {200, 403, 404},
-	"DELETE /v1/runs/:id":  {200, 403, 404, 500},
-	"GET /v1/audit":        {200, 400, 403, 500},
+	"GET /livez":              {200},
+	"GET /healthz":            {200},
+	"GET /readyz":             {200, 503},
+	"GET /metrics":            {200},
+	"GET /v1/openapi.json":    {200},
+	"GET /v1/info":            {200, 403},
+	"POST /v1/runs":           {200, 202, 400, 403, 404, 413, 415, 429, 500, 503, 507},
+	"GET /v1/runs/:id":        {200, 403, 404},
+	"DELETE /v1/runs/:id":     {200, 403, 404, 500},
+	"GET /v1/runs/:id/events": {200, 400, 403, 404},
+	"GET /v1/audit":           {200, 400, 403, 500},
 
 	"POST /v1/workspaces":               {201, 403, 500, 503},
 	"GET /v1/workspaces/:id":            {200, 403, 404, 500},
@@ -115,6 +116,7 @@ type Auditor interface {
 // Service is what the API needs from the daemon.
 type Service interface {
 	Start(req protocol.Request, uid int) (*supervisor.Run, error)
+	// Get returns the run, whose Output and Done the event stream follows.
 	Get(id string) (*supervisor.Run, error)
 	Cancel(id string) (*supervisor.Run, error)
 }
@@ -178,6 +180,7 @@ func New(o Options) *Server {
 	e.POST("/v1/runs", s.createRun, runner)
 	e.GET("/v1/runs/:id", s.getRun, runner)
 	e.DELETE("/v1/runs/:id", s.cancelRun, runner)
+	e.GET("/v1/runs/:id/events", s.runEvents, runner)
 	e.GET("/v1/audit", s.audit, s.require(RoleAdmin))
 	e.POST("/v1/workspaces", s.createWorkspace, runner)
 	e.GET("/v1/workspaces/:id", s.getWorkspace, runner)
