@@ -401,9 +401,10 @@ func check(req *protocol.Request) error {
 	return nil
 }
 
-// CheckProgram refuses code, arguments or stdin that no worker can run: NUL bytes
-// (argv cannot carry them), code that is not UTF-8 (Python source is, PEP 3120), stdin
-// over half a frame. Errors wrap ErrBadRequest. Callers may use it to refuse a
+// CheckProgram refuses code, arguments, environment or stdin that no worker can run
+// as given: NUL bytes (argv cannot carry them), code that is not UTF-8 (Python source
+// is, PEP 3120), arguments or environment that are not UTF-8 (the request is JSON),
+// stdin over half a frame. Errors wrap ErrBadRequest. Callers may use it to refuse a
 // request before admitting it.
 func CheckProgram(req *protocol.Request) error {
 	if strings.ContainsRune(req.Code, 0) {
@@ -416,6 +417,16 @@ func CheckProgram(req *protocol.Request) error {
 	for _, a := range append(req.Args, req.Filename) {
 		if strings.ContainsRune(a, 0) {
 			return fmt.Errorf("%w: an argument contains a NUL byte", ErrBadRequest)
+		}
+		if !utf8.ValidString(a) {
+			// The request travels as JSON, which would replace the bytes with U+FFFD:
+			// the program would see other arguments than those given.
+			return fmt.Errorf("%w: an argument is not valid UTF-8", ErrBadRequest)
+		}
+	}
+	for k, v := range req.Env {
+		if strings.ContainsRune(k+v, 0) || !utf8.ValidString(k+v) {
+			return fmt.Errorf("%w: environment variable %q is not NUL-free UTF-8", ErrBadRequest, k)
 		}
 	}
 	if len(req.Stdin) > protocol.MaxFrame/2 {

@@ -136,14 +136,18 @@ func TestStdinPastEOF(t *testing.T) {
 func TestExitStatusIsReducedModulo256(t *testing.T) {
 	t.Parallel()
 	for code, want := range map[string]int{"raise SystemExit(256)": 0, "raise SystemExit(257)": 1,
-		"raise SystemExit(None)": 0, "raise SystemExit('message')": 1, "": 0, "exit(4)": 4, "quit()": 0} {
+		"raise SystemExit(None)": 0, "raise SystemExit('message')": 1, "": 0, "exit(4)": 4, "quit()": 0,
+		"raise SystemExit(2**32+3)": 3} {
 		res, _ := run(t, code, nil)
 		wantExit(t, res, want)
 	}
 	// WASI cannot carry 126-255: the run ends as a trap that says why.
-	res, _ := run(t, "import sys; sys.exit(-1)", nil)
-	if res.Reason != protocol.Trap || !strings.Contains(strings.Join(res.Diagnostics, " "), "exit status") {
-		t.Fatalf("%+v", res)
+	// Beyond a C long the status is 255, as native CPython's, never 0.
+	for _, code := range []string{"import sys; sys.exit(-1)", "import sys; sys.exit(2**70)"} {
+		res, _ := run(t, code, nil)
+		if res.Reason != protocol.Trap || !strings.Contains(strings.Join(res.Diagnostics, " "), "exit status") {
+			t.Fatalf("%s: %+v", code, res)
+		}
 	}
 }
 
@@ -506,6 +510,8 @@ func TestBadRequests(t *testing.T) {
 		"absolute path": {Path: "/etc/passwd", Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
 		"dotdot path":   {Path: "../x.py", Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
 		"no limits":     {Code: "1", Workspace: ws, ModulePath: mod, LibDir: lib},
+		"binary arg":    {Code: "1", Args: []string{"\xff"}, Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
+		"binary env":    {Code: "1", Env: map[string]string{"A": "\xfe"}, Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
 	} {
 		if _, err := sandbox.SelfSpawner().Run(context.Background(), req); !errors.Is(err, sandbox.ErrBadRequest) {
 			t.Errorf("%s: %v", name, err)

@@ -23,6 +23,8 @@ func (a *Audit) Record(ctx context.Context, kind string, uid int, runID string, 
 	if err != nil {
 		return err
 	}
+	// A record is written even when the caller has gone away meanwhile.
+	ctx = context.WithoutCancel(ctx)
 	if _, err := a.Store.Append(ctx, store.Event{Kind: kind, UID: uid, RunID: runID, Detail: b}); err != nil {
 		if a.Log != nil {
 			a.Log.Error("audit record lost", "kind", kind, "run", runID, "error", err)

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -221,6 +223,10 @@ func runRemote(cmd *cobra.Command, f *runFlags, req protocol.Request) error {
 		}
 	}
 	rr := api.RunRequest{Code: req.Code, Args: req.Args, Stdin: string(req.Stdin), Env: req.Env}
+	if !utf8.Valid(req.Stdin) {
+		// JSON strings carry text: other bytes go as base64.
+		rr.Stdin, rr.StdinEncoding = base64.StdEncoding.EncodeToString(req.Stdin), "base64"
+	}
 	if cmd.Flags().Changed("timeout") {
 		rr.Limits.TimeoutMS = f.timeout.Milliseconds()
 	}
@@ -312,7 +318,8 @@ func readStdin(name string) ([]byte, error) {
 		return nil, err
 	}
 	if len(data) > protocol.MaxFrame/2 {
-		return nil, fmt.Errorf("stdin is larger than %d bytes", protocol.MaxFrame/2)
+		// A request over the limit: refused like any other (exit 126).
+		return nil, rejected{fmt.Errorf("stdin is larger than %d bytes", protocol.MaxFrame/2)}
 	}
 	return data, nil
 }

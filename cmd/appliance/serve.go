@@ -233,7 +233,7 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	errc := make(chan error, 1)
 	// At most max_connections open at once: slow clients queue in the backlog
 	// instead of taking descriptors and memory without bound.
-	go func() { errc <- srv.Serve(api.Listen(l, cfg.Runs.MaxConnections)) }()
+	go func() { errc <- srv.Serve(api.Listen(l, cfg.Runs.MaxConnections, cfg.Runs.MaxConnectionsPerUID)) }()
 	log.Info("listening", "socket", cfg.Socket.Path, "mode", cfg.Socket.Mode)
 
 	go func() {

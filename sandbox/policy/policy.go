@@ -31,6 +31,9 @@ const MinMemoryBytes = 32 * MiB
 // for a nonsensical value.
 var ErrLimit = errors.New("policy: limit out of range")
 
+// ErrEnv is returned by FilterEnv for a variable policy does not allow.
+var ErrEnv = errors.New("policy: environment variable not allowed")
+
 // Policy is the default limits of a run and the maxima a request may ask for.
 type Policy struct {
 	// Default fills every limit a request leaves at zero.
@@ -195,7 +198,7 @@ func joined(errs *multierror.Error) error {
 func (p Policy) FilterEnv(env map[string]string) (map[string]string, error) {
 	for k := range env {
 		if !contains(p.EnvAllow, k) {
-			return nil, fmt.Errorf("%w: environment variable %q is not in env_allow", ErrLimit, k)
+			return nil, fmt.Errorf("%w: %q is not in env_allow", ErrEnv, k)
 		}
 	}
 	return env, nil

@@ -54,7 +54,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 
 func TestFilterEnv(t *testing.T) {
 	p := Default()
-	if _, err := p.FilterEnv(map[string]string{"HOME": "/root"}); !errors.Is(err, ErrLimit) {
+	if _, err := p.FilterEnv(map[string]string{"HOME": "/root"}); !errors.Is(err, ErrEnv) {
 		t.Fatalf("empty allowlist let HOME through: %v", err)
 	}
 	p.EnvAllow = []string{"LANG"}

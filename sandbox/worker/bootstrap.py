@@ -4,7 +4,8 @@
 # tracebacks (the bootstrap's own frame is left out), same exit status.
 #   MODE "code": argv = [-c, code, filename, *args]
 #   MODE "path": argv = [-c, path, *args]
-# Exit statuses are reduced modulo 256 as a POSIX exit(3) would; WASI itself cannot
+# Exit statuses are reduced modulo 256 as a POSIX exit(3) would (one beyond a C long
+# is 255, as native CPython's); WASI itself cannot
 # carry statuses 126-255 (wasmtime traps, and the run ends as a trap that says so).
 def _sandcell_boot():
     import os
@@ -37,7 +38,11 @@ def _sandcell_boot():
     except SystemExit as e:
         code = e.code
         if code is None or isinstance(code, int):
-            raise SystemExit((code or 0) & 0xFF) from None
+            code = code or 0
+            # CPython reads the status as a C long: outside its range it is -1.
+            if not -(2**63) <= code < 2**63:
+                code = -1
+            raise SystemExit(code & 0xFF) from None
         raise
     except BaseException as e:
         if mode == "code":

@@ -1,6 +1,6 @@
 // Package api is the daemon's HTTP API (labstack/echo v4) on a Unix socket. Every
 // error is an RFC 9457 problem document (application/problem+json) with a stable
-// "code" member; the codes are listed in Codes.
+// "code" member; the codes are the Code* constants, listed in Codes.
 package api
 
 import (
@@ -8,6 +8,7 @@ import (
 	"context"
 	"crypto/sha256"
 	_ "embed"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -16,6 +17,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"os"
 	"sort"
 	"strconv"
 	"strings"
@@ -48,9 +50,16 @@ const (
 	CodeInternal       = "internal_error"         // 500
 	CodeUnsupportedMed = "unsupported_media_type" // 415: the body is not application/json
 	CodeAuditDown      = "audit_unavailable"      // 503: the audit log cannot be written, so no run starts
+	CodeConnLimit      = "connection_limit"       // 429: this uid has runs.max_connections_per_uid connections open
+	CodeTimeout        = "request_timeout"        // 408: the body did not arrive in time
 	CodeUnsafeFile     = "unsafe_file"            // 409: the name is a link, FIFO, directory or file with other hard links
 	CodeQuota          = "quota_exceeded"         // 507: the workspace's byte or file quota would be or is exceeded
 )
+
+// Codes lists every problem code (TestOpenAPI keeps the document's list equal).
+var Codes = []string{CodeInvalidJSON, CodeUnknownField, CodeBadRequest, CodeLimitExceeded, CodeForbidden,
+	CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeDisabled, CodeNotReady, CodeStopping,
+	CodeInternal, CodeUnsupportedMed, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota}
 
 // OpenAPI is the API's contract (OpenAPI 3.1), served at /v1/openapi.json.
 //
@@ -67,7 +76,7 @@ var Statuses = map[string][]int{
 	"GET /metrics":            {200},
 	"GET /v1/openapi.json":    {200},
 	"GET /v1/info":            {200, 403},
-	"POST /v1/runs":           {200, 202, 400, 403, 404, 413, 415, 429, 500, 503, 507},
+	"POST /v1/runs":           {200, 202, 400, 403, 404, 408, 413, 415, 429, 500, 503, 507},
 	"GET /v1/runs/:id":        {200, 403, 404},
 	"DELETE /v1/runs/:id":     {200, 403, 404, 500},
 	"GET /v1/runs/:id/events": {200, 400, 403, 404},
@@ -142,6 +151,8 @@ type Options struct {
 	Audit Auditor
 	// RecordCode puts each run's code in the audit log, not only its SHA-256.
 	RecordCode bool
+	// ReadTimeout bounds reading a request, body included; 0 means 30 s.
+	ReadTimeout time.Duration
 	// Workspaces, if set, serves /v1/workspaces and lets runs name a workspace.
 	Workspaces *workspace.Store
 }
@@ -163,7 +174,10 @@ func New(o Options) *Server {
 	// No write timeout: a synchronous run answers when it ends (at most the maximum
 	// timeout).
 	e.Server.ReadHeaderTimeout = 5 * time.Second
-	e.Server.ReadTimeout = 30 * time.Second
+	e.Server.ReadTimeout = o.ReadTimeout
+	if o.ReadTimeout == 0 {
+		e.Server.ReadTimeout = 30 * time.Second
+	}
 	e.Server.IdleTimeout = 2 * time.Minute
 	e.Server.MaxHeaderBytes = 16 << 10
 
@@ -272,6 +286,9 @@ type RunRequest struct {
 	Args []string `json:"args,omitempty"`
 	// Stdin is the program's whole standard input.
 	Stdin string `json:"stdin,omitempty"`
+	// StdinEncoding "base64" says Stdin is base64 (for bytes that are not UTF-8);
+	// empty means Stdin is the text itself.
+	StdinEncoding string `json:"stdin_encoding,omitempty"`
 	// Env is the guest's environment; names must be in policy's allowlist.
 	Env map[string]string `json:"env,omitempty"`
 	// Limits lower the defaults; none may exceed policy's maximum.
@@ -414,14 +431,25 @@ func (s *Server) request(b RunRequest) (protocol.Request, *badRequest) {
 	if b.Code == "" {
 		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest, "code is required"}
 	}
-	if err := sandbox.CheckProgram(&protocol.Request{Code: b.Code, Args: b.Args, Stdin: []byte(b.Stdin)}); err != nil {
+	stdin := []byte(b.Stdin)
+	switch b.StdinEncoding {
+	case "":
+	case "base64":
+		if stdin, err = base64.StdEncoding.DecodeString(b.Stdin); err != nil {
+			return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest, "stdin: " + err.Error()}
+		}
+	default:
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest,
+			fmt.Sprintf("stdin_encoding %q: only \"base64\" (or none)", b.StdinEncoding)}
+	}
+	if err := sandbox.CheckProgram(&protocol.Request{Code: b.Code, Args: b.Args, Stdin: stdin, Env: env}); err != nil {
 		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest, err.Error()}
 	}
 	module, lib, err := s.o.Module(limits.Fuel > 0)
 	if err != nil {
 		return protocol.Request{}, &badRequest{http.StatusInternalServerError, CodeInternal, err.Error()}
 	}
-	return protocol.Request{Code: b.Code, Args: b.Args, Stdin: []byte(b.Stdin), Env: env, Limits: limits,
+	return protocol.Request{Code: b.Code, Args: b.Args, Stdin: stdin, Env: env, Limits: limits,
 		Hardening: s.o.Policy.Hardening(limits), ModulePath: module, LibDir: lib}, nil
 }
 
@@ -444,13 +472,15 @@ func (s *Server) decode(c echo.Context, v any) *badRequest {
 	switch {
 	case errors.As(err, &maxErr):
 		return tooLarge
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return &badRequest{http.StatusRequestTimeout, CodeTimeout, "the body did not arrive within the read timeout"}
 	case err != nil:
 		return &badRequest{http.StatusBadRequest, CodeInvalidJSON, err.Error()}
 	case !utf8.Valid(raw):
 		return &badRequest{http.StatusBadRequest, CodeInvalidJSON, "the body is not valid UTF-8"}
 	}
-	if err := checkKeys(raw); err != nil {
-		return &badRequest{http.StatusBadRequest, CodeUnknownField, err.Error()}
+	if code, err := checkKeys(raw); err != nil {
+		return &badRequest{http.StatusBadRequest, code, err.Error()}
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
@@ -473,7 +503,9 @@ func (s *Server) decode(c echo.Context, v any) *badRequest {
 // (the body and its "limits") in other letter case ("CODE" for "code"), and an
 // escaped lone surrogate in any string (it would become U+FFFD, so the code run would
 // not be the code sent).
-func checkKeys(raw []byte) error {
+//
+// A recased member is CodeUnknownField; the others are CodeInvalidJSON.
+func checkKeys(raw []byte) (string, error) {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	type frame struct {
 		object, schema bool
@@ -485,7 +517,7 @@ func checkKeys(raw []byte) error {
 	for {
 		tok, err := dec.Token()
 		if err != nil {
-			return nil // io.EOF, or a syntax error, which is the decoder's to report
+			return "", nil // io.EOF, or a syntax error, which is the decoder's to report
 		}
 		var top *frame
 		if len(stack) > 0 {
@@ -507,10 +539,10 @@ func checkKeys(raw []byte) error {
 		case string:
 			if top != nil && top.object && top.key {
 				if top.keys[t] {
-					return fmt.Errorf("member %q is given twice", t)
+					return CodeInvalidJSON, fmt.Errorf("member %q is given twice", t)
 				}
 				if top.schema && t != strings.ToLower(t) {
-					return fmt.Errorf("member %q: the request's member names are lower case", t)
+					return CodeUnknownField, fmt.Errorf("member %q: the request's member names are lower case", t)
 				}
 				top.keys[t], top.key, top.last = true, false, t
 				continue
@@ -519,7 +551,7 @@ func checkKeys(raw []byte) error {
 			// from a lone surrogate.
 			if strings.ContainsRune(t, utf8.RuneError) && !bytes.Contains(raw, []byte("\uFFFD")) &&
 				!bytes.Contains(bytes.ToLower(raw), []byte(`\ufffd`)) {
-				return errors.New("a string holds an escaped lone surrogate, which is not a character")
+				return CodeInvalidJSON, errors.New("a string holds an escaped lone surrogate, which is not a character")
 			}
 		}
 		// A value ended: in an object, the next string is a member name again.
@@ -576,9 +608,11 @@ func (s *Server) cancelRun(c echo.Context) error {
 	if err != nil || !s.visible(c, run) {
 		return problem(c, http.StatusNotFound, CodeNotFound, "no run "+c.Param("id"))
 	}
-	s.o.Service.Cancel(run.ID)
-	peer, ok := PeerFrom(c.Request().Context())
-	s.o.Audit.Record(c.Request().Context(), "run.cancel", peerUID(peer, ok), run.ID, map[string]any{})
+	if run.View().State != supervisor.Done {
+		s.o.Service.Cancel(run.ID)
+		peer, ok := PeerFrom(c.Request().Context())
+		s.o.Audit.Record(c.Request().Context(), "run.cancel", peerUID(peer, ok), run.ID, map[string]any{})
+	}
 	select {
 	case <-run.Done():
 	case <-time.After(10 * time.Second):

@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -54,6 +55,7 @@ type setup struct {
 	concurrency, queue int
 	access             *api.Access
 	quota              workspace.Quota // of every workspace; zero: 1 MiB and 100 names
+	readTimeout        time.Duration
 }
 
 // start serves the real API with real workers on a Unix socket in a temporary
@@ -89,7 +91,7 @@ func start(t *testing.T, s setup) *daemon {
 	}
 	audit := &supervisor.Audit{Store: d.store}
 	audit.Attach(mgr)
-	srv := api.New(api.Options{Service: mgr, Workspaces: workspaces, Audit: audit, Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
+	srv := api.New(api.Options{Service: mgr, Workspaces: workspaces, ReadTimeout: s.readTimeout, Audit: audit, Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
 		Module: func(fuel bool) (string, string, error) {
 			if fuel {
 				return fuelMod, lib, nil
@@ -106,7 +108,7 @@ func start(t *testing.T, s setup) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(api.Listen(l, 64))
+	go srv.Serve(api.Listen(l, 64, 64))
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -202,13 +204,24 @@ func TestErrorsAreProblems(t *testing.T) {
 	wantProblem(t, resp, body, 405, api.CodeMethod)
 	// What encoding/json would quietly accept is refused.
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)","code":"print(2)"}`)
-	wantProblem(t, resp, body, 400, api.CodeUnknownField)
+	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)","CODE":"print(3)"}`)
 	wantProblem(t, resp, body, 400, api.CodeUnknownField)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)","limits":{"timeout_ms":100,"timeout_ms":200}}`)
-	wantProblem(t, resp, body, 400, api.CodeUnknownField)
+	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print('\ud800')"}`)
-	wantProblem(t, resp, body, 400, api.CodeUnknownField)
+	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
+	resp, body = d.do(t, "POST", "/v1/runs", "{\"code\":\"1\",\"args\":[\"\xff\"]}")
+	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","stdin":"!!","stdin_encoding":"base64"}`)
+	wantProblem(t, resp, body, 400, api.CodeBadRequest)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","stdin":"x","stdin_encoding":"hex"}`)
+	wantProblem(t, resp, body, 400, api.CodeBadRequest)
+	// Binary stdin travels as base64.
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"import sys; print(sys.stdin.buffer.read().hex())","stdin":"/wA=","stdin_encoding":"base64"}`)
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"stdout":"ff00\n"`)) {
+		t.Fatalf("base64 stdin: %d %s", resp.StatusCode, body)
+	}
 	resp, body = d.do(t, "POST", "/v1/runs", "{\"code\":\"print('\xff')\"}")
 	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)\u0000"}`)
@@ -482,6 +495,27 @@ func TestOpenAPI(t *testing.T) {
 	if len(d.server.Routes()) != len(api.Statuses) {
 		t.Errorf("server routes %v", d.server.Routes())
 	}
+	var codes struct {
+		Components struct {
+			Schemas struct {
+				Problem struct {
+					Properties struct {
+						Code struct {
+							Enum []string `json:"enum"`
+						} `json:"code"`
+					} `json:"properties"`
+				}
+			} `json:"schemas"`
+		} `json:"components"`
+	}
+	json.Unmarshal(body, &codes)
+	inDocCodes := codes.Components.Schemas.Problem.Properties.Code.Enum
+	sort.Strings(inDocCodes)
+	want := append([]string(nil), api.Codes...)
+	sort.Strings(want)
+	if fmt.Sprint(inDocCodes) != fmt.Sprint(want) {
+		t.Errorf("problem codes: document %v, server %v", inDocCodes, want)
+	}
 }
 
 // At most max connections are served at once; the next waits in the backlog and is
@@ -497,7 +531,7 @@ func TestConnectionLimit(t *testing.T) {
 		p, ok := api.PeerFrom(r.Context())
 		fmt.Fprintf(w, "%v %d", ok, p.UID)
 	}), ConnContext: api.ConnContext}
-	go srv.Serve(api.Listen(l, 2))
+	go srv.Serve(api.Listen(l, 2, 2))
 	defer srv.Close()
 	var idle []net.Conn
 	for i := 0; i < 2; i++ {
@@ -525,6 +559,54 @@ func TestConnectionLimit(t *testing.T) {
 		t.Fatalf("peer: %s", b)
 	}
 	idle[1].Close()
+}
+
+// One uid cannot hold every connection: past its own limit it is answered 429 at
+// once, while the global limit still has room for others.
+func TestConnectionLimitPerUID(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "s.sock")
+	l, err := api.ListenUnix(sock, 0o600, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), ConnContext: api.ConnContext}
+	go srv.Serve(api.Listen(l, 8, 2))
+	defer srv.Close()
+	for i := 0; i < 2; i++ {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+	}
+	time.Sleep(50 * time.Millisecond)
+	cl := client.HTTP(sock)
+	cl.Timeout = 5 * time.Second
+	resp, err := cl.Get("http://x/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	wantProblem(t, resp, body, 429, api.CodeConnLimit)
+}
+
+// A body that stops arriving is answered 408 request_timeout.
+func TestSlowBody(t *testing.T) {
+	d := start(t, setup{readTimeout: time.Second})
+	c, err := net.Dial("unix", d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprint(c, "POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"code\":")
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	wantProblem(t, resp, body, 408, api.CodeTimeout)
 }
 
 func TestAuditEndpoint(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -69,26 +70,62 @@ func peerOf(uc *net.UnixConn) (Peer, bool) {
 }
 
 // Listen wraps l so that at most max connections are open at once (further clients
-// wait in the socket's backlog) and each carries its peer's credentials, read once
-// at accept.
-func Listen(l *net.UnixListener, max int) net.Listener {
-	return &peerListener{UnixListener: l, slots: make(chan struct{}, max)}
+// wait in the socket's backlog), at most perUID of them from one uid (more are
+// answered 429 connection_limit and closed, so one user cannot take every slot), and
+// each carries its peer's credentials, read once at accept.
+func Listen(l *net.UnixListener, max, perUID int) net.Listener {
+	return &peerListener{UnixListener: l, slots: make(chan struct{}, max), perUID: perUID, open: map[int]int{}}
 }
 
 type peerListener struct {
 	*net.UnixListener
-	slots chan struct{}
+	slots  chan struct{}
+	perUID int
+
+	mu   sync.Mutex
+	open map[int]int // connections per uid
 }
 
+// tooManyConnections is the whole answer to a connection over the per-uid limit,
+// sent before its request is read (RFC 9110 lets a server answer early) and closed.
+var tooManyConnections = func() []byte {
+	body := `{"type":"urn:sandcell:problem:` + CodeConnLimit + `","title":"Too Many Requests","status":429,` +
+		`"detail":"this uid has too many connections open to the daemon","code":"` + CodeConnLimit + `"}`
+	return []byte("HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/problem+json\r\n" +
+		"Retry-After: 1\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+}()
+
 func (l *peerListener) Accept() (net.Conn, error) {
-	l.slots <- struct{}{}
-	c, err := l.UnixListener.AcceptUnix()
-	if err != nil {
-		<-l.slots
-		return nil, err
+	for {
+		l.slots <- struct{}{}
+		c, err := l.UnixListener.AcceptUnix()
+		if err != nil {
+			<-l.slots
+			return nil, err
+		}
+		p, _ := peerOf(c)
+		l.mu.Lock()
+		over := l.open[p.UID] >= l.perUID
+		if !over {
+			l.open[p.UID]++
+		}
+		l.mu.Unlock()
+		if over {
+			c.SetWriteDeadline(time.Now().Add(time.Second))
+			c.Write(tooManyConnections)
+			c.Close()
+			<-l.slots
+			continue
+		}
+		return &peerConn{UnixConn: c, peer: p, release: func() {
+			l.mu.Lock()
+			if l.open[p.UID]--; l.open[p.UID] == 0 {
+				delete(l.open, p.UID)
+			}
+			l.mu.Unlock()
+			<-l.slots
+		}}, nil
 	}
-	p, _ := peerOf(c)
-	return &peerConn{UnixConn: c, peer: p, release: func() { <-l.slots }}, nil
 }
 
 type peerConn struct {

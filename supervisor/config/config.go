@@ -107,6 +107,8 @@ type Runs struct {
 	MaxRetainedOutputBytes int64 `toml:"max_retained_output_bytes" env:"MAX_RETAINED_OUTPUT_BYTES"`
 	// MaxConnections bounds the API's open connections.
 	MaxConnections int `toml:"max_connections" env:"MAX_CONNECTIONS"`
+	// MaxConnectionsPerUID bounds the open connections of one uid (429 beyond).
+	MaxConnectionsPerUID int `toml:"max_connections_per_uid" env:"MAX_CONNECTIONS_PER_UID"`
 }
 
 // Audit configures the audit log.
@@ -179,7 +181,7 @@ func Default() Config {
 		State:  State{Dir: "/var/lib/sandcell"},
 		Socket: Socket{Path: "/run/sandcell/sandcell.sock", Mode: "0660", Group: "sandcell"},
 		Runs: Runs{MaxConcurrent: 0, QueueLength: 64, ResultRetention: Duration{time.Hour},
-			MaxRequestBytes: 1 << 20, MaxRetainedOutputBytes: 256 << 20, MaxConnections: 256},
+			MaxRequestBytes: 1 << 20, MaxRetainedOutputBytes: 256 << 20, MaxConnections: 256, MaxConnectionsPerUID: 64},
 		Audit:      Audit{Retention: Duration{90 * 24 * time.Hour}},
 		Workspaces: Workspaces{MaxBytes: 256 << 20, MaxFiles: 10_000},
 		Limits: Limits{
@@ -283,6 +285,10 @@ func (c Config) Validate() error {
 	}
 	if c.Runs.MaxConnections < 4 {
 		add("runs.max_connections", "must be at least 4, is %d", c.Runs.MaxConnections)
+	}
+	if c.Runs.MaxConnectionsPerUID < 1 || c.Runs.MaxConnectionsPerUID > c.Runs.MaxConnections {
+		add("runs.max_connections_per_uid", "must be between 1 and runs.max_connections (%d), is %d",
+			c.Runs.MaxConnections, c.Runs.MaxConnectionsPerUID)
 	}
 	if c.Audit.Retention.Duration <= 0 {
 		add("audit.retention", "must be positive")
