@@ -56,6 +56,9 @@ func (a *Audit) Attach(m *Manager) {
 				d["layers"] = res.Enforcement.ActiveLayers()
 			}
 		}
-		a.Record(context.Background(), "run.finished", r.UID, r.ID, d)
+		if r.Caller.Token != "" {
+			d["token"] = r.Caller.Token
+		}
+		a.Record(context.Background(), "run.finished", r.Caller.UID, r.ID, d)
 	})
 }

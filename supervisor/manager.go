@@ -100,12 +100,20 @@ func NewManager(runner Runner, o Options) (*Manager, error) {
 		slots: make(chan struct{}, o.Concurrency), maxQueued: o.QueueLength, runs: map[string]*Run{}}, nil
 }
 
+// Caller is who starts a run: a local process's uid (SO_PEERCRED), or, over TCP, the
+// name of the bearer token it presented (UID -1). Only the same caller (or an admin)
+// sees the run.
+type Caller struct {
+	UID   int
+	Token string
+}
+
 // Run is one run's record. Its methods are safe for concurrent use.
 type Run struct {
 	ID      string
 	Created time.Time
-	// UID is the caller who started the run (for the audit log).
-	UID int
+	// Caller started the run.
+	Caller Caller
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -206,7 +214,7 @@ func (r *Run) Err() error {
 // Start admits req: it returns at once with the run queued or running, or fails with
 // ErrQueueFull or ErrStopping. A request without a workspace gets a private one,
 // removed when the run ends.
-func (m *Manager) Start(req protocol.Request, uid int) (*Run, error) {
+func (m *Manager) Start(req protocol.Request, caller Caller) (*Run, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stopping {
@@ -219,7 +227,7 @@ func (m *Manager) Start(req protocol.Request, uid int) (*Run, error) {
 	}
 	m.sweep()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Run{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Created: time.Now().UTC(), UID: uid,
+	r := &Run{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Created: time.Now().UTC(), Caller: caller,
 		cancel: cancel, done: make(chan struct{}), state: Queued, live: map[string][]byte{}, changed: make(chan struct{})}
 	m.runs[r.ID] = r
 	m.queued++

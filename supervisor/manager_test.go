@@ -34,7 +34,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 	counts := map[protocol.Reason]int{}
 	var mu sync.Mutex
 	for i := 0; i < 1000; i++ {
-		r, err := m.Start(protocol.Request{Code: "1"}, 0)
+		r, err := m.Start(protocol.Request{Code: "1"}, Caller{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,7 +61,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 		t.Fatalf("final states: %v", counts)
 	}
 	t.Logf("final states of 1000 cancel/complete races: %v", counts)
-	if _, err := m.Start(protocol.Request{Code: "1"}, 0); err != ErrStopping {
+	if _, err := m.Start(protocol.Request{Code: "1"}, Caller{}); err != ErrStopping {
 		t.Fatalf("after shutdown: %v", err)
 	}
 }
@@ -83,7 +83,7 @@ func TestRetainedOutputBounded(t *testing.T) {
 	}
 	var runs []*Run
 	for i := 0; i < 20; i++ {
-		r, err := m.Start(protocol.Request{Code: "1"}, 0)
+		r, err := m.Start(protocol.Request{Code: "1"}, Caller{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"os/user"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"golang.org/x/net/netutil"
 
 	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/sandbox"
@@ -118,6 +121,12 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	}
 
 	access := api.Access{}
+	if cfg.TCP.Listen != "" {
+		// Never a TCP listener without tokens: refuse to start instead.
+		if access.Tokens, err = api.LoadTokens(cfg.TCP.TokensFile); err != nil {
+			return fmt.Errorf("tcp.listen is set: %w", err)
+		}
+	}
 	for _, a := range []struct {
 		name string
 		list []string
@@ -235,6 +244,15 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	// instead of taking descriptors and memory without bound.
 	go func() { errc <- srv.Serve(api.Listen(l, cfg.Runs.MaxConnections, cfg.Runs.MaxConnectionsPerUID)) }()
 	log.Info("listening", "socket", cfg.Socket.Path, "mode", cfg.Socket.Mode)
+	if cfg.TCP.Listen != "" {
+		tl, err := listenTCP(cfg.TCP, cfg.Runs.MaxConnections)
+		if err != nil {
+			return err
+		}
+		go func() { errc <- srv.Serve(tl) }()
+		log.Warn("listening on TCP: callers must present a bearer token", "address", tl.Addr().String(),
+			"tokens", len(access.Tokens), "tls", cfg.TCP.TLSCertFile != "")
+	}
 
 	go func() {
 		if err := canary(); err != nil {
@@ -266,4 +284,23 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	audit.Record(context.Background(), "daemon.stop", os.Getuid(), "", map[string]any{})
 	log.Info("stopped")
 	return nil
+}
+
+// listenTCP opens the TCP listener: at most max connections at once, TLS (1.2 or
+// later) when a certificate is configured.
+func listenTCP(c config.TCP, max int) (net.Listener, error) {
+	l, err := net.Listen("tcp", c.Listen)
+	if err != nil {
+		return nil, err
+	}
+	l = netutil.LimitListener(l, max)
+	if c.TLSCertFile == "" {
+		return l, nil
+	}
+	cert, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSKeyFile)
+	if err != nil {
+		l.Close()
+		return nil, fmt.Errorf("tcp.tls_cert_file: %w", err)
+	}
+	return tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}), nil
 }

@@ -40,6 +40,7 @@ const (
 	CodeBadRequest     = "bad_request"    // 400: a value is not acceptable (code and path, NUL bytes, ...)
 	CodeLimitExceeded  = "limit_exceeded" // 400: a limit above policy's maximum, or nonsensical
 	CodeForbidden      = "forbidden"      // 403: the caller has no role for this
+	CodeUnauthorized   = "unauthorized"   // 401: a TCP caller without a valid bearer token
 	CodeNotFound       = "not_found"      // 404: no such run or route
 	CodeMethod         = "method_not_allowed"
 	CodeBodyTooLarge   = "body_too_large"         // 413: the body is over runs.max_request_bytes
@@ -59,7 +60,7 @@ const (
 // Codes lists every problem code (TestOpenAPI keeps the document's list equal).
 var Codes = []string{CodeInvalidJSON, CodeUnknownField, CodeBadRequest, CodeLimitExceeded, CodeForbidden,
 	CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeDisabled, CodeNotReady, CodeStopping,
-	CodeInternal, CodeUnsupportedMed, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota}
+	CodeInternal, CodeUnsupportedMed, CodeUnauthorized, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota}
 
 // OpenAPI is the API's contract (OpenAPI 3.1), served at /v1/openapi.json.
 //
@@ -75,19 +76,19 @@ var Statuses = map[string][]int{
 	"GET /readyz":             {200, 503},
 	"GET /metrics":            {200},
 	"GET /v1/openapi.json":    {200},
-	"GET /v1/info":            {200, 403},
-	"POST /v1/runs":           {200, 202, 400, 403, 404, 408, 413, 415, 429, 500, 503, 507},
-	"GET /v1/runs/:id":        {200, 403, 404},
-	"DELETE /v1/runs/:id":     {200, 403, 404, 500},
-	"GET /v1/runs/:id/events": {200, 400, 403, 404},
-	"GET /v1/audit":           {200, 400, 403, 500},
+	"GET /v1/info":            {200, 401, 403},
+	"POST /v1/runs":           {200, 202, 400, 401, 403, 404, 408, 413, 415, 429, 500, 503, 507},
+	"GET /v1/runs/:id":        {200, 401, 403, 404},
+	"DELETE /v1/runs/:id":     {200, 401, 403, 404, 500},
+	"GET /v1/runs/:id/events": {200, 400, 401, 403, 404},
+	"GET /v1/audit":           {200, 400, 401, 403, 500},
 
-	"POST /v1/workspaces":               {201, 403, 500, 503},
-	"GET /v1/workspaces/:id":            {200, 403, 404, 500},
-	"DELETE /v1/workspaces/:id":         {204, 403, 404, 500},
-	"PUT /v1/workspaces/:id/files/*":    {201, 400, 403, 404, 409, 500, 507},
-	"GET /v1/workspaces/:id/files/*":    {200, 400, 403, 404, 409, 500},
-	"DELETE /v1/workspaces/:id/files/*": {204, 400, 403, 404, 409, 500},
+	"POST /v1/workspaces":               {201, 401, 403, 500, 503},
+	"GET /v1/workspaces/:id":            {200, 401, 403, 404, 500},
+	"DELETE /v1/workspaces/:id":         {204, 401, 403, 404, 500},
+	"PUT /v1/workspaces/:id/files/*":    {201, 400, 401, 403, 404, 409, 500, 507},
+	"GET /v1/workspaces/:id/files/*":    {200, 400, 401, 403, 404, 409, 500},
+	"DELETE /v1/workspaces/:id/files/*": {204, 400, 401, 403, 404, 409, 500},
 }
 
 // Problem is an RFC 9457 problem document.
@@ -124,7 +125,7 @@ type Auditor interface {
 
 // Service is what the API needs from the daemon.
 type Service interface {
-	Start(req protocol.Request, uid int) (*supervisor.Run, error)
+	Start(req protocol.Request, caller supervisor.Caller) (*supervisor.Run, error)
 	// Get returns the run, whose Output and Done the event stream follows.
 	Get(id string) (*supervisor.Run, error)
 	Cancel(id string) (*supervisor.Run, error)
@@ -249,16 +250,32 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	problem(c, http.StatusInternalServerError, CodeInternal, "")
 }
 
-// require admits only callers holding role (from their SO_PEERCRED credentials).
+// require admits only callers holding role: a Unix peer by its SO_PEERCRED
+// credentials, any other (TCP) by its bearer token, which then identifies it.
 func (s *Server) require(role Role) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
-			peer, ok := PeerFrom(c.Request().Context())
-			if !ok || !s.o.Access.Allows(peer, role) {
-				s.o.Audit.Record(c.Request().Context(), "access.denied", peerUID(peer, ok), "",
-					map[string]any{"method": c.Request().Method, "path": c.Path(), "role": role, "pid": peer.PID})
-				return problem(c, http.StatusForbidden, CodeForbidden,
-					fmt.Sprintf("uid %d is not allowed the %s role", peer.UID, role))
+			ctx := c.Request().Context()
+			peer, ok := PeerFrom(ctx)
+			if !ok {
+				t, found := s.o.Access.Tokens.Authenticate(c.Request())
+				if !found {
+					s.o.Audit.Record(ctx, "access.denied", -1, "", map[string]any{"method": c.Request().Method,
+						"path": c.Path(), "role": role, "remote": c.Request().RemoteAddr, "reason": "no valid bearer token"})
+					c.Response().Header().Set("WWW-Authenticate", `Bearer realm="sandcell"`)
+					return problem(c, http.StatusUnauthorized, CodeUnauthorized, "present a configured bearer token")
+				}
+				peer, ok = Peer{PID: -1, UID: -1, GID: -1, Token: t.Name}, true
+				c.SetRequest(c.Request().WithContext(context.WithValue(ctx, peerKey{}, peer)))
+			}
+			if !s.o.Access.Allows(peer, role) {
+				d := map[string]any{"method": c.Request().Method, "path": c.Path(), "role": role, "pid": peer.PID}
+				who := fmt.Sprintf("uid %d", peer.UID)
+				if peer.Token != "" {
+					d["token"], who = peer.Token, fmt.Sprintf("token %q", peer.Token)
+				}
+				s.o.Audit.Record(ctx, "access.denied", peer.UID, "", d)
+				return problem(c, http.StatusForbidden, CodeForbidden, fmt.Sprintf("%s is not allowed the %s role", who, role))
 			}
 			return next(c)
 		}
@@ -364,7 +381,7 @@ func (s *Server) createRun(c echo.Context) error {
 	if err := s.o.Audit.Record(ctx, "run.requested", uid, "", detail); err != nil {
 		return problem(c, http.StatusServiceUnavailable, CodeAuditDown, "the audit log cannot be written: "+err.Error())
 	}
-	run, err := s.o.Service.Start(req, uid)
+	run, err := s.o.Service.Start(req, peer.Caller())
 	switch {
 	case errors.Is(err, supervisor.ErrQueueFull):
 		c.Response().Header().Set("Retry-After", "1")
@@ -590,7 +607,7 @@ func (s *Server) audit(c echo.Context) error {
 // 404, as if it did not exist.
 func (s *Server) visible(c echo.Context, run *supervisor.Run) bool {
 	peer, ok := PeerFrom(c.Request().Context())
-	return ok && (peer.UID == run.UID || s.o.Access.Admins.Has(peer))
+	return ok && (peer.Caller() == run.Caller || s.o.Access.Allows(peer, RoleAdmin))
 }
 
 func (s *Server) getRun(c echo.Context) error {

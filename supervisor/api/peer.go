@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandcell/sandcell/supervisor"
 )
 
 // Role is what a caller may do.
@@ -28,12 +30,20 @@ const (
 
 // Peer is the process at the other end of a Unix socket connection, from SO_PEERCRED
 // (unix(7)).
+//
+// A caller over TCP has no credentials: it is identified by the name of the bearer
+// token it presented (Token), with UID, GID and PID -1.
 type Peer struct {
 	PID, UID, GID int
 	// Groups are the peer's supplementary groups, read from /proc/PID/status when
 	// the process is still there.
 	Groups []int
+	// Token is the name of the bearer token of a TCP caller; empty for Unix peers.
+	Token string
 }
+
+// Caller is the identity runs and workspaces are owned by.
+func (p Peer) Caller() supervisor.Caller { return supervisor.Caller{UID: p.UID, Token: p.Token} }
 
 type peerKey struct{}
 
@@ -202,8 +212,12 @@ func ResolvePrincipals(entries []string) (Principals, error) {
 	return p, errors.Join(errs...)
 }
 
-// Has reports whether peer is one of p, by uid, primary gid or a supplementary group.
+// Has reports whether peer is one of p, by uid, primary gid or a supplementary group
+// (never a TCP caller: tokens carry their own roles).
 func (p Principals) Has(peer Peer) bool {
+	if peer.Token != "" {
+		return false
+	}
 	if p.UIDs[peer.UID] || p.GIDs[peer.GID] {
 		return true
 	}
@@ -218,10 +232,16 @@ func (p Principals) Has(peer Peer) bool {
 // Access maps callers to roles.
 type Access struct {
 	Runners, Approvers, Admins Principals
+	// Tokens are the bearer tokens TCP callers may present.
+	Tokens Tokens
 }
 
 // Allows reports whether peer holds role (admins hold every role).
 func (a Access) Allows(peer Peer, role Role) bool {
+	if peer.Token != "" {
+		t, ok := a.Tokens.named(peer.Token)
+		return ok && (t.has(RoleAdmin) || t.has(role))
+	}
 	if a.Admins.Has(peer) {
 		return true
 	}

@@ -35,7 +35,7 @@ func (s *Server) workspace(c echo.Context, id string) *workspace.Workspace {
 		return nil
 	}
 	peer, ok := PeerFrom(c.Request().Context())
-	if err != nil || !ok || (peer.UID != w.Owner && !s.o.Access.Admins.Has(peer)) {
+	if err != nil || !ok || ((peer.UID != w.Owner || peer.Token != w.OwnerToken) && !s.o.Access.Allows(peer, RoleAdmin)) {
 		problem(c, http.StatusNotFound, CodeNotFound, "no workspace "+id)
 		return nil
 	}
@@ -81,7 +81,10 @@ func (s *Server) createWorkspace(c echo.Context) error {
 		return problem(c, http.StatusServiceUnavailable, CodeDisabled, "workspaces are not configured")
 	}
 	peer, ok := PeerFrom(c.Request().Context())
-	w, err := s.o.Workspaces.Create(peerUID(peer, ok))
+	if !ok {
+		peer.UID = -1
+	}
+	w, err := s.o.Workspaces.Create(peer.UID, peer.Token)
 	id := ""
 	if w != nil {
 		id = w.ID

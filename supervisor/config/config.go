@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -58,6 +59,8 @@ type Config struct {
 	Bundle Bundle `toml:"bundle" envPrefix:"BUNDLE_"`
 	State  State  `toml:"state" envPrefix:"STATE_"`
 	Socket Socket `toml:"socket" envPrefix:"SOCKET_"`
+	// TCP is the optional TCP listener for remote callers (bearer tokens).
+	TCP TCP `toml:"tcp" envPrefix:"TCP_"`
 	Runs   Runs   `toml:"runs" envPrefix:"RUNS_"`
 	Audit  Audit  `toml:"audit" envPrefix:"AUDIT_"`
 	// Workspaces bounds the named workspaces of /v1/workspaces.
@@ -90,6 +93,18 @@ type Socket struct {
 	Mode string `toml:"mode" env:"MODE"`
 	// Group owns the socket file; empty keeps the daemon's group.
 	Group string `toml:"group" env:"GROUP"`
+}
+
+// TCP configures the optional TCP listener. It starts only when Listen is set, and
+// then only with at least one bearer token in TokensFile; TLS when both files are set.
+type TCP struct {
+	// Listen is host:port ("127.0.0.1:8080", ":8443"); empty: no TCP listener.
+	Listen string `toml:"listen" env:"LISTEN"`
+	// TokensFile holds the [[token]] entries (name, sha256 of the secret, roles).
+	TokensFile string `toml:"tokens_file" env:"TOKENS_FILE"`
+	// TLSCertFile and TLSKeyFile are PEM files; both or neither.
+	TLSCertFile string `toml:"tls_cert_file" env:"TLS_CERT_FILE"`
+	TLSKeyFile  string `toml:"tls_key_file" env:"TLS_KEY_FILE"`
 }
 
 // Runs bounds the run manager.
@@ -292,6 +307,17 @@ func (c Config) Validate() error {
 	}
 	if c.Audit.Retention.Duration <= 0 {
 		add("audit.retention", "must be positive")
+	}
+	if c.TCP.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.TCP.Listen); err != nil {
+			add("tcp.listen", "%q is not host:port", c.TCP.Listen)
+		}
+		if c.TCP.TokensFile == "" {
+			add("tcp.tokens_file", "is required with tcp.listen: the TCP listener never starts without bearer tokens")
+		}
+	}
+	if (c.TCP.TLSCertFile == "") != (c.TCP.TLSKeyFile == "") {
+		add("tcp.tls_cert_file", "tcp.tls_cert_file and tcp.tls_key_file go together")
 	}
 	if c.Workspaces.MaxBytes < 1 {
 		add("workspaces.max_bytes", "must be positive, is %d", c.Workspaces.MaxBytes)

@@ -74,12 +74,18 @@ require = ["seccomp", "apparmor"]
 seccomp_profile = "/nonexistent.json"
 [access]
 runners = ["bad name!"]
+[tcp]
+listen = "0.0.0.0:8443"
+tls_key_file = "/k.pem"
+[workspaces]
+max_files = 0
 `), nil)
 	if err == nil {
 		t.Fatal("no error")
 	}
 	for _, key := range []string{"socket.path", "socket.mode", "runs.max_concurrent", "runs.queue_length",
-		"runs.max_request_bytes", "audit.retention", "timeout", "apparmor", "sandbox.seccomp_profile", "access.runners"} {
+		"runs.max_request_bytes", "audit.retention", "timeout", "apparmor", "sandbox.seccomp_profile", "access.runners",
+		"tcp.tokens_file", "tcp.tls_cert_file", "workspaces.max_files"} {
 		if !strings.Contains(err.Error(), key) {
 			t.Errorf("error does not name %s:\n%v", key, err)
 		}

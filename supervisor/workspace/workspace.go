@@ -87,9 +87,11 @@ func (s *Store) Quota() Quota { return s.quota }
 
 // Workspace is one workspace.
 type Workspace struct {
-	ID      string    `json:"id"`
-	Owner   int       `json:"owner_uid"`
-	Created time.Time `json:"created_at"`
+	ID    string `json:"id"`
+	Owner int    `json:"owner_uid"`
+	// OwnerToken is the bearer token name of an owner that came over TCP (Owner -1).
+	OwnerToken string    `json:"owner_token,omitempty"`
+	Created    time.Time `json:"created_at"`
 
 	s *Store
 }
@@ -98,9 +100,10 @@ type Workspace struct {
 // is never a path.
 var validID = regexp.MustCompile(`^[0-9A-HJKMNP-TV-Z]{26}$`)
 
-// Create makes an empty workspace owned by uid.
-func (s *Store) Create(uid int) (*Workspace, error) {
-	w := &Workspace{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Owner: uid, Created: time.Now().UTC(), s: s}
+// Create makes an empty workspace owned by uid, or by the bearer token named token.
+func (s *Store) Create(uid int, token string) (*Workspace, error) {
+	w := &Workspace{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Owner: uid, OwnerToken: token,
+		Created: time.Now().UTC(), s: s}
 	tmp, err := os.MkdirTemp(s.dir, ".new-")
 	if err != nil {
 		return nil, fmt.Errorf("workspace: %w", err)

@@ -17,7 +17,7 @@ func newWorkspace(t *testing.T, q Quota) (*Store, *Workspace) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := s.Create(1000)
+	w, err := s.Create(1000, "")
 	if err != nil {
 		t.Fatal(err)
 	}
