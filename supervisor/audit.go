@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"os"
+	"time"
 
 	"github.com/sandcell/sandcell/supervisor/store"
 )
@@ -61,4 +63,31 @@ func (a *Audit) Attach(m *Manager) {
 		}
 		a.Record(context.Background(), "run.finished", r.Caller.UID, r.ID, d)
 	})
+}
+
+// Prune removes the records older than retention and records that it did (the
+// chain stays verifiable: see store.Store.Prune).
+func (a *Audit) Prune(ctx context.Context, retention time.Duration) error {
+	n, through, err := a.Store.Prune(ctx, time.Now().Add(-retention))
+	if err != nil || n == 0 {
+		return err
+	}
+	return a.Record(ctx, "audit.pruned", os.Getuid(), "", map[string]any{"records": n, "through_seq": through,
+		"retention": retention.String()})
+}
+
+// PruneEvery prunes at once and then every interval until ctx ends.
+func (a *Audit) PruneEvery(ctx context.Context, interval, retention time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if err := a.Prune(ctx, retention); err != nil && a.Log != nil {
+			a.Log.Warn("audit retention: prune failed", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

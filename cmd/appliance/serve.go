@@ -215,6 +215,9 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	if err != nil {
 		return err
 	}
+	pruneCtx, stopPrune := context.WithCancel(context.Background())
+	defer stopPrune()
+	go audit.PruneEvery(pruneCtx, time.Hour, cfg.Audit.Retention.Duration)
 	metrics := supervisor.NewMetrics(mgr, version, revision)
 	srv := api.New(api.Options{
 		Workspaces: workspaces,

@@ -31,6 +31,12 @@ var migrations = []string{
 		hash      TEXT NOT NULL
 	)`,
 	`CREATE INDEX audit_run ON audit(run_id)`,
+	// The newest record removed by Prune: the chain now starts after it.
+	`CREATE TABLE audit_anchor (
+		id   INTEGER PRIMARY KEY CHECK (id = 1),
+		seq  INTEGER NOT NULL,
+		hash TEXT NOT NULL
+	)`,
 }
 
 // genesis is the prev_hash of the first record.
@@ -146,42 +152,90 @@ func (s *Store) Append(ctx context.Context, e Event) (Event, error) {
 	return e, nil
 }
 
-// Verify walks the whole chain and returns the number of records, or an error
-// wrapping ErrBroken that names the first record that was edited, deleted or
-// inserted. (Deleting the newest records leaves a shorter valid chain: compare the
-// count or the newest hash with a copy kept elsewhere to detect that.)
+// Prune removes the records older than before, oldest first, and keeps the newest
+// removed record's seq and hash as the chain's anchor, so what remains still
+// verifies. It returns how many records went and the seq of the last one removed.
+// (Whoever can write the database can also prune it; the daemon records each prune
+// as an event of the chain.)
+func (s *Store) Prune(ctx context.Context, before time.Time) (n, through int64, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		return 0, 0, fmt.Errorf("store: %w", err)
+	}
+	defer tx.Rollback()
+	var hash string
+	err = tx.QueryRowContext(ctx, `SELECT seq, hash FROM audit WHERE time < ? ORDER BY seq DESC LIMIT 1`,
+		before.UTC().Format(time.RFC3339Nano)).Scan(&through, &hash)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, 0, nil
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("store: %w", err)
+	}
+	res, err := tx.ExecContext(ctx, `DELETE FROM audit WHERE seq <= ?`, through)
+	if err == nil {
+		n, _ = res.RowsAffected()
+		_, err = tx.ExecContext(ctx, `INSERT INTO audit_anchor (id, seq, hash) VALUES (1, ?, ?)
+			ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, hash = excluded.hash`, through, hash)
+	}
+	if err == nil {
+		err = tx.Commit()
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("store: prune: %w", err)
+	}
+	return n, through, nil
+}
+
+// Verify walks the whole chain (from the anchor left by Prune, if any) and returns
+// the number of records, or an error wrapping ErrBroken that names the first record
+// that was edited, deleted or inserted. (Deleting the newest records leaves a
+// shorter valid chain: compare the count or the newest hash with a copy kept
+// elsewhere to detect that.)
 func (s *Store) Verify(ctx context.Context) (int64, error) {
+	prev, want := genesis, int64(1)
+	var anchorSeq int64
+	var anchorHash string
+	err := s.db.QueryRowContext(ctx, `SELECT seq, hash FROM audit_anchor WHERE id = 1`).Scan(&anchorSeq, &anchorHash)
+	switch {
+	case err == nil:
+		prev, want = anchorHash, anchorSeq+1
+	case !errors.Is(err, sql.ErrNoRows):
+		return 0, fmt.Errorf("store: %w", err)
+	}
+	first := want
 	rows, err := s.db.QueryContext(ctx, `SELECT seq, time, kind, uid, run_id, detail, prev_hash, hash FROM audit ORDER BY seq`)
 	if err != nil {
 		return 0, fmt.Errorf("store: %w", err)
 	}
 	defer rows.Close()
-	prev, want := genesis, int64(1)
 	for rows.Next() {
 		var e Event
 		var t, detail, prevHash string
 		if err := rows.Scan(&e.Seq, &t, &e.Kind, &e.UID, &e.RunID, &detail, &prevHash, &e.Hash); err != nil {
-			return want - 1, fmt.Errorf("store: %w", err)
+			return want - first, fmt.Errorf("store: %w", err)
 		}
 		e.Detail = json.RawMessage(detail)
 		if e.Time, err = time.Parse(time.RFC3339Nano, t); err != nil {
-			return want - 1, fmt.Errorf("%w: record %d: bad time %q", ErrBroken, e.Seq, t)
+			return want - first, fmt.Errorf("%w: record %d: bad time %q", ErrBroken, e.Seq, t)
 		}
 		switch {
 		case e.Seq != want:
-			return want - 1, fmt.Errorf("%w: record %d is missing", ErrBroken, want)
+			return want - first, fmt.Errorf("%w: record %d is missing", ErrBroken, want)
 		case prevHash != prev:
-			return want - 1, fmt.Errorf("%w: record %d does not follow record %d", ErrBroken, e.Seq, e.Seq-1)
+			return want - first, fmt.Errorf("%w: record %d does not follow record %d", ErrBroken, e.Seq, e.Seq-1)
 		case hash(prev, e) != e.Hash:
-			return want - 1, fmt.Errorf("%w: record %d was changed", ErrBroken, e.Seq)
+			return want - first, fmt.Errorf("%w: record %d was changed", ErrBroken, e.Seq)
 		}
 		prev = e.Hash
 		want++
 	}
 	if err := rows.Err(); err != nil {
-		return want - 1, fmt.Errorf("store: %w", err)
+		return want - first, fmt.Errorf("store: %w", err)
 	}
-	return want - 1, nil
+	return want - first, nil
 }
 
 // Events returns up to limit records after seq after, oldest first, optionally only

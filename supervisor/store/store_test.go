@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	_ "modernc.org/sqlite"
 )
@@ -90,5 +91,49 @@ func TestSchemaFromTheFuture(t *testing.T) {
 	raw.Close()
 	if _, err := Open(path); err == nil {
 		t.Fatal("opened a newer schema")
+	}
+}
+
+// Pruning old records keeps the rest verifiable, across a reopen; removing the anchor
+// (to hide the pruning) breaks the chain.
+func TestPrune(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "audit.db")
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		s.Append(ctx, Event{Kind: "old"})
+	}
+	time.Sleep(10 * time.Millisecond)
+	cut := time.Now()
+	for i := 0; i < 2; i++ {
+		s.Append(ctx, Event{Kind: "new"})
+	}
+	if n, through, err := s.Prune(ctx, cut); n != 3 || through != 3 || err != nil {
+		t.Fatalf("prune: %d %d %v", n, through, err)
+	}
+	if n, _, err := s.Prune(ctx, cut); n != 0 || err != nil {
+		t.Fatalf("second prune: %d %v", n, err)
+	}
+	if n, err := s.Verify(ctx); n != 2 || err != nil {
+		t.Fatalf("verify: %d %v", n, err)
+	}
+	s.Close()
+	s, err = Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if e, err := s.Append(ctx, Event{Kind: "after"}); err != nil || e.Seq != 6 {
+		t.Fatalf("append: %+v %v", e, err)
+	}
+	if n, err := s.Verify(ctx); n != 3 || err != nil {
+		t.Fatalf("verify after reopen: %d %v", n, err)
+	}
+	s.db.Exec(`DELETE FROM audit_anchor`)
+	if _, err := s.Verify(ctx); !errors.Is(err, ErrBroken) || !strings.Contains(err.Error(), "record 1 is missing") {
+		t.Fatalf("anchor removed: %v", err)
 	}
 }
