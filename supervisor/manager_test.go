@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
@@ -103,3 +105,6 @@ func TestRetainedOutputBounded(t *testing.T) {
 		t.Fatalf("newest lost its output")
 	}
 }
+
+// No test leaves a goroutine behind (a run's executor, a cancel waiter).
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -434,4 +435,109 @@ func TestServeKilled(t *testing.T) {
 	if n, err := db.Verify(context.Background()); aborted != 2 || err != nil {
 		t.Fatalf("%d aborted, chain of %d: %v", aborted, n, err)
 	}
+}
+
+// TestServeKilledDuringBurst: SIGKILL of the daemon in the middle of a burst of 200
+// runs. After a restart, every run whose result reached a client has its result in
+// the audit log, the runs in flight are marked aborted, and the chain verifies.
+func TestServeKilledDuringBurst(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "s.sock")
+	serve := func() *exec.Cmd {
+		cmd := cliCmd(t, "serve", "--socket", sock, "--state-dir", filepath.Join(dir, "state"))
+		cmd.Env = append(cmd.Env, "SANDCELL_RUNS_QUEUE_LENGTH=200")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	cmd := serve()
+	defer cmd.Process.Kill()
+	client := sandcellclient.HTTP(sock)
+	waitReady(t, client, func() string { return "" })
+
+	var mu sync.Mutex
+	var received []string // runs whose result a client got
+	next := make(chan int, 200)
+	for i := 0; i < 200; i++ {
+		next <- i
+	}
+	close(next)
+	var wg sync.WaitGroup
+	for c := 0; c < 8; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				resp, err := client.Post("http://sandcell/v1/runs", "application/json",
+					strings.NewReader(fmt.Sprintf(`{"code":"print(%d)"}`, i)))
+				if err != nil {
+					return // the daemon is gone
+				}
+				var v struct {
+					ID     string
+					Result struct{ Stdout string }
+				}
+				err = json.NewDecoder(resp.Body).Decode(&v)
+				resp.Body.Close()
+				if err == nil && resp.StatusCode == 200 && v.Result.Stdout == fmt.Sprintf("%d\n", i) {
+					mu.Lock()
+					received = append(received, v.ID)
+					if len(received) == 60 {
+						cmd.Process.Kill()
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	cmd.Wait()
+	if len(received) < 60 {
+		t.Fatalf("only %d results before the kill", len(received))
+	}
+	cmd = serve()
+	waitReady(t, client, func() string { return "after restart" })
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+
+	db, err := store.Open(filepath.Join(dir, "state", "audit.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if n, err := db.Verify(context.Background()); err != nil {
+		t.Fatalf("chain of %d: %v", n, err)
+	}
+	finished := map[string]bool{}
+	admitted, aborted := 0, 0
+	for after := int64(0); ; {
+		evs, err := db.Events(context.Background(), after, "", 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(evs) == 0 {
+			break
+		}
+		for _, e := range evs {
+			switch e.Kind {
+			case "run.finished":
+				finished[e.RunID] = true
+			case "run.admitted":
+				admitted++
+			case "run.aborted":
+				aborted++
+			}
+		}
+		after = evs[len(evs)-1].Seq
+	}
+	for _, id := range received {
+		if !finished[id] {
+			t.Errorf("run %s reached a client but has no result record", id)
+		}
+	}
+	if admitted != len(finished)+aborted {
+		t.Errorf("%d admitted, %d finished, %d aborted", admitted, len(finished), aborted)
+	}
+	t.Logf("%d results received before SIGKILL; %d admitted, %d finished, %d aborted", len(received), admitted, len(finished), aborted)
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/goleak"
 
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/client"
@@ -37,7 +38,9 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == worker.Command {
 		os.Exit(worker.Main())
 	}
-	os.Exit(m.Run())
+	// Every test's server, manager, clients and streams are gone when the tests
+	// end: no goroutine may be left over.
+	goleak.VerifyTestMain(m)
 }
 
 type daemon struct {

@@ -60,9 +60,9 @@ type Config struct {
 	State  State  `toml:"state" envPrefix:"STATE_"`
 	Socket Socket `toml:"socket" envPrefix:"SOCKET_"`
 	// TCP is the optional TCP listener for remote callers (bearer tokens).
-	TCP TCP `toml:"tcp" envPrefix:"TCP_"`
-	Runs   Runs   `toml:"runs" envPrefix:"RUNS_"`
-	Audit  Audit  `toml:"audit" envPrefix:"AUDIT_"`
+	TCP   TCP   `toml:"tcp" envPrefix:"TCP_"`
+	Runs  Runs  `toml:"runs" envPrefix:"RUNS_"`
+	Audit Audit `toml:"audit" envPrefix:"AUDIT_"`
 	// Workspaces bounds the named workspaces of /v1/workspaces.
 	Workspaces Workspaces `toml:"workspaces" envPrefix:"WORKSPACES_"`
 	Limits     Limits     `toml:"limits" envPrefix:"LIMITS_"`
