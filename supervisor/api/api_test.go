@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -52,6 +53,7 @@ type daemon struct {
 	handler  http.Handler
 	// workspaces is the workspace store's directory.
 	workspaces string
+	auditPath  string
 }
 
 type setup struct {
@@ -89,7 +91,8 @@ func start(t *testing.T, s setup) *daemon {
 		t.Fatal(err)
 	}
 	metrics := supervisor.NewMetrics(mgr, "test", "abc")
-	if d.store, err = store.Open(filepath.Join(dir, "audit.db")); err != nil {
+	d.auditPath = filepath.Join(dir, "audit.db")
+	if d.store, err = store.Open(d.auditPath); err != nil {
 		t.Fatal(err)
 	}
 	audit := &supervisor.Audit{Store: d.store}
@@ -394,6 +397,36 @@ func TestAudit(t *testing.T) {
 	d.store.Close()
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
 	wantProblem(t, resp, body, 503, api.CodeAuditDown)
+}
+
+// While the audit log cannot be written (another process holds its write lock), no
+// run starts; when the lock goes, runs start again without a restart.
+func TestAuditRecovers(t *testing.T) {
+	d := start(t, setup{})
+	other, err := sql.Open("sqlite", "file:"+d.auditPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	conn, err := other.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.ExecContext(context.Background(), "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	resp, body := d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
+	wantProblem(t, resp, body, 503, api.CodeAuditDown)
+	if _, err := conn.ExecContext(context.Background(), "COMMIT"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	if resp, body := d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`); resp.StatusCode != 200 {
+		t.Fatalf("after the lock: %d %s", resp.StatusCode, body)
+	}
+	if n, err := d.store.Verify(context.Background()); err != nil {
+		t.Fatalf("chain of %d: %v", n, err)
+	}
 }
 
 func TestDeniedCallerAudited(t *testing.T) {
