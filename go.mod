@@ -6,6 +6,7 @@ require (
 	github.com/BurntSushi/toml v1.6.0
 	github.com/bytecodealliance/wasmtime-go/v39 v39.0.1
 	github.com/caarlos0/env/v11 v11.4.2
+	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/hashicorp/go-multierror v1.1.1
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/landlock-lsm/go-landlock v0.11.2

@@ -398,9 +398,13 @@ func TestRecursion(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			res, _ := run(t, code, timeout(30*time.Second))
+			res, _ := run(t, code, timeout(10*time.Second))
 			pyErr := res.Reason == protocol.Exited && res.ExitCode == 1 && bytes.Contains(res.Stderr, []byte("Error"))
-			if !pyErr && res.Reason != protocol.Trap && res.Reason != protocol.MemoryLimit {
+			// With the recursion limit lifted, Python frames (on the heap since 3.11)
+			// fill the guest's memory; how CPython then fails depends on where the
+			// heap ends: an error at once, or seconds of walking millions of frames
+			// for the traceback, which the wall clock ends. All are contained.
+			if !pyErr && res.Reason != protocol.Trap && res.Reason != protocol.MemoryLimit && res.Reason != protocol.Timeout {
 				t.Fatalf("reason %s exit %d diagnostics %v stderr %.300s", res.Reason, res.ExitCode, res.Diagnostics, res.Stderr)
 			}
 		})

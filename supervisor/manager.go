@@ -51,6 +51,7 @@ type Manager struct {
 	slots     chan struct{} // one token per concurrent worker
 	maxQueued int
 
+	wedgeSlack  time.Duration
 	maxRetained int64    // bytes of output kept over all finished runs
 	retained    int64    // bytes of output kept now (under mu)
 	finishedIDs []string // finished runs, oldest first (under mu)
@@ -79,6 +80,9 @@ type Options struct {
 	// runs; past it the oldest results lose their output (they keep the rest).
 	// 0 means 256 MiB.
 	MaxRetainedOutputBytes int64
+	// WedgeSlack is how long past its wall-clock limit a run may take to end (the
+	// kill, the reaping, the result) before Wedged reports it; 0 means 30 s.
+	WedgeSlack time.Duration
 }
 
 // NewManager returns a manager running requests with runner.
@@ -96,7 +100,11 @@ func NewManager(runner Runner, o Options) (*Manager, error) {
 	if o.MaxRetainedOutputBytes <= 0 {
 		o.MaxRetainedOutputBytes = 256 << 20
 	}
+	if o.WedgeSlack <= 0 {
+		o.WedgeSlack = 30 * time.Second
+	}
 	return &Manager{runner: runner, workDir: o.WorkDir, retention: o.Retention, maxRetained: o.MaxRetainedOutputBytes,
+		wedgeSlack: o.WedgeSlack,
 		slots: make(chan struct{}, o.Concurrency), maxQueued: o.QueueLength, runs: map[string]*Run{}}, nil
 }
 
@@ -123,6 +131,7 @@ type Run struct {
 	result   protocol.Result
 	err      error
 	finished time.Time
+	deadline time.Time // while running: when its worker must have been reaped
 
 	// The output as it was produced: while the run is going, live holds each
 	// stream's bytes so far; once done, the result's Stdout and Stderr hold the
@@ -254,6 +263,7 @@ func (m *Manager) execute(ctx context.Context, r *Run, req protocol.Request) {
 	m.mu.Unlock()
 	r.mu.Lock()
 	r.state = Running
+	r.deadline = time.Now().Add(time.Duration(req.Limits.TimeoutMS)*time.Millisecond + m.wedgeSlack)
 	r.mu.Unlock()
 	res, err := m.work(ctx, r, req)
 	// The slot is free before the final state is visible, so a caller who saw the
@@ -360,6 +370,25 @@ func (m *Manager) Cancel(id string) (*Run, error) {
 	}
 	r.cancel()
 	return r, nil
+}
+
+// Wedged returns an error when the manager is not making progress: a run still
+// running well past its wall-clock limit, which means its worker was neither killed
+// nor reaped. The daemon stops its watchdog pings then, so systemd restarts it.
+func (m *Manager) Wedged() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := time.Now()
+	for _, r := range m.runs {
+		r.mu.Lock()
+		late := r.state == Running && now.After(r.deadline)
+		over := now.Sub(r.deadline)
+		r.mu.Unlock()
+		if late {
+			return fmt.Errorf("run %s is %s past its deadline and has not ended", r.ID, over.Round(time.Second))
+		}
+	}
+	return nil
 }
 
 // Busy returns the number of running and queued runs.

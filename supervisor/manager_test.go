@@ -3,6 +3,7 @@ package supervisor
 import (
 	"context"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -108,3 +109,39 @@ func TestRetainedOutputBounded(t *testing.T) {
 
 // No test leaves a goroutine behind (a run's executor, a cancel waiter).
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// stuck ignores cancellation until released: a worker that is never reaped.
+type stuck struct{ release chan struct{} }
+
+func (s stuck) RunStreaming(ctx context.Context, req protocol.Request, _ sandbox.Observer) (protocol.Result, error) {
+	<-s.release
+	return protocol.Result{Reason: protocol.Exited}, nil
+}
+
+// A run that outlives its deadline by the slack makes the manager wedged (the
+// watchdog then stops), and it recovers when the run ends.
+func TestWedged(t *testing.T) {
+	s := stuck{release: make(chan struct{})}
+	m, err := NewManager(s, Options{Concurrency: 1, Retention: time.Minute, WorkDir: t.TempDir(), WedgeSlack: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 50}}, Caller{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Wedged(); err != nil {
+		t.Fatalf("at once: %v", err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	m.Cancel(r.ID)
+	if err := m.Wedged(); err == nil || !strings.Contains(err.Error(), r.ID) {
+		t.Fatalf("after the deadline: %v", err)
+	}
+	close(s.release)
+	<-r.Done()
+	if err := m.Wedged(); err != nil {
+		t.Fatalf("after it ended: %v", err)
+	}
+	m.Shutdown(time.Second)
+}

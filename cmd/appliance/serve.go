@@ -12,6 +12,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -21,18 +22,28 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/sandcell/sandcell/bundle"
+	"github.com/sandcell/sandcell/healthz"
 	"github.com/sandcell/sandcell/sandbox"
-	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/config"
+	"github.com/sandcell/sandcell/supervisor/selftest"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/workspace"
+	"github.com/sandcell/sandcell/systemd"
 )
 
 // shutdownGrace is how long running runs may go on after SIGTERM before their
 // workers are killed.
 const shutdownGrace = 30 * time.Second
+
+// The health checks the daemon keeps (GET /readyz?verbose lists them).
+const (
+	checkSelftest = "selftest" // the start-up verification (readiness)
+	checkCanary   = "canary"   // the periodic light canary (readiness)
+	checkManager  = "manager"  // runs end by their deadlines (liveness)
+)
 
 type serveFlags struct {
 	config, socket, stateDir, bundleDir, cacheDir string
@@ -43,14 +54,17 @@ func newServeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the daemon: the HTTP API on a Unix socket",
-		Long: `Run the daemon: the HTTP API (see README) on a Unix socket. It loads the
-configuration (--config, else ` + defaultConfigPath + ` when it exists, else the built-in
-defaults, with the SANDCELL_* environment over it), checks the bundle, runs a canary
-worker that must print 42 with every required enforcement layer verified, and only
-then accepts runs (GET /readyz answers 200). SIGTERM or SIGINT: stop accepting, let
+		Long: `Run the daemon: the HTTP API (see README) on a Unix socket (or the one passed by
+systemd socket activation). It loads the configuration (--config, else
+` + defaultConfigPath + ` when it exists, else the built-in defaults, with the
+SANDCELL_* environment over it), then verifies the sandbox on this host (the same
+checks as sandcell selftest) and only then accepts runs: GET /readyz answers 200 and
+systemd is told READY=1. If the verification fails, STATUS= says why and the daemon
+exits non-zero (health.exit_on_failure), or stays up unready. SIGHUP reloads the
+configuration (the kill switch, access, limits); SIGTERM or SIGINT: stop accepting, let
 running runs finish for up to 30 s, kill the rest, exit 0.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error { return serve(cmd, &f) },
+		RunE: func(cmd *cobra.Command, args []string) error { return serve(&f) },
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.config, "config", "", "configuration file (default "+defaultConfigPath+" when it exists)")
@@ -61,8 +75,24 @@ running runs finish for up to 30 s, kill the rest, exit 0.`,
 	return cmd
 }
 
-func serve(cmd *cobra.Command, f *serveFlags) error {
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+// newLogger logs to stderr: text without timestamps under journald (which adds its
+// own; $JOURNAL_STREAM is set), JSON otherwise.
+func newLogger() *slog.Logger {
+	if os.Getenv("JOURNAL_STREAM") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{
+			ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+				if len(groups) == 0 && a.Key == slog.TimeKey {
+					return slog.Attr{}
+				}
+				return a
+			}}))
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, nil))
+}
+
+// loadConfig reads the configuration as `serve` and `selftest` do: the file, the
+// environment, then the flags.
+func loadConfig(f *serveFlags) (config.Config, string, error) {
 	path := f.config
 	if path == "" {
 		if _, err := os.Stat(defaultConfigPath); err == nil {
@@ -71,7 +101,7 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	}
 	cfg, err := config.Load(path, os.Environ())
 	if err != nil {
-		return err
+		return cfg, path, err
 	}
 	if path == "" {
 		// No configuration file: a development tree, found as `sandcell run` finds it.
@@ -82,49 +112,308 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 		if *o.flag != "" {
 			abs, err := filepath.Abs(*o.flag)
 			if err != nil {
-				return err
+				return cfg, path, err
 			}
 			*o.dst = abs
 		}
 	}
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	pol, err := cfg.Policy()
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(cfg.State.Dir, 0o700); err != nil {
-		return err
-	}
+	return cfg, path, cfg.Validate()
+}
 
-	// The interpreter, verified once: the plain and the fuel-metered module.
-	modules := map[bool]string{}
-	var lib string
-	for _, fuel := range []bool{false, true} {
-		if modules[fuel], lib, err = precompiled(cfg.Bundle.Dir, cfg.Bundle.CacheDir, fuel); err != nil {
-			return err
-		}
-	}
-	module := func(fuel bool) (string, string, error) { return modules[fuel], lib, nil }
-
+// spawner is the worker spawner for cfg: the bundle, its cache and this binary's
+// directory are never a workspace.
+func spawner(cfg config.Config) *sandbox.Spawner {
 	sp := sandbox.SelfSpawner()
 	sp.Protected = []string{cfg.Bundle.Dir, cfg.Bundle.CacheDir}
 	if exe, err := os.Executable(); err == nil {
 		sp.Protected = append(sp.Protected, filepath.Dir(exe))
 	}
-	mgr, err := supervisor.NewManager(sp, supervisor.Options{Concurrency: cfg.Concurrency(),
+	return sp
+}
+
+// daemon is `sandcell serve` wired together.
+type daemon struct {
+	flags   *serveFlags
+	path    string // the configuration file, or ""
+	cfg     atomic.Pointer[config.Config]
+	log     *slog.Logger
+	notify  systemd.Notifier
+	health  *healthz.Registry
+	sp      *sandbox.Spawner
+	mgr     *supervisor.Manager
+	audit   *supervisor.Audit
+	db      *store.Store
+	srv     *api.Server
+	report  atomic.Pointer[selftest.Report] // the passed start-up self-test
+	canaryW string                          // work directory of canaries
+}
+
+func serve(f *serveFlags) error {
+	d := &daemon{flags: f, log: newLogger(), health: healthz.New()}
+	err := d.run()
+	if err != nil {
+		// systemctl status shows why the start failed, not only that it did.
+		d.notify.Status("failed: " + err.Error())
+		d.log.Error("sandcell serve failed", "error", err)
+	}
+	return err
+}
+
+func (d *daemon) run() error {
+	cfg, path, err := loadConfig(d.flags)
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	d.path = path
+	d.cfg.Store(&cfg)
+	pol, err := cfg.Policy()
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	if err := os.MkdirAll(cfg.State.Dir, 0o700); err != nil {
+		return err
+	}
+	d.health.Add(checkSelftest, healthz.Readiness)
+	d.health.Add(checkCanary, healthz.Readiness)
+	d.health.Add(checkManager, healthz.Liveness)
+
+	d.sp = spawner(cfg)
+	d.canaryW = filepath.Join(cfg.State.Dir, "canary")
+	os.RemoveAll(d.canaryW) // left by a daemon that died during a canary
+	if d.mgr, err = supervisor.NewManager(d.sp, supervisor.Options{Concurrency: cfg.Concurrency(),
 		QueueLength: cfg.Runs.QueueLength, Retention: cfg.Runs.ResultRetention.Duration,
-		WorkDir: filepath.Join(cfg.State.Dir, "work"), MaxRetainedOutputBytes: cfg.Runs.MaxRetainedOutputBytes})
+		WorkDir: filepath.Join(cfg.State.Dir, "work"), MaxRetainedOutputBytes: cfg.Runs.MaxRetainedOutputBytes}); err != nil {
+		return err
+	}
+	access, err := d.access(cfg)
+	if err != nil {
+		return err
+	}
+	if d.db, err = store.Open(filepath.Join(cfg.State.Dir, "audit.db")); err != nil {
+		return fmt.Errorf("audit log: %w", err)
+	}
+	defer d.db.Close()
+	d.audit = &supervisor.Audit{Store: d.db, Log: d.log}
+	d.audit.Attach(d.mgr)
+	if err := d.audit.Record(context.Background(), "daemon.start", os.Getuid(), "",
+		map[string]any{"version": version, "revision": revision, "config": path, "tcp": cfg.TCP.Listen}); err != nil {
+		return fmt.Errorf("the audit log cannot be written: %w", err)
+	}
+	// Runs in flight when the daemon last died (SIGKILL, power loss) ended with it:
+	// their workers died too (parent-death signal). Say so in the log.
+	if ids, err := d.db.Unfinished(context.Background()); err == nil {
+		for _, id := range ids {
+			d.audit.Record(context.Background(), "run.aborted", os.Getuid(), id,
+				map[string]any{"reason": "the daemon stopped while the run was in flight"})
+		}
+		if len(ids) > 0 {
+			d.log.Warn("runs in flight at the last stop marked aborted", "runs", len(ids))
+		}
+	}
+	pruneCtx, stopPrune := context.WithCancel(context.Background())
+	defer stopPrune()
+	go d.audit.PruneEvery(pruneCtx, time.Hour, cfg.Audit.Retention.Duration)
+	workspaces, err := workspace.Open(filepath.Join(cfg.State.Dir, "workspaces"),
+		workspace.Quota{Bytes: cfg.Workspaces.MaxBytes, Files: cfg.Workspaces.MaxFiles})
 	if err != nil {
 		return err
 	}
 
-	access := api.Access{}
+	metrics := supervisor.NewMetrics(d.mgr, version, revision)
+	d.srv = api.New(api.Options{
+		Workspaces: workspaces,
+		Metrics:    promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Audit: d.audit,
+		RecordCode: cfg.Audit.RecordCode,
+		Service:    d.mgr, Access: access, Policy: pol, MaxBodyBytes: cfg.Runs.MaxRequestBytes, Module: d.module,
+		Disabled: func() bool { return d.cfg.Load().Disabled },
+		Health:   d.health,
+		Info:     d.info,
+	})
+
+	// Listen first, so that the probes answer (503) while the sandbox is verified.
+	errc := make(chan error, 2)
+	ul, err := d.listenUnix(cfg)
+	if err != nil {
+		return err
+	}
+	go func() { errc <- d.srv.Serve(api.Listen(ul, cfg.Runs.MaxConnections, cfg.Runs.MaxConnectionsPerUID)) }()
 	if cfg.TCP.Listen != "" {
+		tl, err := listenTCP(cfg.TCP, cfg.Runs.MaxConnections)
+		if err != nil {
+			return err
+		}
+		go func() { errc <- d.srv.Serve(tl) }()
+		d.log.Warn("listening on TCP: callers must present a bearer token", "address", tl.Addr().String(),
+			"tokens", len(access.Tokens), "tls", cfg.TCP.TLSCertFile != "")
+	}
+
+	// SIGTERM during the self-test still stops the daemon cleanly.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+
+	if err := d.verify(cfg, pol); err != nil {
+		d.health.Set(checkSelftest, err)
+		if cfg.Health.ExitOnFailure {
+			d.shutdown()
+			return fmt.Errorf("self-test: %w", err)
+		}
+		d.notify.Status("unready: self-test failed: " + err.Error())
+		d.log.Error("self-test failed: staying up unready (health.exit_on_failure = false); every run is refused", "error", err)
+	} else {
+		d.health.Set(checkSelftest, nil)
+		go d.keepChecking()
+		layers := d.report.Load().Enforcement.ActiveLayers()
+		d.notify.Ready(fmt.Sprintf("sandcell %s, CPython %s: ready, %d layers active (%s)", version,
+			bundle.Pinned.Version, len(layers), strings.Join(layers, ",")))
+		d.log.Info("ready", "layers", layers, "socket", cfg.Socket.Path)
+	}
+
+	for {
+		select {
+		case err := <-errc:
+			return err
+		case s := <-sig:
+			if s == syscall.SIGHUP {
+				d.reload()
+				continue
+			}
+			d.log.Info("stopping", "signal", s.String())
+			d.shutdown()
+			return nil
+		}
+	}
+}
+
+// verify runs the start-up self-test, telling systemd to wait while a module
+// compiles.
+func (d *daemon) verify(cfg config.Config, pol policy.Policy) error {
+	d.notify.Status("verifying the sandbox")
+	r := selftest.Run(context.Background(), selftest.Options{BundleDir: cfg.Bundle.Dir, CacheDir: cfg.Bundle.CacheDir,
+		Policy: pol, Spawner: d.sp, WorkDir: d.canaryW,
+		Slow: func(what string) { d.notify.Extend(2*time.Minute, "verifying the sandbox: "+what) }})
+	for _, c := range r.Checks {
+		level := slog.LevelInfo
+		if c.State != selftest.OK {
+			level = slog.LevelWarn
+		}
+		d.log.Log(context.Background(), level, "self-test", "check", c.Name, "state", c.State, "detail", c.Detail)
+	}
+	if !r.OK() {
+		return errors.New(r.Failure())
+	}
+	d.report.Store(r)
+	d.health.Set(checkCanary, nil)
+	d.health.Set(checkManager, nil)
+	return nil
+}
+
+// module returns the verified precompiled module for a run.
+func (d *daemon) module(fuel bool) (string, string, error) {
+	r := d.report.Load()
+	if r == nil {
+		return "", "", errors.New("the sandbox has not been verified")
+	}
+	return r.Modules[fuel], r.LibDir, nil
+}
+
+func (d *daemon) info() any {
+	cfg := d.cfg.Load()
+	pol, _ := cfg.Policy()
+	info := map[string]any{
+		"version": version, "revision": revision, "interpreter": bundle.Pinned,
+		"limits":  map[string]any{"default": pol.Default, "max": pol.Max},
+		"require": pol.Require,
+		"runs":    map[string]int{"max_concurrent": cfg.Concurrency(), "queue_length": cfg.Runs.QueueLength},
+	}
+	if r := d.report.Load(); r != nil {
+		info["enforcement"] = r.Enforcement
+	}
+	return info
+}
+
+// keepChecking runs the light canary every health.canary_interval and checks that
+// the run manager makes progress; with the systemd watchdog on, it pings it at half
+// its interval only while both hold.
+func (d *daemon) keepChecking() {
+	wd, watchdog := systemd.WatchdogInterval()
+	check := time.NewTicker(d.cfg.Load().Health.CanaryInterval.Duration)
+	defer check.Stop()
+	var ping <-chan time.Time
+	if watchdog {
+		t := time.NewTicker(wd / 2)
+		defer t.Stop()
+		ping = t.C
+		d.log.Info("watchdog on", "interval", wd)
+	}
+	for {
+		select {
+		case <-check.C:
+			cfg := d.cfg.Load()
+			pol, _ := cfg.Policy()
+			r := d.report.Load()
+			err := selftest.Light(context.Background(), selftest.Options{Policy: pol, Spawner: d.sp, WorkDir: d.canaryW},
+				r.Modules[false], r.LibDir)
+			if err != nil {
+				d.log.Error("canary failed: runs are refused until it passes", "error", err)
+			}
+			d.health.Set(checkCanary, err)
+		case <-ping:
+			d.health.Set(checkManager, d.mgr.Wedged())
+			if ok, _ := d.health.Ready(); ok {
+				d.notify.Watchdog()
+			} else {
+				d.log.Error("watchdog not pinged", "why", d.health.Why())
+			}
+		}
+	}
+}
+
+// reload applies a new configuration on SIGHUP: the kill switch, access and the run
+// policy change at once; keys that need a restart are named in the log. On any
+// error the old configuration stays. In-flight runs are not touched.
+func (d *daemon) reload() {
+	d.notify.Reloading()
+	defer d.notify.Ready("configuration reloaded")
+	cfg, _, err := loadConfig(d.flags)
+	var pol policy.Policy
+	if err == nil {
+		pol, err = cfg.Policy()
+	}
+	var access api.Access
+	if err == nil {
+		access, err = d.access(cfg)
+	}
+	if err != nil {
+		d.log.Error("reload refused: the configuration in force is unchanged", "error", err)
+		d.audit.Record(context.Background(), "daemon.reload", os.Getuid(), "", map[string]any{"error": err.Error()})
+		return
+	}
+	old := d.cfg.Load()
+	var restart []string
+	for key, same := range map[string]bool{"bundle": old.Bundle == cfg.Bundle, "state": old.State == cfg.State,
+		"socket": old.Socket == cfg.Socket, "tcp": old.TCP == cfg.TCP, "runs": old.Runs == cfg.Runs,
+		"workspaces": old.Workspaces == cfg.Workspaces, "health": old.Health == cfg.Health,
+		"audit": old.Audit == cfg.Audit} {
+		if !same {
+			restart = append(restart, key)
+		}
+	}
+	d.srv.SetAccess(access)
+	d.srv.SetPolicy(pol)
+	d.cfg.Store(&cfg)
+	d.log.Info("configuration reloaded", "disabled", cfg.Disabled, "needs_restart", restart)
+	d.audit.Record(context.Background(), "daemon.reload", os.Getuid(), "",
+		map[string]any{"disabled": cfg.Disabled, "needs_restart": restart})
+}
+
+// access resolves the configured principals and loads the tokens.
+func (d *daemon) access(cfg config.Config) (api.Access, error) {
+	var access api.Access
+	if cfg.TCP.Listen != "" {
+		var err error
 		// Never a TCP listener without tokens: refuse to start instead.
 		if access.Tokens, err = api.LoadTokens(cfg.TCP.TokensFile); err != nil {
-			return fmt.Errorf("tcp.listen is set: %w", err)
+			return access, fmt.Errorf("tcp.listen is set: %w", err)
 		}
 	}
 	for _, a := range []struct {
@@ -136,157 +425,53 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 		var err error
 		if *a.dst, err = api.ResolvePrincipals(a.list); err != nil {
 			// An entry that names nobody on this host grants nothing: fail closed.
-			log.Warn("access entries that name nobody on this host grant nothing", "list", "access."+a.name, "error", err)
+			d.log.Warn("access entries that name nobody on this host grant nothing", "list", "access."+a.name, "error", err)
 		}
 	}
+	return access, nil
+}
 
-	// The canary: the sandbox must hold on this host before any run is accepted.
-	var ready atomic.Bool
-	var notReady atomic.Value
-	notReady.Store("the start-up canary has not finished")
-	var contract atomic.Pointer[protocol.Enforcement]
-	canary := func() error {
-		limits, err := pol.Resolve(protocol.Limits{TimeoutMS: 30_000})
-		if err != nil {
-			return err
+// listenUnix returns the socket passed by systemd, or creates socket.path.
+func (d *daemon) listenUnix(cfg config.Config) (*net.UnixListener, error) {
+	if l, err := systemd.UnixListener(); err != nil || l != nil {
+		if l != nil {
+			d.log.Info("listening on the socket passed by systemd", "socket", l.Addr().String())
 		}
-		ws, err := os.MkdirTemp(filepath.Join(cfg.State.Dir, "work"), "canary-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(ws)
-		res, err := sp.Run(context.Background(), protocol.Request{Code: "print(6*7)", Workspace: ws, Limits: limits,
-			Hardening: pol.Hardening(limits), ModulePath: modules[false], LibDir: lib})
-		if err != nil {
-			return err
-		}
-		if res.Enforcement != nil {
-			contract.Store(res.Enforcement)
-		}
-		if res.Reason != protocol.Exited || string(res.Stdout) != "42\n" {
-			return fmt.Errorf("canary ended %s with stdout %q: %v", res.Reason, res.Stdout, res.Diagnostics)
-		}
-		if miss := res.Enforcement.Missing(pol.Require); len(miss) > 0 {
-			return fmt.Errorf("required layers not active: %v", miss)
-		}
-		return nil
+		return l, err
 	}
-
 	gid := -1
 	if cfg.Socket.Group != "" {
 		if g, err := user.LookupGroup(cfg.Socket.Group); err == nil {
 			gid, _ = strconv.Atoi(g.Gid)
 		} else {
-			log.Warn("socket group does not exist; the socket keeps the daemon's group", "group", cfg.Socket.Group)
+			d.log.Warn("socket group does not exist; the socket keeps the daemon's group", "group", cfg.Socket.Group)
 		}
 	}
 	mode, _ := strconv.ParseUint(cfg.Socket.Mode, 8, 32)
 	if err := os.MkdirAll(filepath.Dir(cfg.Socket.Path), 0o755); err != nil {
-		return err
+		return nil, err
 	}
 	l, err := api.ListenUnix(cfg.Socket.Path, os.FileMode(mode), gid)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	db, err := store.Open(filepath.Join(cfg.State.Dir, "audit.db"))
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	audit := &supervisor.Audit{Store: db, Log: log}
-	audit.Attach(mgr)
-	if err := audit.Record(context.Background(), "daemon.start", os.Getuid(), "",
-		map[string]any{"version": version, "revision": revision, "config": path}); err != nil {
-		return fmt.Errorf("the audit log cannot be written: %w", err)
-	}
-	// Runs in flight when the daemon last died (SIGKILL, power loss) ended with it:
-	// their workers died too (parent-death signal). Say so in the log.
-	if ids, err := db.Unfinished(context.Background()); err == nil {
-		for _, id := range ids {
-			audit.Record(context.Background(), "run.aborted", os.Getuid(), id,
-				map[string]any{"reason": "the daemon stopped while the run was in flight"})
-		}
-		if len(ids) > 0 {
-			log.Warn("runs in flight at the last stop marked aborted", "runs", len(ids))
-		}
-	}
-	workspaces, err := workspace.Open(filepath.Join(cfg.State.Dir, "workspaces"),
-		workspace.Quota{Bytes: cfg.Workspaces.MaxBytes, Files: cfg.Workspaces.MaxFiles})
-	if err != nil {
-		return err
-	}
-	pruneCtx, stopPrune := context.WithCancel(context.Background())
-	defer stopPrune()
-	go audit.PruneEvery(pruneCtx, time.Hour, cfg.Audit.Retention.Duration)
-	metrics := supervisor.NewMetrics(mgr, version, revision)
-	srv := api.New(api.Options{
-		Workspaces: workspaces,
-		Metrics:    promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Audit: audit,
-		RecordCode: cfg.Audit.RecordCode,
-		Service:    mgr, Access: access, Policy: pol, MaxBodyBytes: cfg.Runs.MaxRequestBytes, Module: module,
-		Disabled: func() bool { return cfg.Disabled },
-		Ready: func() (bool, string) {
-			if ready.Load() {
-				return true, ""
-			}
-			return false, notReady.Load().(string)
-		},
-		Info: func() any {
-			info := map[string]any{
-				"version": version, "revision": revision,
-				"limits":  map[string]any{"default": pol.Default, "max": pol.Max},
-				"require": pol.Require, "enforcement": contract.Load(),
-				"runs": map[string]int{"max_concurrent": cfg.Concurrency(), "queue_length": cfg.Runs.QueueLength},
-			}
-			info["interpreter"] = bundle.Pinned
-			return info
-		},
-	})
-	errc := make(chan error, 1)
-	// At most max_connections open at once: slow clients queue in the backlog
-	// instead of taking descriptors and memory without bound.
-	go func() { errc <- srv.Serve(api.Listen(l, cfg.Runs.MaxConnections, cfg.Runs.MaxConnectionsPerUID)) }()
-	log.Info("listening", "socket", cfg.Socket.Path, "mode", cfg.Socket.Mode)
-	if cfg.TCP.Listen != "" {
-		tl, err := listenTCP(cfg.TCP, cfg.Runs.MaxConnections)
-		if err != nil {
-			return err
-		}
-		go func() { errc <- srv.Serve(tl) }()
-		log.Warn("listening on TCP: callers must present a bearer token", "address", tl.Addr().String(),
-			"tokens", len(access.Tokens), "tls", cfg.TCP.TLSCertFile != "")
-	}
+	d.log.Info("listening", "socket", cfg.Socket.Path, "mode", cfg.Socket.Mode)
+	return l, nil
+}
 
-	go func() {
-		if err := canary(); err != nil {
-			notReady.Store("the sandbox could not be verified on this host: " + err.Error())
-			log.Error("start-up canary failed: no run will be accepted", "error", err)
-			return
-		}
-		ready.Store(true)
-		e := contract.Load()
-		log.Info("ready", "layers", e.ActiveLayers())
-	}()
-
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
-	select {
-	case err := <-errc:
-		return err
-	case s := <-sig:
-		log.Info("stopping", "signal", s.String())
-	}
+// shutdown stops accepting, lets runs finish for shutdownGrace, kills the rest.
+func (d *daemon) shutdown() {
+	d.notify.Stopping("stopping: letting running runs finish")
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace+5*time.Second)
 	defer cancel()
 	done := make(chan struct{})
-	go func() { mgr.Shutdown(shutdownGrace); close(done) }()
-	if err := srv.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		log.Warn("shutdown", "error", err)
+	go func() { d.mgr.Shutdown(shutdownGrace); close(done) }()
+	if err := d.srv.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		d.log.Warn("shutdown", "error", err)
 	}
 	<-done
-	audit.Record(context.Background(), "daemon.stop", os.Getuid(), "", map[string]any{})
-	log.Info("stopped")
-	return nil
+	d.audit.Record(context.Background(), "daemon.stop", os.Getuid(), "", map[string]any{})
+	d.log.Info("stopped")
 }
 
 // listenTCP opens the TCP listener: at most max connections at once, TLS (1.2 or

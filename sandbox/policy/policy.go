@@ -55,7 +55,14 @@ type Policy struct {
 	// MaxThreads is the most threads a worker may run (RLIMIT_NPROC, set inside the
 	// worker's own user namespace only).
 	MaxThreads int64
+	// Disable lists layers not to apply at all: "seccomp", "landlock", "namespaces"
+	// (for hosts where one breaks; a disabled layer that Require names makes every
+	// run, and the start-up self-test, fail).
+	Disable []string
 }
+
+// Disableable are the names Policy.Disable accepts.
+var Disableable = []string{"seccomp", "landlock", "namespaces"}
 
 // Hardening returns the hardening request for a run with limits l (already
 // resolved): every layer asked for, the rlimits, and the layers policy requires.
@@ -71,10 +78,13 @@ func (p Policy) Hardening(l protocol.Limits) protocol.Hardening {
 	if l.CPUMS > ms {
 		ms = l.CPUMS
 	}
+	if contains(p.Disable, "seccomp") {
+		prof = nil
+	}
 	return protocol.Hardening{
 		Seccomp:    prof,
-		Landlock:   true,
-		Namespaces: true,
+		Landlock:   !contains(p.Disable, "landlock"),
+		Namespaces: !contains(p.Disable, "namespaces"),
 		Rlimits: protocol.Rlimits{
 			NOFILE: uint64(p.MaxOpenFiles),
 			NPROC:  uint64(p.MaxThreads),
@@ -127,6 +137,11 @@ func (p Policy) Validate() error {
 	}
 	if err := protocol.CheckLayers(p.Require); err != nil {
 		errs = multierror.Append(errs, fmt.Errorf("require: %w", err))
+	}
+	for _, d := range p.Disable {
+		if !contains(Disableable, d) {
+			errs = multierror.Append(errs, fmt.Errorf("disable: %q is not one of %v", d, Disableable))
+		}
 	}
 	if p.Seccomp != nil {
 		if _, err := seccomp.Compile(*p.Seccomp); err != nil {

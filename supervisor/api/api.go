@@ -21,11 +21,13 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/sandcell/sandcell/healthz"
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
@@ -46,7 +48,8 @@ const (
 	CodeBodyTooLarge   = "body_too_large"         // 413: the body is over runs.max_request_bytes
 	CodeQueueFull      = "queue_full"             // 429: every worker busy and the queue full (Retry-After)
 	CodeDisabled       = "disabled"               // 503: the kill switch is on
-	CodeNotReady       = "not_ready"              // 503: the sandbox has not been verified
+	CodeNotReady       = "not_ready"              // 503: the sandbox has not been verified (or a check fails)
+	CodeNotAlive       = "not_alive"              // 503 on /livez: a liveness check fails (restart the daemon)
 	CodeStopping       = "stopping"               // 503: the daemon is shutting down
 	CodeInternal       = "internal_error"         // 500
 	CodeUnsupportedMed = "unsupported_media_type" // 415: the body is not application/json
@@ -59,7 +62,7 @@ const (
 
 // Codes lists every problem code (TestOpenAPI keeps the document's list equal).
 var Codes = []string{CodeInvalidJSON, CodeUnknownField, CodeBadRequest, CodeLimitExceeded, CodeForbidden,
-	CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeDisabled, CodeNotReady, CodeStopping,
+	CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeDisabled, CodeNotReady, CodeNotAlive, CodeStopping,
 	CodeInternal, CodeUnsupportedMed, CodeUnauthorized, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota}
 
 // OpenAPI is the API's contract (OpenAPI 3.1), served at /v1/openapi.json.
@@ -71,8 +74,8 @@ var OpenAPI []byte
 // route answers with. TestOpenAPI checks that the document and this list agree and
 // that the server has exactly these routes.
 var Statuses = map[string][]int{
-	"GET /livez":              {200},
-	"GET /healthz":            {200},
+	"GET /livez":              {200, 503},
+	"GET /healthz":            {200, 503},
 	"GET /readyz":             {200, 503},
 	"GET /metrics":            {200},
 	"GET /v1/openapi.json":    {200},
@@ -143,7 +146,7 @@ type Options struct {
 	// Disabled reports the kill switch.
 	Disabled func() bool
 	// Ready reports whether the sandbox has been verified, and why not.
-	Ready func() (bool, string)
+	Health *healthz.Registry
 	// Info is the body of GET /v1/info.
 	Info func() any
 	// Metrics, if set, is served at GET /metrics (Prometheus text format).
@@ -162,13 +165,29 @@ type Options struct {
 type Server struct {
 	o    Options
 	echo *echo.Echo
+	// The parts a configuration reload may change (SetAccess, SetPolicy).
+	acc atomic.Pointer[Access]
+	pol atomic.Pointer[policy.Policy]
 }
+
+// SetAccess replaces who may do what (a configuration reload); requests already
+// admitted keep the access they were admitted with.
+func (s *Server) SetAccess(a Access) { s.acc.Store(&a) }
+
+// SetPolicy replaces the limits, environment allowlist and hardening of runs
+// admitted from now on (a configuration reload).
+func (s *Server) SetPolicy(p policy.Policy) { s.pol.Store(&p) }
+
+func (s *Server) access() *Access        { return s.acc.Load() }
+func (s *Server) policy() *policy.Policy { return s.pol.Load() }
 
 // New builds the server and its routes.
 func New(o Options) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	s := &Server{o: o, echo: e}
+	s.SetAccess(o.Access)
+	s.SetPolicy(o.Policy)
 	e.HTTPErrorHandler = s.errorHandler
 	e.Server.ConnContext = ConnContext
 	// Slow clients cannot hold a connection: headers within 5 s, a body within 30 s.
@@ -182,9 +201,10 @@ func New(o Options) *Server {
 	e.Server.IdleTimeout = 2 * time.Minute
 	e.Server.MaxHeaderBytes = 16 << 10
 
-	e.GET("/livez", s.livez)
-	e.GET("/healthz", s.livez)
-	e.GET("/readyz", s.readyz)
+	live := echo.WrapHandler(healthz.Handler(o.Health.Live, CodeNotAlive))
+	e.GET("/livez", live)
+	e.GET("/healthz", live)
+	e.GET("/readyz", echo.WrapHandler(healthz.Handler(o.Health.Ready, CodeNotReady)))
 	e.GET("/v1/openapi.json", func(c echo.Context) error { return c.Blob(http.StatusOK, "application/json", OpenAPI) })
 	if o.Metrics != nil {
 		e.GET("/metrics", echo.WrapHandler(o.Metrics))
@@ -258,7 +278,7 @@ func (s *Server) require(role Role) echo.MiddlewareFunc {
 			ctx := c.Request().Context()
 			peer, ok := PeerFrom(ctx)
 			if !ok {
-				t, found := s.o.Access.Tokens.Authenticate(c.Request())
+				t, found := s.access().Tokens.Authenticate(c.Request())
 				if !found {
 					s.o.Audit.Record(ctx, "access.denied", -1, "", map[string]any{"method": c.Request().Method,
 						"path": c.Path(), "role": role, "remote": c.Request().RemoteAddr, "reason": "no valid bearer token"})
@@ -268,7 +288,7 @@ func (s *Server) require(role Role) echo.MiddlewareFunc {
 				peer, ok = Peer{PID: -1, UID: -1, GID: -1, Token: t.Name}, true
 				c.SetRequest(c.Request().WithContext(context.WithValue(ctx, peerKey{}, peer)))
 			}
-			if !s.o.Access.Allows(peer, role) {
+			if !s.access().Allows(peer, role) {
 				d := map[string]any{"method": c.Request().Method, "path": c.Path(), "role": role, "pid": peer.PID}
 				who := fmt.Sprintf("uid %d", peer.UID)
 				if peer.Token != "" {
@@ -280,17 +300,6 @@ func (s *Server) require(role Role) echo.MiddlewareFunc {
 			return next(c)
 		}
 	}
-}
-
-func (s *Server) livez(c echo.Context) error {
-	return c.JSON(http.StatusOK, map[string]string{"status": "alive"})
-}
-
-func (s *Server) readyz(c echo.Context) error {
-	if ok, why := s.o.Ready(); !ok {
-		return problem(c, http.StatusServiceUnavailable, CodeNotReady, why)
-	}
-	return c.JSON(http.StatusOK, map[string]string{"status": "ready"})
 }
 
 func (s *Server) info(c echo.Context) error { return c.JSON(http.StatusOK, s.o.Info()) }
@@ -338,7 +347,7 @@ func (s *Server) createRun(c echo.Context) error {
 	if s.o.Disabled() {
 		return refuse(http.StatusServiceUnavailable, CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
 	}
-	if ok, why := s.o.Ready(); !ok {
+	if why := s.o.Health.Why(); why != "" {
 		return refuse(http.StatusServiceUnavailable, CodeNotReady, why)
 	}
 	var body RunRequest
@@ -434,14 +443,14 @@ func (s *Server) request(b RunRequest) (protocol.Request, *badRequest) {
 		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeLimitExceeded,
 			fmt.Sprintf("memory_mb %d is above any maximum", b.Limits.MemoryMB)}
 	}
-	limits, err := s.o.Policy.Resolve(protocol.Limits{
+	limits, err := s.policy().Resolve(protocol.Limits{
 		TimeoutMS: b.Limits.TimeoutMS, CPUMS: b.Limits.CPUMS, MemoryBytes: b.Limits.MemoryMB * policy.MiB,
 		Fuel: b.Limits.Fuel, MaxStdoutBytes: b.Limits.MaxOutputBytes, MaxStderrBytes: b.Limits.MaxOutputBytes,
 	})
 	if err != nil {
 		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeLimitExceeded, err.Error()}
 	}
-	env, err := s.o.Policy.FilterEnv(b.Env)
+	env, err := s.policy().FilterEnv(b.Env)
 	if err != nil {
 		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest, err.Error()}
 	}
@@ -467,7 +476,7 @@ func (s *Server) request(b RunRequest) (protocol.Request, *badRequest) {
 		return protocol.Request{}, &badRequest{http.StatusInternalServerError, CodeInternal, err.Error()}
 	}
 	return protocol.Request{Code: b.Code, Args: b.Args, Stdin: stdin, Env: env, Limits: limits,
-		Hardening: s.o.Policy.Hardening(limits), ModulePath: module, LibDir: lib}, nil
+		Hardening: s.policy().Hardening(limits), ModulePath: module, LibDir: lib}, nil
 }
 
 // decode reads a JSON body strictly: at most MaxBodyBytes (413 beyond, before reading
@@ -607,7 +616,7 @@ func (s *Server) audit(c echo.Context) error {
 // 404, as if it did not exist.
 func (s *Server) visible(c echo.Context, run *supervisor.Run) bool {
 	peer, ok := PeerFrom(c.Request().Context())
-	return ok && (peer.Caller() == run.Caller || s.o.Access.Allows(peer, RoleAdmin))
+	return ok && (peer.Caller() == run.Caller || s.access().Allows(peer, RoleAdmin))
 }
 
 func (s *Server) getRun(c echo.Context) error {

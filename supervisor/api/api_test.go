@@ -25,6 +25,7 @@ import (
 
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/client"
+	"github.com/sandcell/sandcell/healthz"
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
@@ -82,6 +83,8 @@ func start(t *testing.T, s setup) *daemon {
 	}
 	mod, lib := bundletest.Module(t, false), bundletest.LibDir(t)
 	fuelMod := bundletest.Module(t, true)
+	health := healthz.New()
+	health.Set("canary", nil)
 	d := &daemon{socket: filepath.Join(dir, "s.sock"), workspaces: filepath.Join(dir, "workspaces")}
 	if s.quota == (workspace.Quota{}) {
 		s.quota = workspace.Quota{Bytes: 1 << 20, Files: 100}
@@ -105,7 +108,7 @@ func start(t *testing.T, s setup) *daemon {
 			return mod, lib, nil
 		},
 		Disabled: d.disabled.Load,
-		Ready:    func() (bool, string) { return true, "" },
+		Health:   health,
 		Info:     func() any { return map[string]string{"version": "test"} },
 	})
 	d.handler = srv.Handler()

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"os/user"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -258,7 +259,15 @@ func (a Access) Allows(peer Peer, role Role) bool {
 // gid >= 0) before anyone can connect: it is created under a umask that leaves only
 // the owner's bits, then widened to mode, never beyond. A stale socket file (nothing
 // listening) is replaced; a live one is not: the error says a daemon is running.
+// The socket's directory must not be writable by group or others: whoever can write
+// it can replace the socket with their own and see every caller's code.
 func ListenUnix(path string, mode os.FileMode, gid int) (*net.UnixListener, error) {
+	dir := filepath.Dir(path)
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, err
+	} else if fi.Mode().Perm()&0o022 != 0 {
+		return nil, fmt.Errorf("the socket's directory %s is writable by others (mode %v): anyone who can write it can replace the socket", dir, fi.Mode().Perm())
+	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("%s exists and is not a socket", path)

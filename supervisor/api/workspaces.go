@@ -35,7 +35,7 @@ func (s *Server) workspace(c echo.Context, id string) *workspace.Workspace {
 		return nil
 	}
 	peer, ok := PeerFrom(c.Request().Context())
-	if err != nil || !ok || ((peer.UID != w.Owner || peer.Token != w.OwnerToken) && !s.o.Access.Allows(peer, RoleAdmin)) {
+	if err != nil || !ok || ((peer.UID != w.Owner || peer.Token != w.OwnerToken) && !s.access().Allows(peer, RoleAdmin)) {
 		problem(c, http.StatusNotFound, CodeNotFound, "no workspace "+id)
 		return nil
 	}

@@ -63,6 +63,8 @@ type Config struct {
 	TCP   TCP   `toml:"tcp" envPrefix:"TCP_"`
 	Runs  Runs  `toml:"runs" envPrefix:"RUNS_"`
 	Audit Audit `toml:"audit" envPrefix:"AUDIT_"`
+	// Health configures the start-up self-test and the periodic canary.
+	Health Health `toml:"health" envPrefix:"HEALTH_"`
 	// Workspaces bounds the named workspaces of /v1/workspaces.
 	Workspaces Workspaces `toml:"workspaces" envPrefix:"WORKSPACES_"`
 	Limits     Limits     `toml:"limits" envPrefix:"LIMITS_"`
@@ -134,6 +136,16 @@ type Audit struct {
 	RecordCode bool `toml:"record_code" env:"RECORD_CODE"`
 }
 
+// Health configures readiness.
+type Health struct {
+	// ExitOnFailure makes a failed start-up self-test end the daemon (non-zero);
+	// false keeps it up, unready (every run refused with 503), for inspection.
+	ExitOnFailure bool `toml:"exit_on_failure" env:"EXIT_ON_FAILURE"`
+	// CanaryInterval is how often a light canary (print(6*7) with every required
+	// layer) runs; readiness and the systemd watchdog depend on it.
+	CanaryInterval Duration `toml:"canary_interval" env:"CANARY_INTERVAL"`
+}
+
 // Workspaces bounds each named workspace. Uploads are refused past the quota; guest
 // code can write past it during a run (each file bounded by RLIMIT_FSIZE, at most
 // max_bytes), after which the workspace refuses runs and uploads until files are
@@ -175,6 +187,8 @@ type Sandbox struct {
 	MaxOpenFiles int64 `toml:"max_open_files" env:"MAX_OPEN_FILES"`
 	// MaxThreads is RLIMIT_NPROC of a worker (inside its user namespace).
 	MaxThreads int64 `toml:"max_threads" env:"MAX_THREADS"`
+	// Disable lists layers not applied at all ("seccomp", "landlock", "namespaces").
+	Disable []string `toml:"disable" env:"DISABLE"`
 }
 
 // Access lists who may do what. An entry is a user name, a uid, "@group" or "@gid".
@@ -199,12 +213,13 @@ func Default() Config {
 			MaxRequestBytes: 1 << 20, MaxRetainedOutputBytes: 256 << 20, MaxConnections: 256, MaxConnectionsPerUID: 64},
 		Audit:      Audit{Retention: Duration{90 * 24 * time.Hour}},
 		Workspaces: Workspaces{MaxBytes: 256 << 20, MaxFiles: 10_000},
+		Health:     Health{ExitOnFailure: true, CanaryInterval: Duration{time.Minute}},
 		Limits: Limits{
 			Default: fromLimits(p.Default),
 			Max:     fromLimits(p.Max),
 		},
 		Sandbox: Sandbox{Require: p.Require, MaxFileBytes: p.MaxFileBytes, MaxOpenFiles: p.MaxOpenFiles,
-			MaxThreads: p.MaxThreads, EnvAllow: []string{}},
+			MaxThreads: p.MaxThreads, EnvAllow: []string{}, Disable: []string{}},
 		Access: Access{Runners: []string{"@sandcell"}, Approvers: []string{}, Admins: []string{"root"}},
 	}
 }
@@ -319,6 +334,9 @@ func (c Config) Validate() error {
 	if (c.TCP.TLSCertFile == "") != (c.TCP.TLSKeyFile == "") {
 		add("tcp.tls_cert_file", "tcp.tls_cert_file and tcp.tls_key_file go together")
 	}
+	if c.Health.CanaryInterval.Duration < time.Second {
+		add("health.canary_interval", "must be at least 1s, is %s", c.Health.CanaryInterval.Duration)
+	}
 	if c.Workspaces.MaxBytes < 1 {
 		add("workspaces.max_bytes", "must be positive, is %d", c.Workspaces.MaxBytes)
 	}
@@ -372,6 +390,7 @@ func (c Config) policy() policy.Policy {
 		MaxFileBytes: c.Sandbox.MaxFileBytes,
 		MaxOpenFiles: c.Sandbox.MaxOpenFiles,
 		MaxThreads:   c.Sandbox.MaxThreads,
+		Disable:      c.Sandbox.Disable,
 	}
 }
 

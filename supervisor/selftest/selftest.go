@@ -1,0 +1,260 @@
+// Package selftest proves, on this host, that the sandbox holds before the daemon
+// accepts work (DESIGN.md section 7): the pinned interpreter's bytes, a usable
+// precompiled module (rebuilt if needed), then a canary worker under the configured
+// policy that must print the expected answer, report every required enforcement
+// layer active, and fail each escape probe: a socket, a host file, the daemon's
+// environment, a write outside /ws. `sandcell serve` runs it before READY=1 and
+// `sandcell selftest` prints it as a table.
+package selftest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/sandcell/sandcell/bundle"
+	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/engine"
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// State is a check's outcome.
+type State string
+
+// The outcomes: ok; warn (works, but not as well as it could: a module rebuilt, an
+// optional layer missing); fail (no code may run).
+const (
+	OK   State = "ok"
+	Warn State = "warn"
+	Fail State = "fail"
+)
+
+// Check is one line of the report.
+type Check struct {
+	Name   string `json:"name"`
+	State  State  `json:"state"`
+	Detail string `json:"detail"`
+}
+
+// Report is the whole self-test.
+type Report struct {
+	Checks []Check `json:"checks"`
+	// Enforcement is the canary's contract, when a canary ran.
+	Enforcement *protocol.Enforcement `json:"enforcement,omitempty"`
+	// Modules are the verified precompiled modules: without and with fuel metering.
+	Modules map[bool]string `json:"-"`
+	// LibDir is the interpreter's standard library directory.
+	LibDir string `json:"-"`
+}
+
+// OK reports whether no check failed.
+func (r *Report) OK() bool { return r.Failure() == "" }
+
+// Failure names the first failed check and why, or "".
+func (r *Report) Failure() string {
+	for _, c := range r.Checks {
+		if c.State == Fail {
+			return c.Name + ": " + c.Detail
+		}
+	}
+	return ""
+}
+
+func (r *Report) add(name string, s State, format string, a ...any) {
+	r.Checks = append(r.Checks, Check{Name: name, State: s, Detail: fmt.Sprintf(format, a...)})
+}
+
+// Options say what to verify.
+type Options struct {
+	BundleDir, CacheDir string
+	Policy              policy.Policy
+	Spawner             *sandbox.Spawner
+	// WorkDir holds the canary's workspace (created and removed).
+	WorkDir string
+	// Slow, if set, is called before a step that may take seconds (compiling the
+	// module), so a service manager can be told to wait (EXTEND_TIMEOUT_USEC).
+	Slow func(what string)
+}
+
+// Run performs the whole self-test. It stops at the first failure that leaves
+// nothing to test (no bundle, no module).
+func Run(ctx context.Context, o Options) *Report {
+	r := &Report{Modules: map[bool]string{}}
+	b, err := bundle.Open(o.BundleDir)
+	if err != nil {
+		r.add("bundle", Fail, "%v (bundle directory %s)", err, o.BundleDir)
+		return r
+	}
+	if err := b.Verify(); err != nil {
+		r.add("bundle", Fail, "%v", err)
+		return r
+	}
+	r.LibDir = b.LibPath()
+	r.add("bundle", OK, "CPython %s, python.wasm sha256 %s", bundle.Pinned.Version, bundle.Pinned.Wasm.SHA256[:16])
+	for _, fuel := range []bool{false, true} {
+		name := "module"
+		if fuel {
+			name = "module (fuel)"
+		}
+		if o.Slow != nil {
+			o.Slow(name)
+		}
+		pre, err := b.Precompiled(engine.New(engine.Options{Fuel: fuel}), o.CacheDir)
+		switch {
+		case err != nil:
+			r.add(name, Fail, "no usable precompiled module and none can be built: %v", err)
+			return r
+		case pre.Rebuilt:
+			r.add(name, Warn, "compiled for this host into %s (%s)", pre.Path, strings.Join(pre.Stale, "; "))
+		default:
+			r.add(name, OK, "%s", filepath.Base(pre.Path))
+		}
+		r.Modules[fuel] = pre.Path
+	}
+	r.canary(ctx, o, CanaryProgram)
+	return r
+}
+
+// CanaryProgram prints 6*7, then the outcome of each escape probe as JSON. Each
+// probe must come out "denied".
+const CanaryProgram = `import json, os
+r = {"answer": 6 * 7}
+try:
+    import socket
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.connect(("127.0.0.1", 22))
+    r["network"] = "connected"
+except Exception as e:
+    r["network"] = "denied"
+try:
+    with open("/etc/passwd") as f:
+        f.read(1)
+    r["host_file"] = "read"
+except OSError:
+    r["host_file"] = "denied"
+r["environment"] = "denied" if not os.environ else "visible: " + ",".join(sorted(os.environ))
+try:
+    with open("/sandcell-canary", "w") as f:
+        f.write("x")
+    r["write_outside"] = "written"
+except OSError:
+    r["write_outside"] = "denied"
+with open("/ws/canary", "w") as f:
+    f.write("x")
+os.remove("/ws/canary")
+r["workspace"] = "written"
+print(json.dumps(r, sort_keys=True))
+`
+
+// canary runs program under the policy (as a real run, with every configured layer)
+// and checks its contract and output.
+func (r *Report) canary(ctx context.Context, o Options, program string) {
+	res, err := runCanary(ctx, o, r.Modules[false], r.LibDir, program)
+	if err != nil {
+		r.add("canary", Fail, "%v", err)
+		return
+	}
+	r.Enforcement = res.Enforcement
+	r.layers(o.Policy.Require, res)
+	if res.Reason != protocol.Exited || res.ExitCode != 0 {
+		r.add("canary", Fail, "ended %s (exit %d): %s %s", res.Reason, res.ExitCode,
+			strings.Join(res.Diagnostics, "; "), tail(res.Stderr))
+		return
+	}
+	var out map[string]any
+	if err := json.Unmarshal(res.Stdout, &out); err != nil || out["answer"] != float64(42) {
+		r.add("canary", Fail, "unexpected output %q", tail(res.Stdout))
+		return
+	}
+	r.add("canary", OK, "printed 42 in %.0f ms", res.ElapsedMS)
+	for _, probe := range []string{"network", "host_file", "environment", "write_outside", "workspace"} {
+		want := "denied"
+		if probe == "workspace" {
+			want = "written"
+		}
+		if got := fmt.Sprint(out[probe]); got != want {
+			r.add("probe "+probe, Fail, "%s (want %s)", got, want)
+		} else {
+			r.add("probe "+probe, OK, "%s", got)
+		}
+	}
+}
+
+// layers reports each enforcement layer: required and missing is a failure, optional
+// and missing a warning.
+func (r *Report) layers(require []string, res protocol.Result) {
+	e := res.Enforcement
+	if e == nil {
+		r.add("layers", Fail, "the worker reported no enforcement contract")
+		return
+	}
+	active := e.ActiveLayers()
+	var missingReq, missingOpt []string
+	for _, l := range protocol.Layers {
+		if slices.Contains(active, l) {
+			continue
+		}
+		if slices.Contains(require, l) {
+			missingReq = append(missingReq, l)
+		} else {
+			missingOpt = append(missingOpt, l)
+		}
+	}
+	switch {
+	case len(missingReq) > 0:
+		r.add("layers", Fail, "required but not active: %s", strings.Join(missingReq, ", "))
+	case len(missingOpt) > 0:
+		r.add("layers", Warn, "active: %s; not active (not required): %s", strings.Join(active, ", "), strings.Join(missingOpt, ", "))
+	default:
+		r.add("layers", OK, "all %d active: %s", len(active), strings.Join(active, ", "))
+	}
+}
+
+func runCanary(ctx context.Context, o Options, module, lib, program string) (protocol.Result, error) {
+	limits, err := o.Policy.Resolve(protocol.Limits{TimeoutMS: 30_000})
+	if err != nil {
+		return protocol.Result{}, err
+	}
+	if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
+		return protocol.Result{}, err
+	}
+	ws, err := os.MkdirTemp(o.WorkDir, "canary-")
+	if err != nil {
+		return protocol.Result{}, err
+	}
+	defer os.RemoveAll(ws)
+	return o.Spawner.Run(ctx, protocol.Request{Code: program, Workspace: ws, Limits: limits,
+		Hardening: o.Policy.Hardening(limits), ModulePath: module, LibDir: lib})
+}
+
+// Light is the periodic canary: `print(6*7)` in a worker with every required layer.
+// An error says what went wrong.
+func Light(ctx context.Context, o Options, module, lib string) error {
+	res, err := runCanary(ctx, o, module, lib, "print(6*7)")
+	switch {
+	case err != nil:
+		return err
+	case res.Reason != protocol.Exited || string(res.Stdout) != "42\n":
+		return fmt.Errorf("canary ended %s with %q: %s", res.Reason, tail(res.Stdout), strings.Join(res.Diagnostics, "; "))
+	case res.Enforcement == nil:
+		return errors.New("canary reported no enforcement contract")
+	}
+	if miss := res.Enforcement.Missing(o.Policy.Require); len(miss) > 0 {
+		return fmt.Errorf("required layers not active: %v", miss)
+	}
+	return nil
+}
+
+func tail(b []byte) string {
+	const n = 300
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return strings.TrimSpace(string(b))
+}

@@ -1,0 +1,149 @@
+package selftest
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandcell/sandcell/bundle"
+	"github.com/sandcell/sandcell/bundle/bundletest"
+	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/sandbox/worker"
+)
+
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == worker.Command {
+		os.Exit(worker.Main())
+	}
+	os.Exit(m.Run())
+}
+
+func options(t *testing.T, bundleDir string) Options {
+	return Options{BundleDir: bundleDir, CacheDir: t.TempDir(), Policy: policy.Default(),
+		Spawner: sandbox.SelfSpawner(), WorkDir: t.TempDir()}
+}
+
+func TestPasses(t *testing.T) {
+	// The daemon's environment holds a secret; the canary must not see it.
+	t.Setenv("SANDCELL_TEST_SECRET", "x")
+	var slow []string
+	o := options(t, bundletest.Dir(t))
+	o.Slow = func(what string) { slow = append(slow, what) }
+	r := Run(context.Background(), o)
+	if !r.OK() {
+		t.Fatalf("%+v", r.Checks)
+	}
+	names := []string{}
+	for _, c := range r.Checks {
+		names = append(names, c.Name)
+		if c.State != OK {
+			t.Errorf("%+v", c)
+		}
+	}
+	if want := "bundle,module,module (fuel),layers,canary,probe network,probe host_file,probe environment,probe write_outside,probe workspace"; strings.Join(names, ",") != want {
+		t.Fatalf("checks %s", strings.Join(names, ","))
+	}
+	if len(slow) != 2 || r.Enforcement == nil || len(r.Enforcement.Missing(protocol.Layers)) > 0 {
+		t.Fatalf("slow %v, contract %+v", slow, r.Enforcement)
+	}
+	if err := Light(context.Background(), o, r.Modules[false], r.LibDir); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// copyBundle copies the bundle (python.wasm, MANIFEST, the library, the .cwasm files)
+// so that a test can damage its copy.
+func copyBundle(t *testing.T) string {
+	src, dst := bundletest.Dir(t), t.TempDir()
+	err := filepath.Walk(src, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		if fi.IsDir() {
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		}
+		in, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer in.Close()
+		out, err := os.OpenFile(filepath.Join(dst, rel), os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			return err
+		}
+		defer out.Close()
+		_, err = io.Copy(out, in)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+func flipByte(t *testing.T, path string, at int64) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	f.ReadAt(b, at)
+	b[0] ^= 0xff
+	f.WriteAt(b, at)
+}
+
+func TestFailures(t *testing.T) {
+	t.Run("python.wasm hash", func(t *testing.T) {
+		dir := copyBundle(t)
+		flipByte(t, filepath.Join(dir, bundle.Pinned.Wasm.Name), 1000)
+		r := Run(context.Background(), options(t, dir))
+		if r.OK() || !strings.HasPrefix(r.Failure(), "bundle: ") || !strings.Contains(r.Failure(), "sha256") {
+			t.Fatalf("%q", r.Failure())
+		}
+	})
+	t.Run("damaged module, cache unwritable", func(t *testing.T) {
+		dir := copyBundle(t)
+		cwasm, _ := filepath.Glob(filepath.Join(dir, "*.cwasm"))
+		for _, p := range cwasm {
+			flipByte(t, p, 5000)
+		}
+		o := options(t, dir)
+		// Read-only even for root: nothing can be created under /proc.
+		o.CacheDir = "/proc/sandcell-selftest-cache"
+		os.Chmod(dir, 0o555)
+		defer os.Chmod(dir, 0o755)
+		r := Run(context.Background(), o)
+		if r.OK() || !strings.HasPrefix(r.Failure(), "module: no usable precompiled module") {
+			t.Fatalf("%q", r.Failure())
+		}
+	})
+	t.Run("required layer missing", func(t *testing.T) {
+		o := options(t, bundletest.Dir(t))
+		o.Policy.Disable = []string{"landlock"}
+		r := Run(context.Background(), o)
+		if r.OK() || r.Failure() != "layers: required but not active: landlock" {
+			t.Fatalf("%q %+v", r.Failure(), r.Checks)
+		}
+	})
+	t.Run("optional layer missing", func(t *testing.T) {
+		o := options(t, bundletest.Dir(t))
+		o.Policy.Disable = []string{"landlock"}
+		o.Policy.Require = []string{protocol.LayerSeccomp}
+		r := Run(context.Background(), o)
+		if !r.OK() {
+			t.Fatalf("%q", r.Failure())
+		}
+		for _, c := range r.Checks {
+			if c.Name == "layers" && (c.State != Warn || !strings.Contains(c.Detail, "landlock")) {
+				t.Fatalf("%+v", c)
+			}
+		}
+	})
+}
