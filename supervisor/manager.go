@@ -105,7 +105,7 @@ func NewManager(runner Runner, o Options) (*Manager, error) {
 	}
 	return &Manager{runner: runner, workDir: o.WorkDir, retention: o.Retention, maxRetained: o.MaxRetainedOutputBytes,
 		wedgeSlack: o.WedgeSlack,
-		slots: make(chan struct{}, o.Concurrency), maxQueued: o.QueueLength, runs: map[string]*Run{}}, nil
+		slots:      make(chan struct{}, o.Concurrency), maxQueued: o.QueueLength, runs: map[string]*Run{}}, nil
 }
 
 // Caller is who starts a run: a local process's uid (SO_PEERCRED), or, over TCP, the

@@ -59,7 +59,9 @@ func (n Notifier) Extend(d time.Duration, msg string) error {
 func (n Notifier) Stopping(msg string) error { return n.send(daemon.SdNotifyStopping, status(msg)) }
 
 // Reloading says a configuration reload began (RELOADING=1); Ready ends it.
-func (n Notifier) Reloading() error { return n.send(daemon.SdNotifyReloading, status("reloading the configuration")) }
+func (n Notifier) Reloading() error {
+	return n.send(daemon.SdNotifyReloading, status("reloading the configuration"))
+}
 
 // Watchdog pings the watchdog (WATCHDOG=1).
 func (n Notifier) Watchdog() error { return n.send(daemon.SdNotifyWatchdog) }
