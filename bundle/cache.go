@@ -103,6 +103,10 @@ func (b *Bundle) Precompile(c Compiler, dir string) (string, error) {
 	if sum := hashBytes(wasm); sum != Pinned.Wasm.SHA256 {
 		return "", fmt.Errorf("%w: %s: sha256 %s, expected %s", ErrMismatch, Pinned.Wasm.Name, sum, Pinned.Wasm.SHA256)
 	}
+	// The directory first: compiling takes seconds, wasted if the result has nowhere to go.
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("bundle: create %s: %w", dir, err)
+	}
 	code, err := c.Precompile(wasm)
 	if err != nil {
 		return "", err
@@ -113,9 +117,6 @@ func (b *Bundle) Precompile(c Compiler, dir string) (string, error) {
 	side, err := json.MarshalIndent(sc, "", "  ")
 	if err != nil {
 		return "", fmt.Errorf("bundle: encode sidecar: %w", err)
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("bundle: create %s: %w", dir, err)
 	}
 	p := filepath.Join(dir, PrecompiledName(key))
 	// Sidecar last: a .cwasm without its matching sidecar is never trusted.

@@ -73,3 +73,48 @@ func Module(t testing.TB, fuel bool) string {
 	cache[fuel] = pre.Path
 	return pre.Path
 }
+
+// Copy copies the bundle (MANIFEST, python.wasm, the library, the .cwasm files with
+// their sidecars) into a new temporary directory, for tests that damage it.
+func Copy(t testing.TB) string {
+	t.Helper()
+	Module(t, false)
+	Module(t, true)
+	src, dst := Dir(t), t.TempDir()
+	err := filepath.Walk(src, func(p string, fi os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		if fi.IsDir() {
+			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), b, 0o644)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dst
+}
+
+// Damage flips the byte at offset at of the file at path.
+func Damage(t testing.TB, path string, at int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, at); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, at); err != nil {
+		t.Fatal(err)
+	}
+}

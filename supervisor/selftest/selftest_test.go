@@ -2,7 +2,6 @@ package selftest
 
 import (
 	"context"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -56,63 +55,20 @@ func TestPasses(t *testing.T) {
 	}
 }
 
-// copyBundle copies the bundle (python.wasm, MANIFEST, the library, the .cwasm files)
-// so that a test can damage its copy.
-func copyBundle(t *testing.T) string {
-	src, dst := bundletest.Dir(t), t.TempDir()
-	err := filepath.Walk(src, func(p string, fi os.FileInfo, err error) error {
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(src, p)
-		if fi.IsDir() {
-			return os.MkdirAll(filepath.Join(dst, rel), 0o755)
-		}
-		in, err := os.Open(p)
-		if err != nil {
-			return err
-		}
-		defer in.Close()
-		out, err := os.OpenFile(filepath.Join(dst, rel), os.O_CREATE|os.O_WRONLY, 0o644)
-		if err != nil {
-			return err
-		}
-		defer out.Close()
-		_, err = io.Copy(out, in)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return dst
-}
-
-func flipByte(t *testing.T, path string, at int64) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	b := make([]byte, 1)
-	f.ReadAt(b, at)
-	b[0] ^= 0xff
-	f.WriteAt(b, at)
-}
-
 func TestFailures(t *testing.T) {
 	t.Run("python.wasm hash", func(t *testing.T) {
-		dir := copyBundle(t)
-		flipByte(t, filepath.Join(dir, bundle.Pinned.Wasm.Name), 1000)
+		dir := bundletest.Copy(t)
+		bundletest.Damage(t, filepath.Join(dir, bundle.Pinned.Wasm.Name), 1000)
 		r := Run(context.Background(), options(t, dir))
 		if r.OK() || !strings.HasPrefix(r.Failure(), "bundle: ") || !strings.Contains(r.Failure(), "sha256") {
 			t.Fatalf("%q", r.Failure())
 		}
 	})
 	t.Run("damaged module, cache unwritable", func(t *testing.T) {
-		dir := copyBundle(t)
+		dir := bundletest.Copy(t)
 		cwasm, _ := filepath.Glob(filepath.Join(dir, "*.cwasm"))
 		for _, p := range cwasm {
-			flipByte(t, p, 5000)
+			bundletest.Damage(t, p, 5000)
 		}
 		o := options(t, dir)
 		// Read-only even for root: nothing can be created under /proc.
