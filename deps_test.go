@@ -38,6 +38,7 @@ func TestImportRules(t *testing.T) {
 	leaves := map[string][]string{
 		module + "/sandbox/protocol": nil,
 		module + "/sandbox/seccomp":  nil,
+		module + "/healthz":          nil,
 		module + "/sandbox/policy":   {module + "/sandbox/protocol", module + "/sandbox/seccomp"},
 	}
 	for leaf, allowed := range leaves {

@@ -480,6 +480,14 @@ func TestOtherUIDRefused(t *testing.T) {
 	if len(evs) != 1 || evs[0].Kind != "access.denied" || evs[0].UID != 65534 {
 		t.Fatalf("%+v", evs)
 	}
+	// A runner by a supplementary group (read with SO_PEERGROUPS at accept).
+	byGroup := api.Access{Runners: api.Principals{GIDs: map[int]bool{4242: true}}}
+	d.server.SetAccess(byGroup)
+	out, err = exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--groups=4242",
+		"curl", "-s", "--unix-socket", sock, "http://sandcell/v1/info").Output()
+	if err != nil || !bytes.Contains(out, []byte(`"version"`)) {
+		t.Fatalf("uid 65534 in group 4242: %v %s", err, out)
+	}
 }
 
 // The OpenAPI document and the server agree: the same routes, the same statuses.

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -70,14 +71,46 @@ func peerOf(uc *net.UnixConn) (Peer, bool) {
 		return Peer{}, false
 	}
 	var cred *unix.Ucred
-	var cerr error
-	raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	var cerr, gerr error
+	var groups []int
+	raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+		groups, gerr = peerGroups(int(fd))
+	})
 	if cerr != nil || cred == nil {
 		return Peer{}, false
 	}
-	p := Peer{PID: int(cred.Pid), UID: int(cred.Uid), GID: int(cred.Gid)}
-	p.Groups = supplementaryGroups(p.PID)
+	p := Peer{PID: int(cred.Pid), UID: int(cred.Uid), GID: int(cred.Gid), Groups: groups}
+	if gerr != nil {
+		// Kernels before 4.13: the groups of the process, if it is still there.
+		p.Groups = supplementaryGroups(p.PID)
+	}
 	return p, true
+}
+
+// peerGroups reads SO_PEERGROUPS (unix(7), Linux 4.13): the peer's supplementary
+// groups as they were at connect(2), an array of 32-bit gids. Unlike
+// /proc/PID/status it needs no access to the peer's process (systemd's
+// ProtectProc=invisible hides it) and cannot race with the peer's exit.
+func peerGroups(fd int) ([]int, error) {
+	buf := make([]uint32, 64)
+	for {
+		size := uint32(len(buf) * 4)
+		_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_PEERGROUPS,
+			uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&size)), 0)
+		if errno == unix.ERANGE && int(size/4) > len(buf) {
+			buf = make([]uint32, size/4) // the kernel said how many there are
+			continue
+		}
+		if errno != 0 {
+			return nil, errno
+		}
+		groups := make([]int, size/4)
+		for i := range groups {
+			groups[i] = int(buf[i])
+		}
+		return groups, nil
+	}
 }
 
 // Listen wraps l so that at most max connections are open at once (further clients
