@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -306,5 +307,81 @@ func TestSocketActivation(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "listening on the socket passed by systemd") {
 		t.Fatalf("the daemon did not use the passed socket:\n%s", logs.String())
+	}
+}
+
+// SIGHUP reloads the configuration: RELOADING=1, then READY=1; the kill switch
+// applies at once, an in-flight run is not dropped, and a broken file leaves the
+// configuration in force. sandcell healthcheck follows readiness.
+func TestServeReload(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "s.sock")
+	conf := filepath.Join(dir, "sandcell.toml")
+	write := func(s string) {
+		if err := os.WriteFile(conf, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bundleDir := bundletest.Dir(t)
+	base := "[bundle]\ndir = \"" + bundleDir + "\"\ncache_dir = \"" + bundleDir + "\"\n[access]\nrunners = [\"root\"]\nadmins = [\"" +
+		strconv.Itoa(os.Getuid()) + "\"]\n"
+	write(base)
+	n := listenNotify(t)
+	cmd := cliCmd(t, "serve", "--config", conf, "--socket", sock, "--state-dir", filepath.Join(dir, "state"))
+	cmd.Env = append(cmd.Env, "NOTIFY_SOCKET="+n.path)
+	logs := &syncBuffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	n.wait(t, "READY=1", 60*time.Second, logs.String)
+	if r := cli(t, "", "healthcheck", "--socket", sock); r.code != 0 {
+		t.Fatalf("healthcheck when ready: %+v", r)
+	}
+	client := sandcellclient.HTTP(sock)
+	post := func(body string) (int, string) {
+		resp, err := client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	// A run in flight across the reload.
+	inflight := make(chan string, 1)
+	go func() {
+		_, b := post(`{"code":"import time; time.sleep(1.5); print('survived')"}`)
+		inflight <- b
+	}()
+	time.Sleep(300 * time.Millisecond)
+	write("disabled = true\n" + base)
+	cmd.Process.Signal(syscall.SIGHUP)
+	n.wait(t, "RELOADING=1", 5*time.Second, logs.String)
+	n.wait(t, "READY=1", 5*time.Second, logs.String)
+	if code, b := post(`{"code":"print(1)"}`); code != 503 || !strings.Contains(b, `"disabled"`) {
+		t.Fatalf("after reload: %d %s", code, b)
+	}
+	if b := <-inflight; !strings.Contains(b, `"stdout":"survived\n"`) {
+		t.Fatalf("in-flight run: %s", b)
+	}
+	// A broken file is refused; the configuration in force stays.
+	write("disabled = maybe\n")
+	cmd.Process.Signal(syscall.SIGHUP)
+	n.wait(t, "READY=1", 5*time.Second, logs.String)
+	if code, _ := post(`{"code":"print(1)"}`); code != 503 || !strings.Contains(logs.String(), "reload refused") {
+		t.Fatalf("after a bad reload: %d\n%s", code, logs.String())
+	}
+	write(base)
+	cmd.Process.Signal(syscall.SIGHUP)
+	n.wait(t, "READY=1", 5*time.Second, logs.String)
+	if code, b := post(`{"code":"print(1)"}`); code != 200 {
+		t.Fatalf("re-enabled: %d %s", code, b)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+	if r := cli(t, "", "healthcheck", "--socket", sock, "--timeout", "1s"); r.code != 1 {
+		t.Fatalf("healthcheck with no daemon: %+v", r)
 	}
 }
