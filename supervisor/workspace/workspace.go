@@ -511,3 +511,31 @@ func (s *Store) lock(id string) *sync.Mutex {
 	}
 	return l
 }
+
+// CheckFile checks that path (an API path, see CleanPath) names a regular file
+// beneath the directory dir, reached without a symbolic link: what the SQL tool
+// requires of a database file before a worker opens it. It returns ErrBadPath,
+// ErrNotFound or ErrUnsafe.
+func CheckFile(dir, path string) error {
+	if err := CleanPath(path); err != nil {
+		return err
+	}
+	root, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	defer unix.Close(root)
+	fd, err := openat2(root, path, unix.O_PATH)
+	if err != nil {
+		return lookupErr(path, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return fmt.Errorf("%w: %s is a %s", ErrUnsafe, path, typeName(st.Mode))
+	}
+	return nil
+}
