@@ -221,8 +221,10 @@ func (d *daemon) run() error {
 
 	metrics := supervisor.NewMetrics(d.mgr, version, revision)
 	d.srv = api.New(api.Options{
-		Workspaces: workspaces,
-		Metrics:    promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Audit: d.audit,
+		Workspaces:      workspaces,
+		Approvals:       supervisor.NewApprovals(cfg.Approvals.TTL.Duration, cfg.Approvals.Window.Duration),
+		ApprovalActions: cfg.Approvals.Required,
+		Metrics:         promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Audit: d.audit,
 		RecordCode: cfg.Audit.RecordCode,
 		Service:    d.mgr, Access: access, Policy: pol, MaxBodyBytes: cfg.Runs.MaxRequestBytes, Module: d.module,
 		Disabled: func() bool { return d.cfg.Load().Disabled },

@@ -58,12 +58,19 @@ const (
 	CodeTimeout        = "request_timeout"        // 408: the body did not arrive in time
 	CodeUnsafeFile     = "unsafe_file"            // 409: the name is a link, FIFO, directory or file with other hard links
 	CodeQuota          = "quota_exceeded"         // 507: the workspace's byte or file quota would be or is exceeded
+
+	CodeStatementRefused    = "statement_refused"    // 403: a SQL statement refused with or without approval
+	CodeApprovalRequired    = "approval_required"    // 403: the statement writes; approval_id names the request
+	CodeApprovalUnavailable = "approval_unavailable" // 403: the statement writes and no approver is configured
+	CodeApprovalInvalid     = "approval_invalid"     // 409: the approval is pending, denied, spent, expired or for another request
+	CodeSQLError            = "sql_error"            // 400/404/409/422: SQLite failed; sql_code says how
 )
 
 // Codes lists every problem code (TestOpenAPI keeps the document's list equal).
 var Codes = []string{CodeInvalidJSON, CodeUnknownField, CodeBadRequest, CodeLimitExceeded, CodeForbidden,
 	CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeDisabled, CodeNotReady, CodeNotAlive, CodeStopping,
-	CodeInternal, CodeUnsupportedMed, CodeUnauthorized, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota}
+	CodeInternal, CodeUnsupportedMed, CodeUnauthorized, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota,
+	CodeStatementRefused, CodeApprovalRequired, CodeApprovalUnavailable, CodeApprovalInvalid, CodeSQLError}
 
 // OpenAPI is the API's contract (OpenAPI 3.1), served at /v1/openapi.json.
 //
@@ -92,6 +99,11 @@ var Statuses = map[string][]int{
 	"PUT /v1/workspaces/:id/files/*":    {201, 400, 401, 403, 404, 409, 500, 507},
 	"GET /v1/workspaces/:id/files/*":    {200, 400, 401, 403, 404, 409, 500},
 	"DELETE /v1/workspaces/:id/files/*": {204, 400, 401, 403, 404, 409, 500},
+
+	"POST /v1/sql":           {200, 400, 401, 403, 404, 409, 413, 415, 422, 429, 500, 503},
+	"GET /v1/approvals":      {200, 400, 401, 403},
+	"GET /v1/approvals/:id":  {200, 401, 403, 404},
+	"POST /v1/approvals/:id": {200, 400, 401, 403, 404, 409, 413, 415},
 }
 
 // Problem is an RFC 9457 problem document.
@@ -159,6 +171,10 @@ type Options struct {
 	ReadTimeout time.Duration
 	// Workspaces, if set, serves /v1/workspaces and lets runs name a workspace.
 	Workspaces *workspace.Store
+	// Approvals holds requests for approval; ApprovalActions names the actions that
+	// need one (ActionSQLWrite).
+	Approvals       *supervisor.Approvals
+	ApprovalActions []string
 }
 
 // Server is the HTTP API.
@@ -223,6 +239,10 @@ func New(o Options) *Server {
 	e.PUT("/v1/workspaces/:id/files/*", s.putFile, runner)
 	e.GET("/v1/workspaces/:id/files/*", s.getFile, runner)
 	e.DELETE("/v1/workspaces/:id/files/*", s.deleteFile, runner)
+	e.POST("/v1/sql", s.sql, runner)
+	e.GET("/v1/approvals", s.listApprovals, s.require(RoleApprover))
+	e.GET("/v1/approvals/:id", s.getApproval, s.require(RoleRunner, RoleApprover))
+	e.POST("/v1/approvals/:id", s.decideApproval, s.require(RoleApprover))
 	return s
 }
 
@@ -272,10 +292,11 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 
 // require admits only callers holding role: a Unix peer by its SO_PEERCRED
 // credentials, any other (TCP) by its bearer token, which then identifies it.
-func (s *Server) require(role Role) echo.MiddlewareFunc {
+func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {
 			ctx := c.Request().Context()
+			role := roles[0]
 			peer, ok := PeerFrom(ctx)
 			if !ok {
 				t, found := s.access().Tokens.Authenticate(c.Request())
@@ -288,7 +309,11 @@ func (s *Server) require(role Role) echo.MiddlewareFunc {
 				peer, ok = Peer{PID: -1, UID: -1, GID: -1, Token: t.Name}, true
 				c.SetRequest(c.Request().WithContext(context.WithValue(ctx, peerKey{}, peer)))
 			}
-			if !s.access().Allows(peer, role) {
+			allowed := false
+			for _, role := range roles {
+				allowed = allowed || s.access().Allows(peer, role)
+			}
+			if !allowed {
 				d := map[string]any{"method": c.Request().Method, "path": c.Path(), "role": role, "pid": peer.PID}
 				who := fmt.Sprintf("uid %d", peer.UID)
 				if peer.Token != "" {

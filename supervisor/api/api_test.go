@@ -62,6 +62,7 @@ type setup struct {
 	access             *api.Access
 	quota              workspace.Quota // of every workspace; zero: 1 MiB and 100 names
 	readTimeout        time.Duration
+	approvalTTL        time.Duration
 }
 
 // start serves the real API with real workers on a Unix socket in a temporary
@@ -77,7 +78,8 @@ func start(t *testing.T, s setup) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
-	access := api.Access{Admins: api.Principals{UIDs: map[int]bool{os.Getuid(): true}}}
+	access := api.Access{Admins: api.Principals{UIDs: map[int]bool{os.Getuid(): true}},
+		Approvers: api.Principals{UIDs: map[int]bool{os.Getuid(): true}}}
 	if s.access != nil {
 		access = *s.access
 	}
@@ -100,7 +102,11 @@ func start(t *testing.T, s setup) *daemon {
 	}
 	audit := &supervisor.Audit{Store: d.store}
 	audit.Attach(mgr)
-	srv := api.New(api.Options{Service: mgr, Workspaces: workspaces, ReadTimeout: s.readTimeout, Audit: audit, Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
+	if s.approvalTTL == 0 {
+		s.approvalTTL = time.Minute
+	}
+	srv := api.New(api.Options{Service: mgr, Workspaces: workspaces, ReadTimeout: s.readTimeout,
+		Approvals: supervisor.NewApprovals(s.approvalTTL, time.Minute), ApprovalActions: []string{api.ActionSQLWrite}, Audit: audit, Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
 		Module: func(fuel bool) (string, string, error) {
 			if fuel {
 				return fuelMod, lib, nil

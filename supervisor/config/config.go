@@ -63,6 +63,8 @@ type Config struct {
 	TCP   TCP   `toml:"tcp" envPrefix:"TCP_"`
 	Runs  Runs  `toml:"runs" envPrefix:"RUNS_"`
 	Audit Audit `toml:"audit" envPrefix:"AUDIT_"`
+	// Approvals says which actions need a person's approval.
+	Approvals Approvals `toml:"approvals" envPrefix:"APPROVALS_"`
 	// Health configures the start-up self-test and the periodic canary.
 	Health Health `toml:"health" envPrefix:"HEALTH_"`
 	// Workspaces bounds the named workspaces of /v1/workspaces.
@@ -134,6 +136,16 @@ type Audit struct {
 	Retention Duration `toml:"retention" env:"RETENTION"`
 	// RecordCode stores each run's code in the log, not only its SHA-256.
 	RecordCode bool `toml:"record_code" env:"RECORD_CODE"`
+}
+
+// Approvals configures the approval mechanism.
+type Approvals struct {
+	// Required names the actions held for approval ("sql.write").
+	Required []string `toml:"required" env:"REQUIRED"`
+	// TTL is how long a request waits for a decision.
+	TTL Duration `toml:"ttl" env:"TTL"`
+	// Window is how long an approved request may be used (once).
+	Window Duration `toml:"window" env:"WINDOW"`
 }
 
 // Health configures readiness.
@@ -214,6 +226,8 @@ func Default() Config {
 		Audit:      Audit{Retention: Duration{90 * 24 * time.Hour}},
 		Workspaces: Workspaces{MaxBytes: 256 << 20, MaxFiles: 10_000},
 		Health:     Health{ExitOnFailure: true, CanaryInterval: Duration{time.Minute}},
+		Approvals: Approvals{Required: []string{"sql.write"}, TTL: Duration{15 * time.Minute},
+			Window: Duration{10 * time.Minute}},
 		Limits: Limits{
 			Default: fromLimits(p.Default),
 			Max:     fromLimits(p.Max),
@@ -333,6 +347,14 @@ func (c Config) Validate() error {
 	}
 	if (c.TCP.TLSCertFile == "") != (c.TCP.TLSKeyFile == "") {
 		add("tcp.tls_cert_file", "tcp.tls_cert_file and tcp.tls_key_file go together")
+	}
+	for _, a := range c.Approvals.Required {
+		if a != "sql.write" {
+			add("approvals.required", "%q is not an action (sql.write)", a)
+		}
+	}
+	if c.Approvals.TTL.Duration <= 0 || c.Approvals.Window.Duration <= 0 {
+		add("approvals.ttl", "approvals.ttl and approvals.window must be positive")
 	}
 	if c.Health.CanaryInterval.Duration < time.Second {
 		add("health.canary_interval", "must be at least 1s, is %s", c.Health.CanaryInterval.Duration)

@@ -1,0 +1,295 @@
+package api
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/sqltool"
+	"github.com/sandcell/sandcell/supervisor/workspace"
+)
+
+// ActionSQLWrite is the approval action of a SQL statement that writes.
+const ActionSQLWrite = "sql.write"
+
+// SQLRequest is the body of POST /v1/sql.
+type SQLRequest struct {
+	// Workspace is the id of a workspace the caller owns.
+	Workspace string `json:"workspace"`
+	// DB is the database file's path in the workspace.
+	DB string `json:"db"`
+	// SQL is one statement.
+	SQL string `json:"sql"`
+	// Params bind its parameters: an array or an object; {"base64": ...} is a blob.
+	Params json.RawMessage `json:"params,omitempty"`
+	// MaxRows bounds the rows returned (default 1000, at most 100000).
+	MaxRows int `json:"max_rows,omitempty"`
+	// Approval is the id of an approved approval for exactly this request: the
+	// statement then runs read-write, once.
+	Approval string `json:"approval,omitempty"`
+}
+
+// SQLResult is the body of a 200 answer.
+type SQLResult struct {
+	sqltool.Outcome
+	// Approval is the approval spent on this write, if any.
+	Approval string `json:"approval,omitempty"`
+}
+
+// problemWith answers a problem with extension members (RFC 9457 section 3.2).
+func problemWith(c echo.Context, status int, code, detail string, ext map[string]any) error {
+	m := map[string]any{"type": "urn:sandcell:problem:" + code, "title": http.StatusText(status), "status": status,
+		"detail": detail, "code": code}
+	for k, v := range ext {
+		m[k] = v
+	}
+	b, _ := json.Marshal(m)
+	return c.Blob(status, "application/problem+json", b)
+}
+
+// sqlDigest identifies a request for an approval: what runs, where.
+func sqlDigest(b SQLRequest) string {
+	canon, _ := json.Marshal([]any{b.Workspace, b.DB, b.SQL, b.Params})
+	sum := sha256.Sum256(canon)
+	return hex.EncodeToString(sum[:])
+}
+
+// sqlStatus maps a tool error code to its HTTP status.
+var sqlStatus = map[string]int{
+	"sql_syntax_error": http.StatusBadRequest, "sql_error": http.StatusBadRequest,
+	"sql_not_authorized": http.StatusBadRequest, "sql_cannot_open": http.StatusNotFound,
+	"sql_not_a_database": http.StatusUnprocessableEntity, "sql_interrupted": http.StatusUnprocessableEntity,
+	"sql_result_too_large": http.StatusUnprocessableEntity, "sql_busy": http.StatusConflict,
+}
+
+// managerRunner runs the tool's worker through the run manager, so SQL shares the
+// bounded pool, queue and shutdown of code runs.
+type managerRunner struct {
+	s      *Server
+	caller supervisor.Caller
+}
+
+var errQueueFull = errors.New("queue full")
+
+func (m managerRunner) Run(ctx context.Context, req protocol.Request) (protocol.Result, error) {
+	run, err := m.s.o.Service.Start(req, m.caller)
+	if errors.Is(err, supervisor.ErrQueueFull) {
+		return protocol.Result{}, errQueueFull
+	}
+	if err != nil {
+		return protocol.Result{}, err
+	}
+	select {
+	case <-run.Done():
+	case <-ctx.Done():
+		m.s.o.Service.Cancel(run.ID)
+		<-run.Done()
+	}
+	if err := run.Err(); err != nil {
+		return protocol.Result{}, err
+	}
+	return *run.View().Result, nil
+}
+
+func (s *Server) sql(c echo.Context) error {
+	ctx := c.Request().Context()
+	peer, _ := PeerFrom(ctx)
+	caller := peer.Caller()
+	audit := func(kind string, d map[string]any) { s.o.Audit.Record(ctx, kind, peer.UID, "", d) }
+	if s.o.Disabled() {
+		return problem(c, http.StatusServiceUnavailable, CodeDisabled, "the kill switch is on")
+	}
+	if why := s.o.Health.Why(); why != "" {
+		return problem(c, http.StatusServiceUnavailable, CodeNotReady, why)
+	}
+	var body SQLRequest
+	if bad := s.decode(c, &body); bad != nil {
+		return problem(c, bad.status, bad.code, bad.detail)
+	}
+	w := s.workspace(c, body.Workspace)
+	if w == nil {
+		return nil
+	}
+	digest := sqlDigest(body)
+	detail := map[string]any{"workspace": w.ID, "db": body.DB, "sql_sha256": digest}
+	if s.o.RecordCode {
+		detail["sql"] = body.SQL
+	}
+	if err := s.o.Audit.Record(ctx, "sql.requested", peer.UID, "", detail); err != nil {
+		return problem(c, http.StatusServiceUnavailable, CodeAuditDown, "the audit log cannot be written: "+err.Error())
+	}
+	req := sqltool.Request{DB: body.DB, SQL: body.SQL, Params: body.Params, MaxRows: body.MaxRows}
+	if body.Approval != "" {
+		ap, err := s.o.Approvals.Redeem(body.Approval, caller, digest)
+		audit("approval.redeemed", map[string]any{"approval": body.Approval, "sql_sha256": digest, "error": errString(err)})
+		switch {
+		case errors.Is(err, supervisor.ErrApprovalNotFound):
+			return problem(c, http.StatusNotFound, CodeNotFound, "no approval "+body.Approval)
+		case err != nil:
+			return problemWith(c, http.StatusConflict, CodeApprovalInvalid, err.Error(), map[string]any{"approval": ap})
+		}
+		req.Write = true
+	}
+	out, ok := s.runSQL(c, w, req, caller)
+	if !ok {
+		return nil
+	}
+	if out.Status == "approval_required" && !s.approvalRequired(ActionSQLWrite) {
+		// Policy does not hold SQL writes for approval.
+		req.Write = true
+		if out, ok = s.runSQL(c, w, req, caller); !ok {
+			return nil
+		}
+	}
+	d := map[string]any{"workspace": w.ID, "db": body.DB, "sql_sha256": digest, "status": out.Status,
+		"classification": out.Classification, "changes": out.Changes, "elapsed_ms": out.ElapsedMS}
+	switch out.Status {
+	case "ok":
+		audit("sql.finished", d)
+		return c.JSON(http.StatusOK, SQLResult{Outcome: out, Approval: body.Approval})
+	case "refused":
+		d["reason"] = out.Reason
+		audit("sql.refused", d)
+		return problemWith(c, http.StatusForbidden, CodeStatementRefused, out.Reason,
+			map[string]any{"classification": out.Classification})
+	case "approval_required":
+		if !s.approversExist() {
+			audit("sql.refused", d)
+			return problemWith(c, http.StatusForbidden, CodeApprovalUnavailable,
+				"the statement writes, and no approver is configured: writes are refused",
+				map[string]any{"classification": out.Classification})
+		}
+		ap := s.o.Approvals.Request(ActionSQLWrite, caller, map[string]any{"workspace": w.ID, "db": body.DB,
+			"sql": body.SQL, "params": body.Params, "classification": out.Classification}, digest)
+		d["approval"] = ap.ID
+		audit("approval.requested", d)
+		c.Response().Header().Set("Location", "/v1/approvals/"+ap.ID)
+		return problemWith(c, http.StatusForbidden, CodeApprovalRequired,
+			"the statement writes: an approver must approve it, then send the same request with \"approval\": \""+ap.ID+"\"",
+			map[string]any{"approval_id": ap.ID, "statement": body.SQL, "classification": out.Classification,
+				"expires_at": ap.ExpiresAt})
+	default:
+		d["error"] = out.Error
+		audit("sql.failed", d)
+		status := http.StatusBadRequest
+		code, msg := "sql_error", "the statement failed"
+		if out.Error != nil {
+			code, msg = out.Error.Code, out.Error.Message
+			if st, ok := sqlStatus[code]; ok {
+				status = st
+			}
+		}
+		return problemWith(c, status, CodeSQLError, msg, map[string]any{"sql_code": code, "classification": out.Classification})
+	}
+}
+
+// runSQL runs the tool; when it could not, it answers the request and returns false.
+func (s *Server) runSQL(c echo.Context, w *workspace.Workspace, req sqltool.Request, caller supervisor.Caller) (sqltool.Outcome, bool) {
+	base, perr := s.request(RunRequest{Code: "pass"})
+	if perr != nil {
+		problem(c, perr.status, perr.code, perr.detail)
+		return sqltool.Outcome{}, false
+	}
+	out, err := sqltool.Run(c.Request().Context(), managerRunner{s, caller}, w.Dir(), req, base)
+	switch {
+	case err == nil:
+		return out, true
+	case errors.Is(err, sqltool.ErrBadRequest):
+		problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
+	case errors.Is(err, workspace.ErrBadPath), errors.Is(err, workspace.ErrNotFound), errors.Is(err, workspace.ErrUnsafe):
+		workspaceError(c, err)
+	case errors.Is(err, errQueueFull):
+		c.Response().Header().Set("Retry-After", "1")
+		problem(c, http.StatusTooManyRequests, CodeQueueFull, "every worker is busy")
+	case errors.Is(err, supervisor.ErrStopping):
+		problem(c, http.StatusServiceUnavailable, CodeStopping, err.Error())
+	default:
+		problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
+	}
+	return out, false
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// approvalRequired reports whether policy holds action for approval.
+func (s *Server) approvalRequired(action string) bool {
+	for _, a := range s.o.ApprovalActions {
+		if a == action {
+			return true
+		}
+	}
+	return false
+}
+
+// approversExist reports whether anyone can approve: an approver principal or an
+// approver token. (Admins may approve too, but do not count: an operator who names
+// no approver has chosen that writes are refused.)
+func (s *Server) approversExist() bool {
+	a := s.access()
+	if len(a.Approvers.UIDs)+len(a.Approvers.GIDs) > 0 {
+		return true
+	}
+	for _, t := range a.Tokens {
+		if t.has(RoleApprover) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Server) listApprovals(c echo.Context) error {
+	state := supervisor.ApprovalState(c.QueryParam("state"))
+	switch state {
+	case "", supervisor.ApprovalPending, supervisor.ApprovalApproved, supervisor.ApprovalDenied,
+		supervisor.ApprovalSpent, supervisor.ApprovalExpired:
+	default:
+		return problem(c, http.StatusBadRequest, CodeBadRequest, "state: pending, approved, denied, spent or expired")
+	}
+	return c.JSON(http.StatusOK, map[string]any{"approvals": s.o.Approvals.List(state)})
+}
+
+// getApproval answers its requester, approvers and admins; others get 404.
+func (s *Server) getApproval(c echo.Context) error {
+	ap, err := s.o.Approvals.Get(c.Param("id"))
+	peer, _ := PeerFrom(c.Request().Context())
+	if err != nil || (ap.Requester != peer.Caller() && !s.access().Allows(peer, RoleApprover)) {
+		return problem(c, http.StatusNotFound, CodeNotFound, "no approval "+c.Param("id"))
+	}
+	return c.JSON(http.StatusOK, ap)
+}
+
+// decideApproval takes {"decision": "approve" | "deny"} from an approver.
+func (s *Server) decideApproval(c echo.Context) error {
+	var body struct {
+		Decision string `json:"decision"`
+	}
+	if bad := s.decode(c, &body); bad != nil {
+		return problem(c, bad.status, bad.code, bad.detail)
+	}
+	if body.Decision != "approve" && body.Decision != "deny" {
+		return problem(c, http.StatusBadRequest, CodeBadRequest, `decision: "approve" or "deny"`)
+	}
+	peer, _ := PeerFrom(c.Request().Context())
+	ap, err := s.o.Approvals.Decide(c.Param("id"), peer.Caller(), body.Decision == "approve")
+	s.o.Audit.Record(c.Request().Context(), "approval.decided", peer.UID, "", map[string]any{"approval": c.Param("id"),
+		"decision": body.Decision, "token": peer.Token, "error": errString(err)})
+	switch {
+	case errors.Is(err, supervisor.ErrApprovalNotFound):
+		return problem(c, http.StatusNotFound, CodeNotFound, "no approval "+c.Param("id"))
+	case err != nil:
+		return problemWith(c, http.StatusConflict, CodeApprovalInvalid, err.Error(), map[string]any{"approval": ap})
+	}
+	return c.JSON(http.StatusOK, ap)
+}

@@ -1,0 +1,175 @@
+package api_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/supervisor/api"
+)
+
+// sqlDaemon is a daemon whose caller is a runner, an approver (and admin), with one
+// workspace holding t.db.
+func sqlDaemon(t *testing.T, s setup) (*daemon, string, string) {
+	d := start(t, s)
+	id := d.newWorkspace(t)
+	dbPath := filepath.Join(d.workspaces, id, "files", "t.db")
+	os.WriteFile(dbPath, nil, 0o644)
+	return d, id, dbPath
+}
+
+func (d *daemon) sql(t *testing.T, body map[string]any) (int, map[string]any) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, raw := d.do(t, "POST", "/v1/sql", string(b))
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	return resp.StatusCode, m
+}
+
+func fileSum(t *testing.T, p string) [32]byte {
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sha256.Sum256(b)
+}
+
+// A read runs; a write waits for approval, runs once when approved, and its
+// approval cannot be replayed; a denied or expired one never runs.
+func TestSQLApprovals(t *testing.T) {
+	d, ws, dbPath := sqlDaemon(t, setup{})
+	write := func(sql string) map[string]any {
+		code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": sql})
+		if code != 403 || m["code"] != api.CodeApprovalRequired || m["approval_id"] == "" {
+			t.Fatalf("%s: %d %v", sql, code, m)
+		}
+		return m
+	}
+	approve := func(id, decision string) (int, map[string]any) {
+		resp, raw := d.do(t, "POST", "/v1/approvals/"+id, `{"decision":"`+decision+`"}`)
+		var m map[string]any
+		json.Unmarshal(raw, &m)
+		return resp.StatusCode, m
+	}
+	// Create the table: held, approved, redeemed.
+	m := write("CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT)")
+	id := m["approval_id"].(string)
+	before := fileSum(t, dbPath)
+	resp, raw := d.do(t, "GET", "/v1/approvals?state=pending", "")
+	if resp.StatusCode != 200 || !bytes.Contains(raw, []byte(id)) || !bytes.Contains(raw, []byte("CREATE TABLE t")) {
+		t.Fatalf("pending: %d %s", resp.StatusCode, raw)
+	}
+	if code, m := approve(id, "approve"); code != 200 || m["state"] != "approved" {
+		t.Fatalf("approve: %d %v", code, m)
+	}
+	if fileSum(t, dbPath) != before {
+		t.Fatal("approving ran the statement")
+	}
+	req := map[string]any{"workspace": ws, "db": "t.db", "sql": "CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT)", "approval": id}
+	if code, m := d.sql(t, req); code != 200 || m["status"] != "ok" {
+		t.Fatalf("redeem: %d %v", code, m)
+	}
+	if code, m := d.sql(t, req); code != 409 || m["code"] != api.CodeApprovalInvalid {
+		t.Fatalf("replay: %d %v", code, m)
+	}
+	// Another statement cannot use an approval given for a different one.
+	m = write("INSERT INTO t (name) VALUES ('a'), ('b')")
+	id = m["approval_id"].(string)
+	approve(id, "approve")
+	if code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "DELETE FROM t", "approval": id}); code != 409 {
+		t.Fatalf("mismatch: %d %v", code, m)
+	}
+	if code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "INSERT INTO t (name) VALUES ('a'), ('b')", "approval": id}); code != 200 || m["changes"] != float64(2) {
+		t.Fatalf("insert: %d %v", code, m)
+	}
+	// Reads run at once.
+	code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "SELECT id, name FROM t ORDER BY id"})
+	if code != 200 || m["classification"].(map[string]any)["kind"] != "read" || len(m["rows"].([]any)) != 2 {
+		t.Fatalf("read: %d %v", code, m)
+	}
+	// Denied: never runs.
+	before = fileSum(t, dbPath)
+	m = write("DELETE FROM t")
+	id = m["approval_id"].(string)
+	if code, m := approve(id, "deny"); code != 200 || m["state"] != "denied" {
+		t.Fatalf("deny: %d %v", code, m)
+	}
+	if code, _ := approve(id, "approve"); code != 409 {
+		t.Fatalf("approve after deny: %d", code)
+	}
+	if code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "DELETE FROM t", "approval": id}); code != 409 {
+		t.Fatalf("redeem denied: %d %v", code, m)
+	}
+	// Refused outright, whatever approval.
+	code, m = d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "ATTACH 'x.db' AS x"})
+	if code != 403 || m["code"] != api.CodeStatementRefused {
+		t.Fatalf("attach: %d %v", code, m)
+	}
+	if fileSum(t, dbPath) != before {
+		t.Fatal("a refused or denied statement changed the file")
+	}
+	// Errors.
+	code, m = d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "SELEC 1"})
+	if code != 400 || m["code"] != api.CodeSQLError || m["sql_code"] != "sql_syntax_error" {
+		t.Fatalf("syntax: %d %v", code, m)
+	}
+	code, m = d.sql(t, map[string]any{"workspace": ws, "db": "missing.db", "sql": "SELECT 1"})
+	if code != 404 {
+		t.Fatalf("missing db: %d %v", code, m)
+	}
+	code, m = d.sql(t, map[string]any{"workspace": ws, "db": "file:t.db?mode=rwc", "sql": "SELECT 1"})
+	if code != 400 {
+		t.Fatalf("uri: %d %v", code, m)
+	}
+	// Every step is audited.
+	evs, _ := d.store.Events(t.Context(), 0, "", 1000)
+	kinds := map[string]int{}
+	for _, e := range evs {
+		kinds[e.Kind]++
+	}
+	if kinds["approval.requested"] != 3 || kinds["approval.decided"] != 4 || kinds["approval.redeemed"] != 5 ||
+		kinds["sql.finished"] != 3 || kinds["sql.refused"] != 1 {
+		t.Fatalf("audit: %v", kinds)
+	}
+}
+
+func TestSQLApprovalExpires(t *testing.T) {
+	d, ws, _ := sqlDaemon(t, setup{approvalTTL: 300 * time.Millisecond})
+	code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "CREATE TABLE t (x)"})
+	if code != 403 {
+		t.Fatalf("%d %v", code, m)
+	}
+	time.Sleep(400 * time.Millisecond)
+	resp, raw := d.do(t, "POST", "/v1/approvals/"+m["approval_id"].(string), `{"decision":"approve"}`)
+	if resp.StatusCode != 409 || !strings.Contains(string(raw), "expired") {
+		t.Fatalf("approve expired: %d %s", resp.StatusCode, raw)
+	}
+}
+
+// With no approver configured, writes are refused outright.
+func TestSQLNoApprover(t *testing.T) {
+	uid := os.Getuid()
+	runnerOnly := api.Access{Runners: api.Principals{UIDs: map[int]bool{uid: true}}}
+	d, ws, dbPath := sqlDaemon(t, setup{access: &runnerOnly})
+	before := fileSum(t, dbPath)
+	code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "CREATE TABLE t (x)"})
+	if code != 403 || m["code"] != api.CodeApprovalUnavailable {
+		t.Fatalf("%d %v", code, m)
+	}
+	if code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "SELECT 1 + 1"}); code != 200 {
+		t.Fatalf("read: %d %v", code, m)
+	}
+	resp, body := d.do(t, "GET", "/v1/approvals", "")
+	wantProblem(t, resp, body, 403, api.CodeForbidden)
+	if fileSum(t, dbPath) != before {
+		t.Fatal("the file changed")
+	}
+}

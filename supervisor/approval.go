@@ -1,0 +1,167 @@
+package supervisor
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// Errors of the approval mechanism.
+var (
+	ErrApprovalNotFound = errors.New("supervisor: no such approval")
+	// ErrApprovalState: the approval is not in the state the operation needs
+	// (deciding one already decided, redeeming one pending, denied, spent or expired).
+	ErrApprovalState = errors.New("supervisor: approval not usable")
+	// ErrApprovalMismatch: redeemed by another caller or for another request.
+	ErrApprovalMismatch = errors.New("supervisor: approval is for another request")
+)
+
+// ApprovalState is where an approval is in its life.
+type ApprovalState string
+
+// The states: pending until an approver decides or it expires; an approved one is
+// spent by its one use or expires unused.
+const (
+	ApprovalPending  ApprovalState = "pending"
+	ApprovalApproved ApprovalState = "approved"
+	ApprovalDenied   ApprovalState = "denied"
+	ApprovalSpent    ApprovalState = "spent"
+	ApprovalExpired  ApprovalState = "expired"
+)
+
+// Approval is a request for a person's consent to one action: an action name the
+// policy lists (for example "sql.write"), the caller who asked, what exactly would be
+// done (Subject, shown to the approver) and its Digest (the SHA-256 of the request,
+// which redeeming must match).
+type Approval struct {
+	ID        string        `json:"id"`
+	Action    string        `json:"action"`
+	State     ApprovalState `json:"state"`
+	Requester Caller        `json:"requester"`
+	Subject   any           `json:"subject"`
+	Digest    string        `json:"digest"`
+	CreatedAt time.Time     `json:"created_at"`
+	// ExpiresAt is when a pending approval lapses, or, once approved, when the
+	// window to use it closes.
+	ExpiresAt time.Time  `json:"expires_at"`
+	DecidedBy *Caller    `json:"decided_by,omitempty"`
+	DecidedAt *time.Time `json:"decided_at,omitempty"`
+}
+
+// Approvals holds the approvals of a daemon (in memory: a restart forgets them; each
+// step is in the audit log). Its methods are safe for concurrent use.
+type Approvals struct {
+	// TTL is how long a request waits for a decision; Window how long an approved
+	// one may be used.
+	TTL, Window time.Duration
+
+	mu sync.Mutex
+	m  map[string]*Approval
+	// now is the clock (tests move it).
+	now func() time.Time
+}
+
+// NewApprovals returns an empty set.
+func NewApprovals(ttl, window time.Duration) *Approvals {
+	return &Approvals{TTL: ttl, Window: window, m: map[string]*Approval{}, now: time.Now}
+}
+
+// expire moves lapsed approvals to expired and forgets old ones; a.mu is held.
+func (a *Approvals) expire() {
+	now := a.now()
+	for id, ap := range a.m {
+		if (ap.State == ApprovalPending || ap.State == ApprovalApproved) && now.After(ap.ExpiresAt) {
+			ap.State = ApprovalExpired
+		}
+		if ap.State != ApprovalPending && ap.State != ApprovalApproved && now.Sub(ap.ExpiresAt) > 24*time.Hour {
+			delete(a.m, id)
+		}
+	}
+}
+
+// Request records a pending approval and returns a copy.
+func (a *Approvals) Request(action string, requester Caller, subject any, digest string) Approval {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.expire()
+	now := a.now().UTC()
+	ap := &Approval{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Action: action, State: ApprovalPending,
+		Requester: requester, Subject: subject, Digest: digest, CreatedAt: now, ExpiresAt: now.Add(a.TTL)}
+	a.m[ap.ID] = ap
+	return *ap
+}
+
+// Get returns approval id.
+func (a *Approvals) Get(id string) (Approval, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.expire()
+	ap, ok := a.m[id]
+	if !ok {
+		return Approval{}, ErrApprovalNotFound
+	}
+	return *ap, nil
+}
+
+// List returns the approvals in state (all when empty), oldest first.
+func (a *Approvals) List(state ApprovalState) []Approval {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.expire()
+	out := []Approval{}
+	for _, ap := range a.m {
+		if state == "" || ap.State == state {
+			out = append(out, *ap)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Decide approves or denies a pending approval. Approved, it may be redeemed once
+// within Window.
+func (a *Approvals) Decide(id string, by Caller, approve bool) (Approval, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.expire()
+	ap, ok := a.m[id]
+	if !ok {
+		return Approval{}, ErrApprovalNotFound
+	}
+	if ap.State != ApprovalPending {
+		return *ap, fmt.Errorf("%w: it is %s", ErrApprovalState, ap.State)
+	}
+	now := a.now().UTC()
+	ap.DecidedBy, ap.DecidedAt = &by, &now
+	if approve {
+		ap.State, ap.ExpiresAt = ApprovalApproved, now.Add(a.Window)
+	} else {
+		ap.State = ApprovalDenied
+	}
+	return *ap, nil
+}
+
+// Redeem spends an approved approval for the request with digest by its requester:
+// it succeeds once.
+func (a *Approvals) Redeem(id string, caller Caller, digest string) (Approval, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.expire()
+	ap, ok := a.m[id]
+	if !ok {
+		return Approval{}, ErrApprovalNotFound
+	}
+	if ap.Requester != caller || ap.Digest != digest {
+		return *ap, ErrApprovalMismatch
+	}
+	if ap.State != ApprovalApproved {
+		return *ap, fmt.Errorf("%w: it is %s", ErrApprovalState, ap.State)
+	}
+	ap.State = ApprovalSpent
+	return *ap, nil
+}

@@ -1,0 +1,63 @@
+package supervisor
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestApprovals(t *testing.T) {
+	now := time.Now()
+	a := NewApprovals(time.Minute, 10*time.Second)
+	a.now = func() time.Time { return now }
+	alice, bob := Caller{UID: 1000}, Caller{UID: 1001}
+
+	// Approve, redeem once; a replay is refused.
+	ap := a.Request("sql.write", alice, "DELETE FROM t", "d1")
+	if _, err := a.Redeem(ap.ID, alice, "d1"); !errors.Is(err, ErrApprovalState) {
+		t.Fatalf("redeem pending: %v", err)
+	}
+	if got, err := a.Decide(ap.ID, bob, true); err != nil || got.State != ApprovalApproved || *got.DecidedBy != bob {
+		t.Fatalf("approve: %+v %v", got, err)
+	}
+	if _, err := a.Decide(ap.ID, bob, false); !errors.Is(err, ErrApprovalState) {
+		t.Fatalf("decide twice: %v", err)
+	}
+	if _, err := a.Redeem(ap.ID, bob, "d1"); !errors.Is(err, ErrApprovalMismatch) {
+		t.Fatalf("another caller: %v", err)
+	}
+	if _, err := a.Redeem(ap.ID, alice, "d2"); !errors.Is(err, ErrApprovalMismatch) {
+		t.Fatalf("another request: %v", err)
+	}
+	if got, err := a.Redeem(ap.ID, alice, "d1"); err != nil || got.State != ApprovalSpent {
+		t.Fatalf("redeem: %+v %v", got, err)
+	}
+	if _, err := a.Redeem(ap.ID, alice, "d1"); !errors.Is(err, ErrApprovalState) {
+		t.Fatalf("replay: %v", err)
+	}
+
+	// Deny.
+	ap = a.Request("sql.write", alice, "DROP TABLE t", "d3")
+	a.Decide(ap.ID, bob, false)
+	if _, err := a.Redeem(ap.ID, alice, "d3"); !errors.Is(err, ErrApprovalState) {
+		t.Fatalf("redeem denied: %v", err)
+	}
+
+	// Expiry: a pending request after its TTL, an approved one after its window.
+	pending := a.Request("sql.write", alice, "x", "d4")
+	approved := a.Request("sql.write", alice, "y", "d5")
+	a.Decide(approved.ID, bob, true)
+	now = now.Add(2 * time.Minute)
+	if _, err := a.Decide(pending.ID, bob, true); !errors.Is(err, ErrApprovalState) {
+		t.Fatalf("decide expired: %v", err)
+	}
+	if got, err := a.Redeem(approved.ID, alice, "d5"); !errors.Is(err, ErrApprovalState) || got.State != ApprovalExpired {
+		t.Fatalf("redeem after the window: %+v %v", got, err)
+	}
+	if n := len(a.List(ApprovalPending)); n != 0 {
+		t.Fatalf("%d pending", n)
+	}
+	if _, err := a.Get("nope"); !errors.Is(err, ErrApprovalNotFound) {
+		t.Fatal(err)
+	}
+}
