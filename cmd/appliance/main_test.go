@@ -541,3 +541,25 @@ func TestServeKilledDuringBurst(t *testing.T) {
 	}
 	t.Logf("%d results received before SIGKILL; %d admitted, %d finished, %d aborted", len(received), admitted, len(finished), aborted)
 }
+
+// sandcell sql: reads run, writes need --allow-write, refused statements exit 126.
+func TestCLISQL(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "t.db"), nil, 0o644)
+	if r := cli(t, "", "sql", "--workspace", dir, "t.db", "CREATE TABLE t (x INTEGER)"); r.code != exitRejected || !strings.Contains(r.stderr, "--allow-write") {
+		t.Fatalf("write without --allow-write: %+v", r)
+	}
+	if r := cli(t, "", "sql", "--workspace", dir, "--allow-write", "t.db", "CREATE TABLE t (x INTEGER)"); r.code != 0 {
+		t.Fatalf("create: %+v", r)
+	}
+	cli(t, "", "sql", "--workspace", dir, "--allow-write", "--params", "[7]", "t.db", "INSERT INTO t VALUES (?)")
+	if r := cli(t, "", "sql", "--workspace", dir, "--format", "table", "t.db", "SELECT x FROM t"); r.code != 0 || r.stdout != "x\n7\n" {
+		t.Fatalf("select: %+v", r)
+	}
+	if r := cli(t, "", "sql", "--workspace", dir, "--allow-write", "t.db", "VACUUM INTO 'copy.db'"); r.code != exitRejected {
+		t.Fatalf("vacuum into: %+v", r)
+	}
+	if r := cli(t, "", "sql", "--workspace", dir, "t.db", "SELEC"); r.code != 1 || !strings.Contains(r.stderr, "sql_syntax_error") {
+		t.Fatalf("syntax: %+v", r)
+	}
+}
