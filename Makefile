@@ -15,7 +15,18 @@ BUNDLE   := build/bundle
 export SANDCELL_BUNDLE_DIR := $(CURDIR)/$(BUNDLE)
 export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 
-.PHONY: help build interpreter interpreter-verify bundle demo test test-short bench check clean
+.PHONY: help build interpreter interpreter-verify bundle demo test test-short bench check clean stage deb rpm lint-packages test-packages
+
+# Packages: the version comes from `git describe` (a v* tag), else 0.1.0 with the
+# commit count and hash; SOURCE_DATE_EPOCH (the last commit's time) dates everything.
+NFPM_VERSION      := v2.45.2
+NFPM              := build/tools/nfpm
+PKG_ARCH          := $(shell go env GOARCH 2>/dev/null || echo amd64)
+PKG_VERSION       ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null) && echo "$${v\#v}" | tr - + || echo "0.1.0+git$$(git rev-list --count HEAD 2>/dev/null || echo 0).$$(git rev-parse --short=8 HEAD 2>/dev/null || echo unknown)")
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+export PKG_ARCH PKG_VERSION SOURCE_DATE_EPOCH
+DEB := dist/sandcell_$(PKG_VERSION)_$(PKG_ARCH).deb
+RPM := dist/sandcell_$(PKG_VERSION)_$(PKG_ARCH).rpm
 
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -67,6 +78,45 @@ check: ## vet, gofmt, go mod tidy, import rules, clean tree
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go mod tidy -diff
 	go test -count=1 -run TestImportRules .
+
+$(NFPM):
+	GOBIN=$(CURDIR)/build/tools go install github.com/goreleaser/nfpm/v2/cmd/nfpm@$(NFPM_VERSION)
+
+stage: bundle ## Stage the package contents in dist/stage (PIE binary, its precompiled bundle, man pages, completions)
+	rm -rf dist/stage && mkdir -p dist/stage/completions dist/stage/man dist/stage/licenses
+	go build -trimpath -buildmode=pie -ldflags '$(LDFLAGS) -s -w -linkmode external -extldflags "-Wl,-z,relro,-z,now"' \
+	  -o dist/stage/sandcell ./cmd/appliance
+	dist/stage/sandcell bundle install --dir dist/stage/bundle build/interpreter
+	dist/stage/sandcell bundle precompile --dir dist/stage/bundle
+	SANDCELL_BUNDLE_DIR=/usr/lib/sandcell SANDCELL_CACHE_DIR=/var/cache/sandcell dist/stage/sandcell manpage dist/stage/man
+	gzip -9n dist/stage/man/*.8
+	dist/stage/sandcell completion bash > dist/stage/completions/sandcell.bash
+	dist/stage/sandcell completion zsh > dist/stage/completions/_sandcell
+	dist/stage/sandcell completion fish > dist/stage/completions/sandcell.fish
+	cp packaging/copyright dist/stage/copyright
+	cp LICENSE dist/stage/licenses/sandcell
+	cp "$$(go env GOROOT)/LICENSE" dist/stage/licenses/go
+	cp "$$(go list -m -f '{{.Dir}}' github.com/bytecodealliance/wasmtime-go/v39)/LICENSE" dist/stage/licenses/wasmtime
+	chmod 0644 dist/stage/licenses/*
+	{ printf 'sandcell ($(PKG_VERSION)-1) unstable; urgency=medium\n\n  * Built from revision $(REVISION).\n\n'; \
+	  printf ' -- Sandcell developers <sandcell@example.org>  %s\n' "$$(date -u -R -d @$(SOURCE_DATE_EPOCH))"; } \
+	  | gzip -9n > dist/stage/changelog.Debian.gz
+	cp dist/stage/changelog.Debian.gz dist/stage/changelog.gz
+
+deb: stage $(NFPM) ## Build dist/sandcell_VERSION_ARCH.deb
+	rm -f dist/*.deb
+	$(NFPM) package --config nfpm.yaml --packager deb --target $(DEB)
+
+rpm: stage $(NFPM) ## Build dist/sandcell_VERSION_ARCH.rpm
+	rm -f dist/*.rpm
+	$(NFPM) package --config nfpm.yaml --packager rpm --target $(RPM)
+
+lint-packages: deb rpm ## lintian and rpmlint on the packages (overrides carry their reasons)
+	lintian --fail-on error,warning $(DEB)
+	rpmlint --config packaging/rpm/rpmlint.toml $(RPM)
+
+test-packages: lint-packages ## Lint the packages, check the rpm in a scratch root and the deb's hardening
+	packaging/test-packages.sh $(DEB) $(RPM)
 
 clean: ## Remove build outputs (the interpreter build cache in /var/cache/sandcell-build stays)
 	rm -rf bin build dist

@@ -34,6 +34,7 @@ func newRootCmd() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(newRunCmd(), newServeCmd(), newBundleCmd(), newConfigCmd(), newAuditCmd(), newTokenCmd(), newSQLCmd(), newSelftestCmd(), newHealthcheckCmd(), newVersionCmd())
+	root.AddCommand(newManpageCmd(root))
 	return root
 }
 
