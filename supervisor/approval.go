@@ -19,7 +19,15 @@ var (
 	ErrApprovalState = errors.New("supervisor: approval not usable")
 	// ErrApprovalMismatch: redeemed by another caller or for another request.
 	ErrApprovalMismatch = errors.New("supervisor: approval is for another request")
+	// ErrSelfApproval: the decider is the requester (four eyes: nobody approves
+	// their own request, whatever their roles).
+	ErrSelfApproval = errors.New("supervisor: a caller cannot decide its own request")
+	// ErrTooManyPending: the requester has MaxPending requests waiting.
+	ErrTooManyPending = errors.New("supervisor: too many approvals pending for this caller")
 )
+
+// MaxPending bounds the pending approvals of one requester.
+const MaxPending = 32
 
 // ApprovalState is where an approval is in its life.
 type ApprovalState string
@@ -84,16 +92,25 @@ func (a *Approvals) expire() {
 	}
 }
 
-// Request records a pending approval and returns a copy.
-func (a *Approvals) Request(action string, requester Caller, subject any, digest string) Approval {
+// Request records a pending approval and returns a copy, or ErrTooManyPending.
+func (a *Approvals) Request(action string, requester Caller, subject any, digest string) (Approval, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.expire()
+	pending := 0
+	for _, ap := range a.m {
+		if ap.Requester == requester && ap.State == ApprovalPending {
+			pending++
+		}
+	}
+	if pending >= MaxPending {
+		return Approval{}, ErrTooManyPending
+	}
 	now := a.now().UTC()
 	ap := &Approval{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Action: action, State: ApprovalPending,
 		Requester: requester, Subject: subject, Digest: digest, CreatedAt: now, ExpiresAt: now.Add(a.TTL)}
 	a.m[ap.ID] = ap
-	return *ap
+	return *ap, nil
 }
 
 // Get returns approval id.
@@ -136,6 +153,9 @@ func (a *Approvals) Decide(id string, by Caller, approve bool) (Approval, error)
 	if ap.State != ApprovalPending {
 		return *ap, fmt.Errorf("%w: it is %s", ErrApprovalState, ap.State)
 	}
+	if by == ap.Requester {
+		return *ap, ErrSelfApproval
+	}
 	now := a.now().UTC()
 	ap.DecidedBy, ap.DecidedAt = &by, &now
 	if approve {
@@ -164,4 +184,14 @@ func (a *Approvals) Redeem(id string, caller Caller, digest string) (Approval, e
 	}
 	ap.State = ApprovalSpent
 	return *ap, nil
+}
+
+// Restore makes a spent approval usable again when what it was spent on never ran
+// (the queue was full, the daemon is stopping); it changes nothing otherwise.
+func (a *Approvals) Restore(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ap, ok := a.m[id]; ok && ap.State == ApprovalSpent && !a.now().After(ap.ExpiresAt) {
+		ap.State = ApprovalApproved
+	}
 }

@@ -13,7 +13,10 @@ func TestApprovals(t *testing.T) {
 	alice, bob := Caller{UID: 1000}, Caller{UID: 1001}
 
 	// Approve, redeem once; a replay is refused.
-	ap := a.Request("sql.write", alice, "DELETE FROM t", "d1")
+	ap, _ := a.Request("sql.write", alice, "DELETE FROM t", "d1")
+	if _, err := a.Decide(ap.ID, alice, true); !errors.Is(err, ErrSelfApproval) {
+		t.Fatalf("self-approval: %v", err)
+	}
 	if _, err := a.Redeem(ap.ID, alice, "d1"); !errors.Is(err, ErrApprovalState) {
 		t.Fatalf("redeem pending: %v", err)
 	}
@@ -35,17 +38,22 @@ func TestApprovals(t *testing.T) {
 	if _, err := a.Redeem(ap.ID, alice, "d1"); !errors.Is(err, ErrApprovalState) {
 		t.Fatalf("replay: %v", err)
 	}
+	// Restored when what it was spent on never ran.
+	a.Restore(ap.ID)
+	if _, err := a.Redeem(ap.ID, alice, "d1"); err != nil {
+		t.Fatalf("after restore: %v", err)
+	}
 
 	// Deny.
-	ap = a.Request("sql.write", alice, "DROP TABLE t", "d3")
+	ap, _ = a.Request("sql.write", alice, "DROP TABLE t", "d3")
 	a.Decide(ap.ID, bob, false)
 	if _, err := a.Redeem(ap.ID, alice, "d3"); !errors.Is(err, ErrApprovalState) {
 		t.Fatalf("redeem denied: %v", err)
 	}
 
 	// Expiry: a pending request after its TTL, an approved one after its window.
-	pending := a.Request("sql.write", alice, "x", "d4")
-	approved := a.Request("sql.write", alice, "y", "d5")
+	pending, _ := a.Request("sql.write", alice, "x", "d4")
+	approved, _ := a.Request("sql.write", alice, "y", "d5")
 	a.Decide(approved.ID, bob, true)
 	now = now.Add(2 * time.Minute)
 	if _, err := a.Decide(pending.ID, bob, true); !errors.Is(err, ErrApprovalState) {
@@ -59,5 +67,14 @@ func TestApprovals(t *testing.T) {
 	}
 	if _, err := a.Get("nope"); !errors.Is(err, ErrApprovalNotFound) {
 		t.Fatal(err)
+	}
+	// At most MaxPending waiting per requester.
+	for i := 0; i < MaxPending; i++ {
+		if _, err := a.Request("sql.write", bob, "z", "d"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := a.Request("sql.write", bob, "z", "d"); !errors.Is(err, ErrTooManyPending) {
+		t.Fatalf("over the cap: %v", err)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -64,13 +65,16 @@ const (
 	CodeApprovalUnavailable = "approval_unavailable" // 403: the statement writes and no approver is configured
 	CodeApprovalInvalid     = "approval_invalid"     // 409: the approval is pending, denied, spent, expired or for another request
 	CodeSQLError            = "sql_error"            // 400/404/409/422: SQLite failed; sql_code says how
+	CodeTooManyPending      = "too_many_pending"     // 429: the caller has supervisor.MaxPending approvals waiting
+	CodeWorkspaceBusy       = "workspace_busy"       // 409: a run or statement is using the workspace
 )
 
 // Codes lists every problem code (TestOpenAPI keeps the document's list equal).
 var Codes = []string{CodeInvalidJSON, CodeUnknownField, CodeBadRequest, CodeLimitExceeded, CodeForbidden,
 	CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeDisabled, CodeNotReady, CodeNotAlive, CodeStopping,
 	CodeInternal, CodeUnsupportedMed, CodeUnauthorized, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota,
-	CodeStatementRefused, CodeApprovalRequired, CodeApprovalUnavailable, CodeApprovalInvalid, CodeSQLError}
+	CodeStatementRefused, CodeApprovalRequired, CodeApprovalUnavailable, CodeApprovalInvalid, CodeSQLError,
+	CodeTooManyPending, CodeWorkspaceBusy}
 
 // OpenAPI is the API's contract (OpenAPI 3.1), served at /v1/openapi.json.
 //
@@ -93,9 +97,9 @@ var Statuses = map[string][]int{
 	"GET /v1/runs/:id/events": {200, 400, 401, 403, 404},
 	"GET /v1/audit":           {200, 400, 401, 403, 500},
 
-	"POST /v1/workspaces":               {201, 401, 403, 500, 503},
+	"POST /v1/workspaces":               {201, 401, 403, 500, 503, 507},
 	"GET /v1/workspaces/:id":            {200, 401, 403, 404, 500},
-	"DELETE /v1/workspaces/:id":         {204, 401, 403, 404, 500},
+	"DELETE /v1/workspaces/:id":         {204, 401, 403, 404, 409, 500},
 	"PUT /v1/workspaces/:id/files/*":    {201, 400, 401, 403, 404, 409, 500, 507},
 	"GET /v1/workspaces/:id/files/*":    {200, 400, 401, 403, 404, 409, 500},
 	"DELETE /v1/workspaces/:id/files/*": {204, 400, 401, 403, 404, 409, 500},
@@ -184,6 +188,31 @@ type Server struct {
 	// The parts a configuration reload may change (SetAccess, SetPolicy).
 	acc atomic.Pointer[Access]
 	pol atomic.Pointer[policy.Policy]
+
+	// Workspaces in use by runs and statements, and those being deleted.
+	wsMu     sync.Mutex
+	inUse    map[string]int
+	deleting map[string]bool
+}
+
+// acquire marks workspace id in use (it cannot be deleted meanwhile); false when it
+// is being deleted.
+func (s *Server) acquire(id string) bool {
+	s.wsMu.Lock()
+	defer s.wsMu.Unlock()
+	if s.deleting[id] {
+		return false
+	}
+	s.inUse[id]++
+	return true
+}
+
+func (s *Server) release(id string) {
+	s.wsMu.Lock()
+	defer s.wsMu.Unlock()
+	if s.inUse[id]--; s.inUse[id] <= 0 {
+		delete(s.inUse, id)
+	}
 }
 
 // SetAccess replaces who may do what (a configuration reload); requests already
@@ -201,7 +230,7 @@ func (s *Server) policy() *policy.Policy { return s.pol.Load() }
 func New(o Options) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	s := &Server{o: o, echo: e}
+	s := &Server{o: o, echo: e, inUse: map[string]int{}, deleting: map[string]bool{}}
 	s.SetAccess(o.Access)
 	s.SetPolicy(o.Policy)
 	e.HTTPErrorHandler = s.errorHandler
@@ -383,6 +412,12 @@ func (s *Server) createRun(c echo.Context) error {
 	if perr != nil {
 		return refuse(perr.status, perr.code, perr.detail)
 	}
+	acquired := ""
+	defer func() {
+		if acquired != "" {
+			s.release(acquired)
+		}
+	}()
 	if body.Workspace != "" {
 		w := s.workspace(c, body.Workspace)
 		if w == nil {
@@ -401,6 +436,10 @@ func (s *Server) createRun(c echo.Context) error {
 				w.ID, u.Bytes, u.Files, q.Bytes, q.Files))
 		}
 		req.Workspace = w.Dir()
+		if !s.acquire(w.ID) {
+			return refuse(http.StatusNotFound, CodeNotFound, "no workspace "+w.ID)
+		}
+		acquired = w.ID
 		// No single file the run writes may be larger than the whole quota.
 		req.Hardening.Rlimits.FSIZE = min(req.Hardening.Rlimits.FSIZE, uint64(s.o.Workspaces.Quota().Bytes))
 	}
@@ -424,6 +463,12 @@ func (s *Server) createRun(c echo.Context) error {
 		return refuse(http.StatusServiceUnavailable, CodeStopping, err.Error())
 	case err != nil:
 		return refuse(http.StatusInternalServerError, CodeInternal, err.Error())
+	}
+	if acquired != "" {
+		// The workspace stays in use until the run ends, not until this answer.
+		ws := acquired
+		s.acquire(ws)
+		go func() { <-run.Done(); s.release(ws) }()
 	}
 	s.o.Audit.Record(ctx, "run.admitted", uid, run.ID, map[string]any{"code_sha256": detail["code_sha256"]})
 	if body.Wait != nil && !*body.Wait {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/user"
@@ -139,6 +140,20 @@ var tooManyConnections = func() []byte {
 		"Retry-After: 1\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 }()
 
+// refuse answers a connection over the per-uid limit and closes it gracefully: the
+// answer, then the end of our side, then whatever the client still sends is read
+// (for at most a second), so its request does not meet a reset before it reads
+// the answer.
+func refuse(c *net.UnixConn) {
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write(tooManyConnections); err != nil {
+		return
+	}
+	c.CloseWrite()
+	io.Copy(io.Discard, io.LimitReader(c, 64<<10))
+}
+
 func (l *peerListener) Accept() (net.Conn, error) {
 	for {
 		l.slots <- struct{}{}
@@ -155,10 +170,8 @@ func (l *peerListener) Accept() (net.Conn, error) {
 		}
 		l.mu.Unlock()
 		if over {
-			c.SetWriteDeadline(time.Now().Add(time.Second))
-			c.Write(tooManyConnections)
-			c.Close()
 			<-l.slots
+			go refuse(c)
 			continue
 		}
 		return &peerConn{UnixConn: c, peer: p, release: func() {

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
@@ -54,9 +56,19 @@ func problemWith(c echo.Context, status int, code, detail string, ext map[string
 	return c.Blob(status, "application/problem+json", b)
 }
 
-// sqlDigest identifies a request for an approval: what runs, where.
-func sqlDigest(b SQLRequest) string {
-	canon, _ := json.Marshal([]any{b.Workspace, b.DB, b.SQL, b.Params})
+// sqlDigest identifies a request for an approval: what runs, where, and on which
+// bytes: the database file's SHA-256 is part of it, so an approval is void once the
+// file changes (an approver approved a statement on the file they could inspect).
+func sqlDigest(b SQLRequest, w *workspace.Workspace) string {
+	fileSum := ""
+	if f, _, err := w.Open(b.DB); err == nil {
+		h := sha256.New()
+		if _, err := io.Copy(h, f); err == nil {
+			fileSum = hex.EncodeToString(h.Sum(nil))
+		}
+		f.Close()
+	}
+	canon, _ := json.Marshal([]any{b.Workspace, b.DB, b.SQL, b.Params, fileSum})
 	sum := sha256.Sum256(canon)
 	return hex.EncodeToString(sum[:])
 }
@@ -117,7 +129,11 @@ func (s *Server) sql(c echo.Context) error {
 	if w == nil {
 		return nil
 	}
-	digest := sqlDigest(body)
+	if !s.acquire(w.ID) {
+		return problem(c, http.StatusNotFound, CodeNotFound, "no workspace "+w.ID)
+	}
+	defer s.release(w.ID)
+	digest := sqlDigest(body, w)
 	detail := map[string]any{"workspace": w.ID, "db": body.DB, "sql_sha256": digest}
 	if s.o.RecordCode {
 		detail["sql"] = body.SQL
@@ -132,6 +148,10 @@ func (s *Server) sql(c echo.Context) error {
 		switch {
 		case errors.Is(err, supervisor.ErrApprovalNotFound):
 			return problem(c, http.StatusNotFound, CodeNotFound, "no approval "+body.Approval)
+		case errors.Is(err, supervisor.ErrApprovalMismatch):
+			return problemWith(c, http.StatusConflict, CodeApprovalInvalid,
+				"the approval is for another request, another caller, or the database file as it was when the request was made",
+				map[string]any{"approval": ap})
 		case err != nil:
 			return problemWith(c, http.StatusConflict, CodeApprovalInvalid, err.Error(), map[string]any{"approval": ap})
 		}
@@ -139,6 +159,10 @@ func (s *Server) sql(c echo.Context) error {
 	}
 	out, ok := s.runSQL(c, w, req, caller)
 	if !ok {
+		if body.Approval != "" {
+			// Nothing ran (queue full, stopping, an internal error): the approval stays.
+			s.o.Approvals.Restore(body.Approval)
+		}
 		return nil
 	}
 	if out.Status == "approval_required" && !s.approvalRequired(ActionSQLWrite) {
@@ -166,8 +190,14 @@ func (s *Server) sql(c echo.Context) error {
 				"the statement writes, and no approver is configured: writes are refused",
 				map[string]any{"classification": out.Classification})
 		}
-		ap := s.o.Approvals.Request(ActionSQLWrite, caller, map[string]any{"workspace": w.ID, "db": body.DB,
+		ap, err := s.o.Approvals.Request(ActionSQLWrite, caller, map[string]any{"workspace": w.ID, "db": body.DB,
 			"sql": body.SQL, "params": body.Params, "classification": out.Classification}, digest)
+		if err != nil {
+			audit("sql.refused", d)
+			c.Response().Header().Set("Retry-After", "60")
+			return problem(c, http.StatusTooManyRequests, CodeTooManyPending,
+				fmt.Sprintf("%v: at most %d may wait for a decision", err, supervisor.MaxPending))
+		}
 		d["approval"] = ap.ID
 		audit("approval.requested", d)
 		c.Response().Header().Set("Location", "/v1/approvals/"+ap.ID)
@@ -288,6 +318,8 @@ func (s *Server) decideApproval(c echo.Context) error {
 	switch {
 	case errors.Is(err, supervisor.ErrApprovalNotFound):
 		return problem(c, http.StatusNotFound, CodeNotFound, "no approval "+c.Param("id"))
+	case errors.Is(err, supervisor.ErrSelfApproval):
+		return problem(c, http.StatusForbidden, CodeForbidden, err.Error())
 	case err != nil:
 		return problemWith(c, http.StatusConflict, CodeApprovalInvalid, err.Error(), map[string]any{"approval": ap})
 	}

@@ -2,6 +2,9 @@ package api_test
 
 import (
 	"bytes"
+	"io"
+	"net"
+	"net/http"
 	"crypto/sha256"
 	"encoding/json"
 	"os"
@@ -13,9 +16,16 @@ import (
 	"github.com/sandcell/sandcell/supervisor/api"
 )
 
-// sqlDaemon is a daemon whose caller is a runner, an approver (and admin), with one
-// workspace holding t.db.
+// sqlDaemon is a daemon whose Unix caller is a runner, an approver (and admin), with
+// one workspace holding t.db; approverSecret is the bearer token of another
+// approver, who may decide the Unix caller's requests over TCP at tcpURL.
 func sqlDaemon(t *testing.T, s setup) (*daemon, string, string) {
+	if s.access == nil {
+		uid := os.Getuid()
+		a := api.Access{Admins: api.Principals{UIDs: map[int]bool{uid: true}},
+			Approvers: api.Principals{UIDs: map[int]bool{uid: true}}, Tokens: api.Tokens{approverToken}}
+		s.access = &a
+	}
 	d := start(t, s)
 	id := d.newWorkspace(t)
 	dbPath := filepath.Join(d.workspaces, id, "files", "t.db")
@@ -53,10 +63,23 @@ func TestSQLApprovals(t *testing.T) {
 		}
 		return m
 	}
+	// Nobody decides their own request.
+	self := write("CREATE TABLE selfie (x)")
+	if resp, body := d.do(t, "POST", "/v1/approvals/"+self["approval_id"].(string), `{"decision":"approve"}`); resp.StatusCode != 403 {
+		t.Fatalf("self-approval: %d %s", resp.StatusCode, body)
+	}
+	tcp := d.listenTCP(t)
 	approve := func(id, decision string) (int, map[string]any) {
-		resp, raw := d.do(t, "POST", "/v1/approvals/"+id, `{"decision":"`+decision+`"}`)
+		req, _ := http.NewRequest("POST", tcp+"/v1/approvals/"+id, strings.NewReader(`{"decision":"`+decision+`"}`))
+		req.Header.Set("Authorization", "Bearer "+approverSecret)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
 		var m map[string]any
-		json.Unmarshal(raw, &m)
+		json.NewDecoder(resp.Body).Decode(&m)
 		return resp.StatusCode, m
 	}
 	// Create the table: held, approved, redeemed.
@@ -135,7 +158,7 @@ func TestSQLApprovals(t *testing.T) {
 	for _, e := range evs {
 		kinds[e.Kind]++
 	}
-	if kinds["approval.requested"] != 3 || kinds["approval.decided"] != 4 || kinds["approval.redeemed"] != 5 ||
+	if kinds["approval.requested"] != 4 || kinds["approval.decided"] != 5 || kinds["approval.redeemed"] != 5 ||
 		kinds["sql.finished"] != 3 || kinds["sql.refused"] != 1 {
 		t.Fatalf("audit: %v", kinds)
 	}
@@ -148,7 +171,15 @@ func TestSQLApprovalExpires(t *testing.T) {
 		t.Fatalf("%d %v", code, m)
 	}
 	time.Sleep(400 * time.Millisecond)
-	resp, raw := d.do(t, "POST", "/v1/approvals/"+m["approval_id"].(string), `{"decision":"approve"}`)
+	req, _ := http.NewRequest("POST", d.listenTCP(t)+"/v1/approvals/"+m["approval_id"].(string), strings.NewReader(`{"decision":"approve"}`))
+	req.Header.Set("Authorization", "Bearer "+approverSecret)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
 	if resp.StatusCode != 409 || !strings.Contains(string(raw), "expired") {
 		t.Fatalf("approve expired: %d %s", resp.StatusCode, raw)
 	}
@@ -171,5 +202,47 @@ func TestSQLNoApprover(t *testing.T) {
 	wantProblem(t, resp, body, 403, api.CodeForbidden)
 	if fileSum(t, dbPath) != before {
 		t.Fatal("the file changed")
+	}
+}
+
+// The second approver: a bearer token over TCP (another caller than the Unix one).
+var approverSecret, approverToken = api.NewToken("reviewer", []api.Role{api.RoleApprover})
+
+// listenTCP serves the daemon on a loopback TCP port as well and returns its URL.
+func (d *daemon) listenTCP(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go d.server.Serve(l)
+	t.Cleanup(http.DefaultClient.CloseIdleConnections)
+	return "http://" + l.Addr().String()
+}
+
+// An approval is void once the database file changes: the approver approved the
+// statement on the bytes the requester's request named.
+func TestSQLApprovalVoidWhenFileChanges(t *testing.T) {
+	d, ws, dbPath := sqlDaemon(t, setup{})
+	code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "CREATE TABLE t (x)"})
+	if code != 403 {
+		t.Fatalf("%d %v", code, m)
+	}
+	id := m["approval_id"].(string)
+	req, _ := http.NewRequest("POST", d.listenTCP(t)+"/v1/approvals/"+id, strings.NewReader(`{"decision":"approve"}`))
+	req.Header.Set("Authorization", "Bearer "+approverSecret)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("approve: %d", resp.StatusCode)
+	}
+	os.WriteFile(dbPath, []byte("SQLite format 3\x00 but changed"), 0o644)
+	code, m = d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "CREATE TABLE t (x)", "approval": id})
+	if code != 409 || m["code"] != api.CodeApprovalInvalid {
+		t.Fatalf("redeem after the file changed: %d %v", code, m)
 	}
 }

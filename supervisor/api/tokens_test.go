@@ -55,6 +55,7 @@ func TestTCPBearerTokens(t *testing.T) {
 		t.Fatal(err)
 	}
 	go d.server.Serve(l)
+	t.Cleanup(http.DefaultClient.CloseIdleConnections)
 	base := "http://" + l.Addr().String()
 	call := func(method, path, secret, body string) (int, []byte) {
 		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))

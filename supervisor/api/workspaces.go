@@ -91,7 +91,7 @@ func (s *Server) createWorkspace(c echo.Context) error {
 	}
 	s.auditWorkspace(c, "workspace.created", id, map[string]any{}, err)
 	if err != nil {
-		return problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
+		return workspaceError(c, err)
 	}
 	c.Response().Header().Set("Location", "/v1/workspaces/"+w.ID)
 	return c.JSON(http.StatusCreated, workspaceInfo{Workspace: w, Quota: s.o.Workspaces.Quota()})
@@ -116,7 +116,19 @@ func (s *Server) deleteWorkspace(c echo.Context) error {
 	if w == nil {
 		return nil
 	}
+	s.wsMu.Lock()
+	busy := s.inUse[w.ID] > 0
+	if !busy {
+		s.deleting[w.ID] = true
+	}
+	s.wsMu.Unlock()
+	if busy {
+		return problem(c, http.StatusConflict, CodeWorkspaceBusy, "a run or statement is using workspace "+w.ID)
+	}
 	err := s.o.Workspaces.Delete(w.ID)
+	s.wsMu.Lock()
+	delete(s.deleting, w.ID)
+	s.wsMu.Unlock()
 	s.auditWorkspace(c, "workspace.deleted", w.ID, map[string]any{}, err)
 	if err != nil {
 		return workspaceError(c, err)

@@ -31,7 +31,9 @@ READ_PRAGMAS = {"table_info", "table_xinfo", "table_list", "index_info", "index_
 # EXPLAIN): P2 of Transaction says write; the rest change files or the schema.
 # (Insert and Delete are not here: they also fill the ephemeral tables of a read, a
 # recursive CTE for one; writing a real table needs OpenWrite.)
-WRITE_OPS = {"Vacuum", "AutoCommit", "Savepoint", "JournalMode", "SetCookie", "CreateBtree",
+# (JournalMode is not here: reading the mode runs it too; setting it is a PRAGMA with a
+# value, which counts as a write.)
+WRITE_OPS = {"Vacuum", "AutoCommit", "Savepoint", "SetCookie", "CreateBtree",
              "Destroy", "Clear", "ParseSchema", "IncrVacuum", "OpenWrite", "VBegin", "VUpdate",
              "VCreate", "VDestroy"}
 
@@ -71,7 +73,9 @@ def connect(write):
     # Hostile database files: no trusted schema, defensive mode, small limits.
     c.setconfig(sqlite3.SQLITE_DBCONFIG_DEFENSIVE, True)
     c.setconfig(sqlite3.SQLITE_DBCONFIG_TRUSTED_SCHEMA, False)
-    c.setconfig(sqlite3.SQLITE_DBCONFIG_ENABLE_TRIGGER, write)
+    # Triggers never fire, not even in an approved write: what was approved (the
+    # statement, its bytecode) is all that runs; a hostile file's trigger does nothing.
+    c.setconfig(sqlite3.SQLITE_DBCONFIG_ENABLE_TRIGGER, False)
     c.setconfig(sqlite3.SQLITE_DBCONFIG_ENABLE_VIEW, True)
     for limit, value in ((sqlite3.SQLITE_LIMIT_LENGTH, 16 << 20), (sqlite3.SQLITE_LIMIT_SQL_LENGTH, 1 << 20),
                          (sqlite3.SQLITE_LIMIT_COLUMN, 1000), (sqlite3.SQLITE_LIMIT_EXPR_DEPTH, 200),
@@ -107,11 +111,32 @@ def authorizer(code, a1, a2, db, trigger):
     return sqlite3.SQLITE_OK
 
 
+def param(p):
+    if isinstance(p, dict):
+        if set(p) != {"base64"} or not isinstance(p["base64"], str):
+            finish(status="error", error={"code": "sql_error", "message": 'a parameter object must be {"base64": "..."}'})
+        try:
+            return base64.b64decode(p["base64"], validate=True)
+        except ValueError as e:
+            finish(status="error", error={"code": "sql_error", "message": "a blob parameter is not base64: " + str(e)})
+    if isinstance(p, int) and not isinstance(p, bool) and not -(2**63) <= p < 2**63:
+        finish(status="error", error={"code": "sql_error", "message": "an integer parameter is beyond 64 bits"})
+    if isinstance(p, list):
+        finish(status="error", error={"code": "sql_error", "message": "a parameter cannot be an array"})
+    return p
+
+
 params = req.get("params")
 if params is None:
     params = ()
 elif isinstance(params, list):
-    params = tuple(base64.b64decode(p["base64"]) if isinstance(p, dict) and "base64" in p else p for p in params)
+    params = tuple(param(p) for p in params)
+else:
+    params = {k: param(v) for k, v in params.items()}
+
+# The result is bounded before it is built: past this many bytes of JSON rows the
+# statement stops (the worker's output cap is larger).
+MAX_RESULT = 24 << 20
 
 try:
     conn = connect(False)
@@ -149,14 +174,19 @@ try:
         conn.set_authorizer(authorizer)
     cur = conn.execute(req["sql"], params)
     columns = [{"name": d[0]} for d in (cur.description or [])]
-    rows, truncated = [], False
+    rows, truncated, size = [], False, 0
     for row in cur:
         if len(rows) >= req["max_rows"]:
             truncated = True
             break
-        rows.append([{"base64": base64.b64encode(v).decode()} if isinstance(v, bytes)
-                     else str(v) if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 2**53
-                     else v for v in row])
+        row = [{"base64": base64.b64encode(v).decode()} if isinstance(v, bytes)
+               else str(v) if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 2**53
+               else v for v in row]
+        size += len(json.dumps(row))
+        if size > MAX_RESULT:
+            finish(status="error", error={"code": "sql_result_too_large",
+                                          "message": "the result is over %d bytes: ask for fewer rows (max_rows)" % MAX_RESULT})
+        rows.append(row)
     cur.close()
     if columns and kind == "read":
         # Declared types as SQLite reports them for a view over the statement
@@ -176,3 +206,8 @@ try:
            changes=conn.total_changes if kind == "write" else 0)
 except sqlite3.Error as e:
     error(e)
+except MemoryError:
+    finish(status="error", error={"code": "sql_result_too_large", "message": "the statement ran out of memory"})
+except (ValueError, TypeError, OverflowError) as e:
+    # Bad parameters or values Python cannot bind.
+    finish(status="error", error={"code": "sql_error", "message": str(e)})

@@ -42,7 +42,8 @@ type Request struct {
 	// SQL is exactly one statement.
 	SQL string `json:"sql"`
 	// Params bind the statement's parameters: a JSON array (positional) or object
-	// (named); {"base64": "..."} binds a blob.
+	// (named) of null, numbers (integers within 64 bits), strings, or
+	// {"base64": "..."} for a blob.
 	Params json.RawMessage `json:"params,omitempty"`
 	// MaxRows bounds the rows returned (0: DefaultMaxRows); more are dropped and the
 	// result says truncated.
@@ -83,8 +84,8 @@ type Outcome struct {
 	Status         string            `json:"status"`
 	Reason         string            `json:"reason,omitempty"`
 	Classification *Classification   `json:"classification"`
-	Columns        []Column          `json:"columns,omitempty"`
-	Rows           []json.RawMessage `json:"rows,omitempty"`
+	Columns        []Column          `json:"columns"`
+	Rows           []json.RawMessage `json:"rows"`
 	Truncated      bool              `json:"truncated,omitempty"`
 	Changes        int64             `json:"changes,omitempty"`
 	ElapsedMS      float64           `json:"elapsed_ms"`
@@ -108,7 +109,7 @@ func Check(dir string, req *Request) error {
 	case strings.ContainsRune(req.SQL, 0):
 		return fmt.Errorf("%w: sql contains a NUL byte", ErrBadRequest)
 	case req.MaxRows < 0 || req.MaxRows > MaxRows:
-		return fmt.Errorf("%w: max_rows must be between 1 and %d", ErrBadRequest, MaxRows)
+		return fmt.Errorf("%w: max_rows must be between 0 (the default, %d) and %d", ErrBadRequest, DefaultMaxRows, MaxRows)
 	case strings.Contains(req.DB, ":") || strings.ContainsAny(req.DB, "?#"):
 		// A path, never a URI ("file:x?mode=rwc") or anything with a query.
 		return fmt.Errorf("%w: db %q: a path in the workspace, not a URI", ErrBadRequest, req.DB)
@@ -178,6 +179,14 @@ func Run(ctx context.Context, r Runner, dir string, req Request, base protocol.R
 	}
 	if err := json.Unmarshal(res.Stdout, &out); err != nil || out.Status == "" {
 		return Outcome{}, fmt.Errorf("sqltool: unreadable answer %q: %v", tail(res.Stdout), err)
+	}
+	if out.Status == "ok" {
+		if out.Rows == nil {
+			out.Rows = []json.RawMessage{}
+		}
+		if out.Columns == nil {
+			out.Columns = []Column{}
+		}
 	}
 	return out, nil
 }

@@ -202,3 +202,38 @@ func TestErrors(t *testing.T) {
 		}
 	}
 }
+
+// Review findings: triggers of a hostile file never fire, bad parameters and huge
+// results are errors (not crashes), reading PRAGMA journal_mode is a read.
+func TestHostileFileAndParams(t *testing.T) {
+	f := newFixture(t)
+	f.run(Request{DB: "t.db", Write: true, SQL: "CREATE TABLE secrets (s TEXT)"})
+	f.run(Request{DB: "t.db", Write: true, SQL: "INSERT INTO secrets VALUES ('keep')"})
+	f.run(Request{DB: "t.db", Write: true, SQL: "CREATE TRIGGER wipe AFTER DELETE ON t BEGIN DELETE FROM secrets; END"})
+	if out := f.run(Request{DB: "t.db", Write: true, SQL: "DELETE FROM t WHERE id = 2"}); out.Changes != 1 {
+		t.Fatalf("delete: %+v", out)
+	}
+	if out := f.run(Request{DB: "t.db", SQL: "SELECT count(*) FROM secrets"}); string(out.Rows[0]) != "[1]" {
+		t.Fatalf("the trigger fired: %s", out.Rows[0])
+	}
+	for params, code := range map[string]string{`[99999999999999999999]`: "sql_error", `[{"base64": "!!"}]`: "sql_error",
+		`[[1]]`: "sql_error", `{"b": {"base64": "AAE=", "x": 1}}`: "sql_error"} {
+		out := f.run(Request{DB: "t.db", SQL: "SELECT ?1", Params: json.RawMessage(params)})
+		if out.Error == nil || out.Error.Code != code {
+			t.Errorf("%s: %+v", params, out)
+		}
+	}
+	if out := f.run(Request{DB: "t.db", SQL: "SELECT :b", Params: json.RawMessage(`{"b": {"base64": "AAE="}}`)}); out.Status != "ok" || string(out.Rows[0]) != `[{"base64": "AAE="}]` {
+		t.Fatalf("named blob: %+v", out)
+	}
+	out := f.run(Request{DB: "t.db", SQL: "WITH RECURSIVE r(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM r WHERE x < 100) SELECT zeroblob(10000000) FROM r"})
+	if out.Error == nil || out.Error.Code != "sql_result_too_large" {
+		t.Fatalf("huge result: %+v", out.Error)
+	}
+	if out := f.run(Request{DB: "t.db", SQL: "PRAGMA journal_mode"}); out.Status != "ok" || out.Classification.Kind != "read" {
+		t.Fatalf("journal_mode: %+v", out)
+	}
+	if out := f.run(Request{DB: "t.db", SQL: "SELECT * FROM secrets WHERE 0"}); out.Status != "ok" || out.Rows == nil || len(out.Rows) != 0 {
+		t.Fatalf("empty: %+v", out)
+	}
+}

@@ -100,8 +100,17 @@ type Workspace struct {
 // is never a path.
 var validID = regexp.MustCompile(`^[0-9A-HJKMNP-TV-Z]{26}$`)
 
+// MaxPerOwner bounds the workspaces one caller may own.
+const MaxPerOwner = 64
+
 // Create makes an empty workspace owned by uid, or by the bearer token named token.
+// An owner with MaxPerOwner workspaces gets ErrQuota.
 func (s *Store) Create(uid int, token string) (*Workspace, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n := s.owned(uid, token); n >= MaxPerOwner {
+		return nil, fmt.Errorf("%w: the caller owns %d workspaces, the most allowed", ErrQuota, n)
+	}
 	w := &Workspace{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Owner: uid, OwnerToken: token,
 		Created: time.Now().UTC(), s: s}
 	tmp, err := os.MkdirTemp(s.dir, ".new-")
@@ -122,6 +131,18 @@ func (s *Store) Create(uid int, token string) (*Workspace, error) {
 		return nil, fmt.Errorf("workspace: %w", err)
 	}
 	return w, nil
+}
+
+// owned counts the workspaces of an owner; s.mu is held.
+func (s *Store) owned(uid int, token string) int {
+	entries, _ := os.ReadDir(s.dir)
+	n := 0
+	for _, e := range entries {
+		if w, err := s.Get(e.Name()); err == nil && w.Owner == uid && w.OwnerToken == token {
+			n++
+		}
+	}
+	return n
 }
 
 // Get returns workspace id, or ErrNotFound.
@@ -287,11 +308,26 @@ func (w *Workspace) Write(path string, r io.Reader) (int64, error) {
 	}
 	defer unix.Close(root)
 	dirPath, name := filepath.Split(path)
-	dir, made, err := mkdirs(root, strings.TrimSuffix(dirPath, "/"))
+	dirPath = strings.TrimSuffix(dirPath, "/")
+	// The directories to create count against the quota before any is created.
+	missing, err := missingDirs(root, dirPath)
+	if err != nil {
+		return 0, err
+	}
+	if u.Files+missing+1 > w.s.quota.Files {
+		return 0, fmt.Errorf("%w: the workspace would hold more than %d names", ErrQuota, w.s.quota.Files)
+	}
+	dir, made, err := mkdirs(root, dirPath)
 	if err != nil {
 		return 0, err
 	}
 	defer unix.Close(dir)
+	committed := false
+	defer func() {
+		if !committed {
+			removeMade(root, dirPath, made) // a refused upload leaves nothing behind
+		}
+	}()
 	// What the upload replaces no longer counts.
 	var old unix.Stat_t
 	if unix.Fstatat(dir, name, &old, unix.AT_SYMLINK_NOFOLLOW) == nil {
@@ -302,9 +338,6 @@ func (w *Workspace) Write(path string, r io.Reader) (int64, error) {
 		if old.Mode&unix.S_IFMT == unix.S_IFREG {
 			u.Bytes -= old.Size
 		}
-	}
-	if u.Files+made+1 > w.s.quota.Files {
-		return 0, fmt.Errorf("%w: the workspace would hold more than %d names", ErrQuota, w.s.quota.Files)
 	}
 	room := w.s.quota.Bytes - u.Bytes
 	tmpName := ".sandcell-upload-" + ulid.MustNew(ulid.Now(), rand.Reader).String()
@@ -333,7 +366,48 @@ func (w *Workspace) Write(path string, r io.Reader) (int64, error) {
 		unix.Unlinkat(dir, tmpName, 0)
 		return 0, err
 	}
+	committed = true
 	return n, nil
+}
+
+// missingDirs counts the components of dir (beneath root) that do not exist yet.
+func missingDirs(root int, dir string) (int, error) {
+	if dir == "" {
+		return 0, nil
+	}
+	comps := strings.Split(dir, "/")
+	for i := len(comps); i > 0; i-- {
+		fd, err := openat2(root, strings.Join(comps[:i], "/"), unix.O_PATH|unix.O_DIRECTORY)
+		if err == nil {
+			unix.Close(fd)
+			return len(comps) - i, nil
+		}
+		if !errors.Is(err, unix.ENOENT) {
+			return 0, lookupErr(dir, err)
+		}
+	}
+	return len(comps), nil
+}
+
+// removeMade removes the last made components of dir (empty directories this upload
+// created), deepest first.
+func removeMade(root int, dir string, made int) {
+	comps := strings.Split(dir, "/")
+	for i := len(comps); i > len(comps)-made && i > 0; i-- {
+		parent, name := strings.Join(comps[:i-1], "/"), comps[i-1]
+		pfd := root
+		if parent != "" {
+			fd, err := openat2(root, parent, unix.O_RDONLY|unix.O_DIRECTORY)
+			if err != nil {
+				return
+			}
+			pfd = fd
+		}
+		unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR)
+		if pfd != root {
+			unix.Close(pfd)
+		}
+	}
 }
 
 // mkdirs opens dir (a relative path, "" for the root) beneath root, creating missing
@@ -446,7 +520,7 @@ func walkDir(dirfd int, prefix string, u *Usage, visit func(File)) error {
 	d := os.NewFile(uintptr(dirfd), prefix)
 	defer d.Close()
 	if strings.Count(prefix, "/") >= maxDepth {
-		return fmt.Errorf("workspace: directories nested deeper than %d", maxDepth)
+		return fmt.Errorf("%w: directories nested deeper than %d", ErrUnsafe, maxDepth)
 	}
 	names, err := d.Readdirnames(-1)
 	if err != nil {
@@ -455,7 +529,7 @@ func walkDir(dirfd int, prefix string, u *Usage, visit func(File)) error {
 	slices.Sort(names)
 	for _, name := range names {
 		if u.Files >= maxListed {
-			return fmt.Errorf("workspace: more than %d names", maxListed)
+			return fmt.Errorf("%w: more than %d names", ErrQuota, maxListed)
 		}
 		var st unix.Stat_t
 		if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {

@@ -212,3 +212,34 @@ func TestRemoveAndDeleteDoNotFollowLinks(t *testing.T) {
 		t.Fatalf("a file behind a link was removed: %v", err)
 	}
 }
+
+// Review findings: a refused upload leaves no directory behind; nesting past the
+// walk's depth is a client error; an owner has a bounded number of workspaces.
+func TestQuotaEdges(t *testing.T) {
+	s, w := newWorkspace(t, Quota{Bytes: 1 << 20, Files: 10})
+	deep := strings.Repeat("d/", 20) + "f"
+	if _, err := w.Write(deep, strings.NewReader("x")); !errors.Is(err, ErrQuota) {
+		t.Fatalf("deep upload: %v", err)
+	}
+	if _, err := w.Write("a/b", strings.NewReader(strings.Repeat("x", 2<<20))); !errors.Is(err, ErrQuota) {
+		t.Fatalf("large upload: %v", err)
+	}
+	if files, u, _ := w.List(); u.Files != 0 {
+		t.Fatalf("a refused upload left %+v", files)
+	}
+	os.MkdirAll(filepath.Join(w.Dir(), strings.Repeat("n/", maxDepth+2)), 0o755)
+	if _, err := w.Usage(); !errors.Is(err, ErrUnsafe) {
+		t.Fatalf("too deep: %v", err)
+	}
+	for i := 1; i < MaxPerOwner; i++ {
+		if _, err := s.Create(1000, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Create(1000, ""); !errors.Is(err, ErrQuota) {
+		t.Fatalf("over the per-owner limit: %v", err)
+	}
+	if _, err := s.Create(1001, ""); err != nil {
+		t.Fatalf("another owner: %v", err)
+	}
+}
