@@ -2,11 +2,11 @@ package api_test
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
-	"crypto/sha256"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
