@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandcell/sandcell/packaging"
+	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/config"
 )
 
@@ -27,8 +28,15 @@ func newConfigCmd() *cobra.Command {
 			if len(args) == 1 {
 				path = args[0]
 			}
-			if _, err := config.Load(path, os.Environ()); err != nil {
+			cfg, err := config.Load(path, os.Environ())
+			if err != nil {
 				return err
+			}
+			// What serve would refuse at start is refused here too (ExecStartPre=).
+			if cfg.TCP.Listen != "" {
+				if _, err := api.LoadTokens(cfg.TCP.TokensFile); err != nil {
+					return fmt.Errorf("tcp.tokens_file: %w", err)
+				}
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok\n", path)
 			return nil

@@ -81,8 +81,9 @@ func newHealthcheckCmd() *cobra.Command {
 		Use:   "healthcheck",
 		Short: "Exit 0 if the daemon is ready (GET /readyz over its socket), 1 if not",
 		Long: `Ask the daemon's /readyz over its Unix socket and exit 0 when it answers 200, 1
-otherwise (not ready, not running, no answer within --timeout). For container
-HEALTHCHECKs and Kubernetes exec probes, where there is no curl. Prints nothing.`,
+otherwise (not ready, not running, no answer within --timeout), saying why on
+stderr. For container HEALTHCHECKs and Kubernetes exec probes, where there is no
+curl.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if socket == "" {
@@ -94,13 +95,18 @@ HEALTHCHECKs and Kubernetes exec probes, where there is no curl. Prints nothing.
 			c := client.HTTP(socket)
 			c.Timeout = timeout
 			resp, err := c.Get("http://sandcell/readyz")
-			if err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					return nil
-				}
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "sandcell healthcheck: %v\n", err)
+				return exitCode(1)
 			}
-			return exitCode(1)
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				var p struct{ Detail string }
+				json.NewDecoder(resp.Body).Decode(&p)
+				fmt.Fprintf(os.Stderr, "sandcell healthcheck: not ready (%s): %s\n", resp.Status, p.Detail)
+				return exitCode(1)
+			}
+			return nil
 		},
 	}
 	cmd.Flags().StringVar(&socket, "socket", "", "the daemon's socket (default $SANDCELL_SOCKET, else socket.path of the configuration)")

@@ -27,6 +27,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
+	"golang.org/x/time/rate"
 
 	"github.com/sandcell/sandcell/healthz"
 	"github.com/sandcell/sandcell/sandbox"
@@ -189,6 +190,12 @@ type Server struct {
 	acc atomic.Pointer[Access]
 	pol atomic.Pointer[policy.Policy]
 
+	// denials bounds the audit records of unauthenticated TCP callers (10 a second):
+	// remote callers without a token cannot grow the audit log (fsynced, kept for
+	// months) as fast as they send requests; the next record counts those left out.
+	denials *rate.Limiter
+	skipped atomic.Int64
+
 	// Workspaces in use by runs and statements, and those being deleted.
 	wsMu     sync.Mutex
 	inUse    map[string]int
@@ -230,7 +237,8 @@ func (s *Server) policy() *policy.Policy { return s.pol.Load() }
 func New(o Options) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	s := &Server{o: o, echo: e, inUse: map[string]int{}, deleting: map[string]bool{}}
+	s := &Server{o: o, echo: e, inUse: map[string]int{}, deleting: map[string]bool{},
+		denials: rate.NewLimiter(10, 10)}
 	s.SetAccess(o.Access)
 	s.SetPolicy(o.Policy)
 	e.HTTPErrorHandler = s.errorHandler
@@ -330,8 +338,13 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 			if !ok {
 				t, found := s.access().Tokens.Authenticate(c.Request())
 				if !found {
-					s.o.Audit.Record(ctx, "access.denied", -1, "", map[string]any{"method": c.Request().Method,
-						"path": c.Path(), "role": role, "remote": c.Request().RemoteAddr, "reason": "no valid bearer token"})
+					if s.denials.Allow() {
+						s.o.Audit.Record(ctx, "access.denied", -1, "", map[string]any{"method": c.Request().Method,
+							"path": c.Path(), "role": role, "remote": c.Request().RemoteAddr, "reason": "no valid bearer token",
+							"unrecorded_before": s.skipped.Swap(0)})
+					} else {
+						s.skipped.Add(1)
+					}
 					c.Response().Header().Set("WWW-Authenticate", `Bearer realm="sandcell"`)
 					return problem(c, http.StatusUnauthorized, CodeUnauthorized, "present a configured bearer token")
 				}

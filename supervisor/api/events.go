@@ -36,9 +36,12 @@ func (s *Server) runEvents(c echo.Context) error {
 	}
 	next := 0
 	if v := c.Request().Header.Get("Last-Event-ID"); v != "" {
+		// An id this stream has sent: chunks only ever grow, so anything at or past
+		// their count now was never sent.
+		_, count, _, _ := run.Output(1 << 62)
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return problem(c, http.StatusBadRequest, CodeBadRequest, "Last-Event-ID: an event id of this stream")
+		if err != nil || n < 0 || n >= count {
+			return problem(c, http.StatusBadRequest, CodeBadRequest, "Last-Event-ID: an event id this stream has sent")
 		}
 		next = n + 1
 	}
