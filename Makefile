@@ -115,8 +115,11 @@ lint-packages: deb rpm ## lintian and rpmlint on the packages (overrides carry t
 	lintian --fail-on error,warning $(DEB)
 	rpmlint --config packaging/rpm/rpmlint.toml $(RPM)
 
-test-packages: lint-packages ## Lint the packages, check the rpm in a scratch root and the deb's hardening
+test-packages: lint-packages ## Lint the packages, check the rpm in a scratch root and the deb's hardening, then the deb under a booted systemd
 	packaging/test-packages.sh $(DEB) $(RPM)
+	mkdir -p dist/upgrade && rm -f dist/upgrade/*.deb
+	PKG_VERSION=$(PKG_VERSION).1 $(NFPM) package --config nfpm.yaml --packager deb --target dist/upgrade/sandcell_$(PKG_VERSION).1_$(PKG_ARCH).deb
+	packaging/test-boot.sh $(DEB) dist/upgrade/sandcell_$(PKG_VERSION).1_$(PKG_ARCH).deb
 
 clean: ## Remove build outputs (the interpreter build cache in /var/cache/sandcell-build stays)
 	rm -rf bin build dist

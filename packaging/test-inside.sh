@@ -1,0 +1,69 @@
+#!/bin/sh
+# Runs inside the booted test container (see test-boot.sh) as a oneshot unit. Each
+# step appends a line to /root/result; the last line is PASS or FAIL.
+set -u
+out=/root/result
+: >"$out"
+log() { echo "$*" >>"$out"; }
+fail() { log "FAIL: $*"; log "--- journal"; journalctl -u sandcell.service -u sandcell.socket --no-pager -n 60 >>"$out" 2>&1; log FAIL; exit 1; }
+sock=/run/sandcell/sandcell.sock
+# ready waits (at most 90 s) for the daemon to answer /readyz 200.
+ready() {
+	i=0
+	until sandcell healthcheck --socket "$sock" 2>>"$out"; do
+		i=$((i + 1))
+		[ $i -lt 180 ] || return 1
+		sleep 0.5
+	done
+}
+
+dpkg -i /root/old.deb >>"$out" 2>&1 || fail "dpkg -i old.deb"
+log "ok: installed $(dpkg-query -W -f '${Version}' sandcell)"
+[ "$(systemctl is-active sandcell.socket)" = active ] || fail "sandcell.socket is not active"
+[ "$(systemctl is-active sandcell.service)" != active ] || fail "sandcell.service started before the first connection"
+[ "$(systemctl is-enabled sandcell.socket)" = enabled ] || fail "sandcell.socket is not enabled"
+getent passwd sandcell >/dev/null || fail "no sandcell user"
+log "ok: socket active and enabled, service waiting for its first connection"
+
+# The first connection starts the service; it is active only after READY=1.
+ready || fail "never ready"
+[ "$(systemctl is-active sandcell.service)" = active ] || fail "sandcell.service is not active after the first connection"
+status=$(systemctl show -p StatusText --value sandcell.service)
+log "ok: service started by the socket: $status"
+case $status in *"11 layers active"*) ;; *) fail "not every layer active under the unit's sandbox: $status" ;; esac
+
+# A runner runs code; a caller without the role is refused, and the refusal audited.
+useradd -m -G sandcell alice
+useradd -m -G sandcell bob
+sed -i 's/^runners = .*/runners = ["alice"]/' /etc/sandcell/sandcell.toml
+systemctl restart sandcell.service || fail "systemctl restart"
+ready || fail "not ready after restart"
+log "ok: restarted"
+got=$(runuser -u alice -- sandcell run --socket "$sock" -c 'print(6*7)' 2>&1) || fail "alice's run: $got"
+[ "$got" = 42 ] || fail "alice's run printed $got"
+log "ok: alice (runner) ran print(6*7): $got"
+if runuser -u bob -- sandcell run --socket "$sock" -c 'print(1)' >/dev/null 2>&1; then
+	fail "bob (no role) was allowed to run"
+fi
+sandcell audit verify --config /etc/sandcell/sandcell.toml >>"$out" 2>&1 || fail "audit verify"
+# The refusal is a record (its kind is plain text in the database or its WAL).
+cat /var/lib/sandcell/audit.db* | grep -aq 'access.denied' || fail "bob's refusal is not in the audit log"
+log "ok: bob (no role) refused, and the refusal audited; the chain verifies"
+audit_before=$(stat -c %s /var/lib/sandcell/audit.db)
+
+# Upgrade: the edited configuration and the audit log stay.
+dpkg -i /root/new.deb >>"$out" 2>&1 || fail "dpkg -i new.deb"
+grep -q '^runners = \["alice"\]' /etc/sandcell/sandcell.toml || fail "the upgrade replaced the edited configuration"
+[ -f /var/lib/sandcell/audit.db ] || fail "the upgrade lost the audit log"
+[ "$(stat -c %s /var/lib/sandcell/audit.db)" -ge "$audit_before" ] || fail "the audit log shrank"
+ready || fail "not ready after the upgrade"
+got=$(runuser -u alice -- sandcell run --socket "$sock" -c 'print(6*7)' 2>&1) || fail "run after upgrade: $got"
+log "ok: upgraded to $(dpkg-query -W -f '${Version}' sandcell); config and audit log kept; alice ran: $got"
+
+# Purge: state and configuration gone.
+apt-get purge -y sandcell >>"$out" 2>&1 || fail "apt-get purge"
+[ ! -e /var/lib/sandcell ] || fail "purge left /var/lib/sandcell"
+[ ! -e /etc/sandcell/sandcell.toml ] || fail "purge left the configuration"
+[ ! -e /usr/bin/sandcell ] || fail "purge left the binary"
+log "ok: purged: state, configuration and files removed"
+log PASS
