@@ -36,10 +36,8 @@ func execute(args []string) int {
 	if errors.As(err, &ec) {
 		return int(ec)
 	}
-	name := "sandcell"
-	if cmd != root {
-		name += " " + cmd.Name()
-	}
+	// The full command path ("sandcell token new"), not only the last word.
+	name := cmd.CommandPath()
 	fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 	var rej rejected
 	if errors.As(err, &rej) {
