@@ -67,11 +67,10 @@ test: bundle ## Run every test with the real interpreter and real workers
 test-short: bundle ## Run the tests that take seconds, not minutes
 	go test -short -count=1 ./...
 
-bench: bundle ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_WASM), epoch vs fuel, cold runs by hardening layer, CLI cold runs
+bench: bundle ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_WASM), epoch vs fuel, cold runs by hardening layer, then bench/: API, CLI, native python3 and bwrap side by side
 	go test -run '^$$' -bench . -benchtime 10x -count 1 ./sandbox/engine
 	go test -run '^$$' -bench BenchmarkColdRun -benchtime 20x -count 1 ./sandbox
-	@command -v hyperfine >/dev/null || { echo "hyperfine not installed: apt-get install hyperfine"; exit 1; }
-	hyperfine -N --warmup 3 --runs 20 "$(BIN) run -c 'print(6*7)'" "/usr/bin/python3 -c 'print(6*7)'"
+	go run ./bench -sandcell $(BIN)
 
 check: ## vet, gofmt, go mod tidy, import rules, clean tree
 	go vet ./...

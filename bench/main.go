@@ -1,0 +1,308 @@
+// Command bench is the side-by-side harness of `make bench`: from one run, one table
+// of `print(6*7)` latency (p50/p90/p99 over sequential calls), throughput at
+// concurrency 1, 2 and 8, CPU-seconds per run and peak memory, for Sandcell through
+// the API (a daemon it starts) and through the CLI, native python3 with no sandbox,
+// and python3 under bubblewrap --unshare-all; each figure also as a ratio to native
+// python3. Then a CPU-bound program, native against the sandbox.
+//
+// The numbers are from a shared, noisy machine: compare the rows of one run, not runs.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sandcell/sandcell/client"
+	"github.com/sandcell/sandcell/supervisor/api"
+)
+
+const program = "print(6*7)"
+
+// system is one way to run the program: run performs one run and returns the peak
+// RSS of the process it started, when it started one (0 otherwise). (The first
+// result is unused: CPU is measured around the call.)
+type system struct {
+	name string
+	run  func() (cpu time.Duration, rssKiB int64, err error)
+}
+
+type row struct {
+	name          string
+	p50, p90, p99 time.Duration
+	rps           [3]float64 // concurrency 1, 2, 8
+	cpu           time.Duration
+	rssKiB        int64
+	note          string
+}
+
+var concurrencies = [3]int{1, 2, 8}
+
+func main() {
+	n := flag.Int("n", 50, "sequential runs per system (latency)")
+	dur := flag.Duration("duration", 3*time.Second, "time per concurrency level (throughput)")
+	bin := flag.String("sandcell", "bin/sandcell", "the sandcell binary")
+	python := flag.String("python", "/usr/bin/python3", "native python3")
+	flag.Parse()
+	if err := run(*n, *dur, *bin, *python); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func execSystem(name string, argv ...string) system {
+	return system{name: name, run: func() (time.Duration, int64, error) {
+		cmd := exec.Command(argv[0], argv[1:]...)
+		out, err := cmd.Output()
+		if err != nil {
+			return 0, 0, fmt.Errorf("%s: %v", name, err)
+		}
+		if strings.TrimSpace(string(out)) != "42" {
+			return 0, 0, fmt.Errorf("%s printed %q", name, out)
+		}
+		ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+		return 0, ru.Maxrss, nil
+	}}
+}
+
+func run(n int, dur time.Duration, bin, python string) error {
+	bin, _ = filepath.Abs(bin)
+	systems := []system{execSystem("python3 (native)", python, "-c", program)}
+	if bw, err := exec.LookPath("bwrap"); err == nil {
+		systems = append(systems, execSystem("python3 under bwrap --unshare-all", bw, "--unshare-all", "--die-with-parent",
+			"--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+			"--symlink", "usr/bin", "/bin", "--proc", "/proc", "--dev", "/dev", python, "-c", program))
+	}
+	systems = append(systems, execSystem("sandcell run (CLI, cold worker)", bin, "run", "-c", program))
+
+	// The daemon: its CPU and memory are read from /proc around the API rows.
+	dir, err := os.MkdirTemp("", "sandcell-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "s.sock")
+	daemon := exec.Command(bin, "serve", "--socket", sock, "--state-dir", filepath.Join(dir, "state"))
+	daemon.Env = append(os.Environ(), "SANDCELL_RUNS_QUEUE_LENGTH=256")
+	if err := daemon.Start(); err != nil {
+		return err
+	}
+	defer func() { daemon.Process.Signal(syscall.SIGTERM); daemon.Wait() }()
+	c := client.New(sock)
+	if err := waitReady(sock); err != nil {
+		return err
+	}
+	apiRun := func() (time.Duration, int64, error) {
+		v, err := c.Run(context.Background(), api.RunRequest{Code: program})
+		if err != nil {
+			return 0, 0, err
+		}
+		if v.Result == nil || string(v.Result.Stdout) != "42\n" {
+			return 0, 0, fmt.Errorf("API run: %+v", v.Result)
+		}
+		return 0, 0, nil
+	}
+	systems = append(systems, system{name: "sandcell API (cold worker per run)", run: apiRun})
+
+	var rows []row
+	for _, s := range systems {
+		fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
+		before := procCPU(daemon.Process.Pid)
+		r, err := measure(s, n, dur)
+		if err != nil {
+			return err
+		}
+		if strings.HasPrefix(s.name, "sandcell API") {
+			// Daemon and its workers (reaped children count in cutime/cstime), over the
+			// sequential runs and the throughput runs.
+			total := r.runs
+			r.row.cpu = (procCPU(daemon.Process.Pid) - before) / time.Duration(max(total, 1))
+			rss, pss := smapsRollup(daemon.Process.Pid)
+			r.row.note = fmt.Sprintf("daemon RSS %d MiB, PSS %d MiB; no warm pool yet (issue 9)", rss>>10, pss>>10)
+		}
+		rows = append(rows, r.row)
+	}
+	print(rows)
+	return cpuBound(bin, python)
+}
+
+type result struct {
+	row  row
+	runs int
+}
+
+func measure(s system, n int, dur time.Duration) (result, error) {
+	// Warm the page cache and the daemon.
+	for i := 0; i < 3; i++ {
+		if _, _, err := s.run(); err != nil {
+			return result{}, err
+		}
+	}
+	lat := make([]time.Duration, 0, n)
+	var cpu time.Duration
+	var rss int64
+	for i := 0; i < n; i++ {
+		// CPU of everything the run forked and reaped (a process tree: bwrap's, the
+		// CLI's worker), from this process's RUSAGE_CHILDREN; runs are sequential here.
+		before := childrenCPU()
+		t := time.Now()
+		_, r, err := s.run()
+		if err != nil {
+			return result{}, err
+		}
+		lat = append(lat, time.Since(t))
+		cpu += childrenCPU() - before
+		rss = max(rss, r)
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+	out := result{row: row{name: s.name, p50: q(0.50), p90: q(0.90), p99: q(0.99), cpu: cpu / time.Duration(n), rssKiB: rss}, runs: n + 3}
+	for i, conc := range concurrencies {
+		var done atomic.Int64
+		var firstErr atomic.Value
+		deadline := time.Now().Add(dur)
+		var wg sync.WaitGroup
+		start := time.Now()
+		for w := 0; w < conc; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(deadline) {
+					if _, _, err := s.run(); err != nil {
+						firstErr.CompareAndSwap(nil, err)
+						return
+					}
+					done.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		if err, ok := firstErr.Load().(error); ok {
+			return result{}, err
+		}
+		out.row.rps[i] = float64(done.Load()) / time.Since(start).Seconds()
+		out.runs += int(done.Load())
+	}
+	return out, nil
+}
+
+func print(rows []row) {
+	native := rows[0]
+	ratio := func(a, b float64) string {
+		if b == 0 || a == 0 {
+			return ""
+		}
+		return fmt.Sprintf(" (%.1fx)", a/b)
+	}
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "print(6*7)\tp50 ms\tp90 ms\tp99 ms\truns/s c=1\tc=2\tc=8\tCPU ms/run\tpeak RSS MiB\t")
+	for _, r := range rows {
+		rss := ""
+		if r.rssKiB > 0 {
+			rss = strconv.FormatInt(r.rssKiB>>10, 10)
+		}
+		fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%.1f%s\t%.1f\t%.1f%s\t%s%s\t%s\t%s\n", r.name,
+			ms(r.p50), ratio(float64(r.p50), float64(native.p50)), ms(r.p90), ms(r.p99),
+			r.rps[0], ratio(r.rps[0], native.rps[0]), r.rps[1], r.rps[2], ratio(r.rps[2], native.rps[2]),
+			ms(r.cpu), ratio(float64(r.cpu), float64(native.cpu)), rss, r.note)
+	}
+	tw.Flush()
+	fmt.Println("(ratios are to native python3; CPU per run of the API row is the daemon's and its workers')")
+}
+
+// cpuBound times a CPU-bound program natively and in the sandbox (wall clock, the
+// median of 3). The engine's own benchmark (make bench, BenchmarkInterruption) gives
+// the interpreter alone with epoch interruption on and off.
+func cpuBound(bin, python string) error {
+	const code = "sum(i*i for i in range(3_000_000))"
+	median := func(argv ...string) (time.Duration, error) {
+		var ds []time.Duration
+		for i := 0; i < 3; i++ {
+			t := time.Now()
+			if out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+				return 0, fmt.Errorf("%v: %v %s", argv, err, out)
+			}
+			ds = append(ds, time.Since(t))
+		}
+		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		return ds[1], nil
+	}
+	nat, err := median(python, "-c", code)
+	if err != nil {
+		return err
+	}
+	sc, err := median(bin, "run", "-c", code)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\n%s: native python3 %.0f ms, sandcell run %.0f ms (%.1fx; epoch interruption on)\n",
+		code, float64(nat.Milliseconds()), float64(sc.Milliseconds()), float64(sc)/float64(nat))
+	return nil
+}
+
+func childrenCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// procCPU is the CPU time of pid and its reaped children (proc(5), /proc/PID/stat
+// fields 14-17, in clock ticks of 1/100 s).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	var ticks int64
+	for _, i := range []int{11, 12, 13, 14} { // utime stime cutime cstime, after the state field
+		v, _ := strconv.ParseInt(f[i], 10, 64)
+		ticks += v
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond
+}
+
+// smapsRollup returns the RSS and PSS of pid in KiB (proc(5), smaps_rollup).
+func smapsRollup(pid int) (rss, pss int64) {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 {
+			v, _ := strconv.ParseInt(f[1], 10, 64)
+			switch f[0] {
+			case "Rss:":
+				rss = v
+			case "Pss:":
+				pss = v
+			}
+		}
+	}
+	return rss, pss
+}
+
+func waitReady(sock string) error {
+	h := client.HTTP(sock)
+	for i := 0; i < 600; i++ {
+		if resp, err := h.Get("http://sandcell/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("the daemon was not ready in 30 s")
+}
