@@ -22,7 +22,7 @@ export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 NFPM_VERSION      := v2.45.2
 NFPM              := build/tools/nfpm
 PKG_ARCH          := $(shell go env GOARCH 2>/dev/null || echo amd64)
-PKG_VERSION       ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null) && echo "$${v\#v}" | tr - + || echo "0.1.0+git$$(git rev-list --count HEAD 2>/dev/null || echo 0).$$(git rev-parse --short=8 HEAD 2>/dev/null || echo unknown)")
+PKG_VERSION       ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null) && echo "$${v\#v}" | tr - + || echo "0.1.0~git$$(git rev-list --count HEAD 2>/dev/null || echo 0).$$(git rev-parse --short=8 HEAD 2>/dev/null || echo unknown)")
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 export PKG_ARCH PKG_VERSION SOURCE_DATE_EPOCH
 DEB := dist/sandcell_$(PKG_VERSION)_$(PKG_ARCH).deb

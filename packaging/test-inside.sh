@@ -31,32 +31,42 @@ ready || fail "never ready"
 status=$(systemctl show -p StatusText --value sandcell.service)
 log "ok: service started by the socket: $status"
 case $status in *"11 layers active"*) ;; *) fail "not every layer active under the unit's sandbox: $status" ;; esac
+# READY=1 came after the self-test: the journal has the passed canary before "ready".
+journalctl -u sandcell.service -o cat --no-pager |
+	awk '/check=canary state=ok/ { c = NR } /msg=ready/ { r = NR } END { exit !(c && r && c < r) }' ||
+	fail "no passed self-test before ready in the journal"
 
-# A runner runs code; a caller without the role is refused, and the refusal audited.
+# A member of the sandcell group (a supplementary group: SO_PEERGROUPS under the
+# unit) is a runner by the default configuration.
 useradd -m -G sandcell alice
 useradd -m -G sandcell bob
+got=$(runuser -u alice -- sandcell run --socket "$sock" -c 'print(6*7)' 2>&1) || fail "alice's run: $got"
+[ "$got" = 42 ] || fail "alice's run printed $got"
+log "ok: alice (runner by the sandcell group) ran print(6*7): $got"
+
+# Edit the conffile (kept across the upgrade below): only alice runs code now.
+pid_before=$(systemctl show -p MainPID --value sandcell.service)
 sed -i 's/^runners = .*/runners = ["alice"]/' /etc/sandcell/sandcell.toml
 systemctl restart sandcell.service || fail "systemctl restart"
 ready || fail "not ready after restart"
-log "ok: restarted"
-got=$(runuser -u alice -- sandcell run --socket "$sock" -c 'print(6*7)' 2>&1) || fail "alice's run: $got"
-[ "$got" = 42 ] || fail "alice's run printed $got"
-log "ok: alice (runner) ran print(6*7): $got"
-if runuser -u bob -- sandcell run --socket "$sock" -c 'print(1)' >/dev/null 2>&1; then
-	fail "bob (no role) was allowed to run"
-fi
+[ "$(systemctl show -p MainPID --value sandcell.service)" != "$pid_before" ] || fail "restart kept the same process"
+log "ok: restarted (a new main process)"
+got=$(runuser -u bob -- sandcell run --socket "$sock" -c 'print(1)' 2>&1) && fail "bob (no role) was allowed to run"
+case $got in *forbidden*) ;; *) fail "bob was not refused by the API (403 forbidden): $got" ;; esac
 sandcell audit verify --config /etc/sandcell/sandcell.toml >>"$out" 2>&1 || fail "audit verify"
 # The refusal is a record (its kind is plain text in the database or its WAL).
 cat /var/lib/sandcell/audit.db* | grep -aq 'access.denied' || fail "bob's refusal is not in the audit log"
 log "ok: bob (no role) refused, and the refusal audited; the chain verifies"
 audit_before=$(stat -c %s /var/lib/sandcell/audit.db)
 
-# Upgrade: the edited configuration and the audit log stay.
+# Upgrade: the edited configuration and the audit log stay; the daemon is restarted.
+pid_before=$(systemctl show -p MainPID --value sandcell.service)
 dpkg -i /root/new.deb >>"$out" 2>&1 || fail "dpkg -i new.deb"
 grep -q '^runners = \["alice"\]' /etc/sandcell/sandcell.toml || fail "the upgrade replaced the edited configuration"
 [ -f /var/lib/sandcell/audit.db ] || fail "the upgrade lost the audit log"
 [ "$(stat -c %s /var/lib/sandcell/audit.db)" -ge "$audit_before" ] || fail "the audit log shrank"
 ready || fail "not ready after the upgrade"
+[ "$(systemctl show -p MainPID --value sandcell.service)" != "$pid_before" ] || fail "the upgrade did not restart the daemon"
 got=$(runuser -u alice -- sandcell run --socket "$sock" -c 'print(6*7)' 2>&1) || fail "run after upgrade: $got"
 log "ok: upgraded to $(dpkg-query -W -f '${Version}' sandcell); config and audit log kept; alice ran: $got"
 
@@ -65,5 +75,8 @@ apt-get purge -y sandcell >>"$out" 2>&1 || fail "apt-get purge"
 [ ! -e /var/lib/sandcell ] || fail "purge left /var/lib/sandcell"
 [ ! -e /etc/sandcell/sandcell.toml ] || fail "purge left the configuration"
 [ ! -e /usr/bin/sandcell ] || fail "purge left the binary"
-log "ok: purged: state, configuration and files removed"
+[ ! -e /var/cache/sandcell ] || fail "purge left /var/cache/sandcell"
+[ ! -e /etc/systemd/system/sockets.target.wants/sandcell.socket ] || fail "purge left the socket enabled"
+getent passwd sandcell >/dev/null || fail "purge removed the sandcell user (Debian policy keeps system users)"
+log "ok: purged: state, cache, configuration, files and unit links removed; the user stays"
 log PASS

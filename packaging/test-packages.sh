@@ -19,6 +19,7 @@ has "$scripts" 'try-restart sandcell.service' "rpm %postun does not restart on u
 requires=$(rpm -qp --requires "$rpm")
 has "$requires" '^libseccomp\.so\.2\(\)\(64bit\)' "rpm does not require libseccomp"
 has "$requires" '^systemd' "rpm does not require systemd"
+has "$requires" '^glibc >= 2.34' "rpm does not require glibc 2.34"
 files=$(rpm -qp -l "$rpm")
 for f in /usr/bin/sandcell /usr/lib/sandcell/python.wasm /usr/lib/sandcell/MANIFEST /etc/sandcell/sandcell.toml \
 	/usr/lib/systemd/system/sandcell.service /usr/lib/systemd/system/sandcell.socket \
@@ -41,7 +42,7 @@ case $flags in cn*) ;; *) fail "sandcell.toml is not %config(noreplace): $flags"
 "$root/usr/bin/sandcell" config validate "$root/etc/sandcell/sandcell.toml" >/dev/null || fail "the packaged config does not validate"
 
 # deb: control data and the binary's hardening.
-dpkg-deb --field "$deb" Package Version Depends | grep -q 'libseccomp2' || fail "deb does not depend on libseccomp2"
+dpkg-deb --field "$deb" Depends | grep -q 'libc6 (>= 2.34), libgcc-s1, libseccomp2' || fail "deb dependencies: $(dpkg-deb --field "$deb" Depends)"
 dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/sandcell/sandcell.toml || fail "deb conffiles lack sandcell.toml"
 x=$(mktemp -d)
 dpkg-deb -x "$deb" "$x"

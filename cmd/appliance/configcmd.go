@@ -30,12 +30,16 @@ func newConfigCmd() *cobra.Command {
 			}
 			cfg, err := config.Load(path, os.Environ())
 			if err != nil {
-				return err
+				// Exit 1, as validators do (ExecStartPre=, scripts): the file is wrong,
+				// sandcell is not.
+				fmt.Fprintf(os.Stderr, "sandcell config validate: %v\n", err)
+				return exitCode(1)
 			}
 			// What serve would refuse at start is refused here too (ExecStartPre=).
 			if cfg.TCP.Listen != "" {
 				if _, err := api.LoadTokens(cfg.TCP.TokensFile); err != nil {
-					return fmt.Errorf("tcp.tokens_file: %w", err)
+					fmt.Fprintf(os.Stderr, "sandcell config validate: tcp.tokens_file: %v\n", err)
+					return exitCode(1)
 				}
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: ok\n", path)

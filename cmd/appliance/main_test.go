@@ -271,7 +271,7 @@ func TestCLIConfig(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "bad.toml")
 	os.WriteFile(bad, []byte("[socket]\nmode = \"0777\"\n[runs]\nqueue_length = -1\n"), 0o644)
 	r = cli(t, "", "config", "validate", bad)
-	if r.code == 0 || !strings.Contains(r.stderr, "socket.mode") || !strings.Contains(r.stderr, "runs.queue_length") {
+	if r.code != 1 || !strings.Contains(r.stderr, "socket.mode") || !strings.Contains(r.stderr, "runs.queue_length") {
 		t.Fatalf("validate a bad file: %+v", r)
 	}
 	cmd := cliCmd(t, "config", "dump", "--config", good)

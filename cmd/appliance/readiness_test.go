@@ -369,7 +369,9 @@ func TestServeReload(t *testing.T) {
 	// A broken file is refused; the configuration in force stays.
 	write("disabled = maybe\n")
 	cmd.Process.Signal(syscall.SIGHUP)
-	n.wait(t, "READY=1", 5*time.Second, logs.String)
+	if m := n.wait(t, "READY=1", 5*time.Second, logs.String); !strings.Contains(m, "reload refused") || !strings.Contains(m, "11 layers active") {
+		t.Fatalf("after a refused reload: %q", m)
+	}
 	if code, _ := post(`{"code":"print(1)"}`); code != 503 || !strings.Contains(logs.String(), "reload refused") {
 		t.Fatalf("after a bad reload: %d\n%s", code, logs.String())
 	}

@@ -146,6 +146,7 @@ type daemon struct {
 	srv     *api.Server
 	report  atomic.Pointer[selftest.Report] // the passed start-up self-test
 	canaryW string                          // work directory of canaries
+	status  string                          // the STATUS= line of readiness
 }
 
 func serve(f *serveFlags) error {
@@ -253,7 +254,18 @@ func (d *daemon) run() error {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 
-	if err := d.verify(cfg, pol); err != nil {
+	// SIGTERM during the self-test stops it (its canary worker is killed) and the
+	// daemon exits 0.
+	vctx, stopVerify := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	err = d.verify(vctx, cfg, pol)
+	signalled := vctx.Err() != nil // before stopVerify, which cancels vctx too
+	stopVerify()
+	if signalled {
+		d.log.Info("stopping during the self-test")
+		d.shutdown()
+		return nil
+	}
+	if err != nil {
 		d.health.Set(checkSelftest, err)
 		if cfg.Health.ExitOnFailure {
 			d.shutdown()
@@ -263,10 +275,11 @@ func (d *daemon) run() error {
 		d.log.Error("self-test failed: staying up unready (health.exit_on_failure = false); every run is refused", "error", err)
 	} else {
 		d.health.Set(checkSelftest, nil)
-		go d.keepChecking()
+		d.keepChecking()
 		layers := d.report.Load().Enforcement.ActiveLayers()
-		d.notify.Ready(fmt.Sprintf("sandcell %s, CPython %s: ready, %d layers active (%s)", version,
-			bundle.Pinned.Version, len(layers), strings.Join(layers, ",")))
+		d.status = fmt.Sprintf("sandcell %s, CPython %s: ready, %d layers active (%s)", version,
+			bundle.Pinned.Version, len(layers), strings.Join(layers, ","))
+		d.notify.Ready(d.status)
 		d.log.Info("ready", "layers", layers, "socket", cfg.Socket.Path)
 	}
 
@@ -288,9 +301,9 @@ func (d *daemon) run() error {
 
 // verify runs the start-up self-test, telling systemd to wait while a module
 // compiles.
-func (d *daemon) verify(cfg config.Config, pol policy.Policy) error {
+func (d *daemon) verify(ctx context.Context, cfg config.Config, pol policy.Policy) error {
 	d.notify.Status("verifying the sandbox")
-	r := selftest.Run(context.Background(), selftest.Options{BundleDir: cfg.Bundle.Dir, CacheDir: cfg.Bundle.CacheDir,
+	r := selftest.Run(ctx, selftest.Options{BundleDir: cfg.Bundle.Dir, CacheDir: cfg.Bundle.CacheDir,
 		Policy: pol, Spawner: d.sp, WorkDir: d.canaryW,
 		Slow: func(what string) { d.notify.Extend(2*time.Minute, "verifying the sandbox: "+what) }})
 	for _, c := range r.Checks {
@@ -333,23 +346,16 @@ func (d *daemon) info() any {
 	return info
 }
 
-// keepChecking runs the light canary every health.canary_interval and checks that
-// the run manager makes progress; with the systemd watchdog on, it pings it at half
-// its interval only while both hold.
+// keepChecking starts the periodic checks: the light canary every
+// health.canary_interval; the run manager's progress every 5 s (liveness, with or
+// without systemd); and, with the systemd watchdog on, a ping at half its interval
+// only while every check holds. The canary runs on its own goroutine, so a slow
+// canary never delays a ping.
 func (d *daemon) keepChecking() {
-	wd, watchdog := systemd.WatchdogInterval()
-	check := time.NewTicker(d.cfg.Load().Health.CanaryInterval.Duration)
-	defer check.Stop()
-	var ping <-chan time.Time
-	if watchdog {
-		t := time.NewTicker(wd / 2)
+	go func() {
+		t := time.NewTicker(d.cfg.Load().Health.CanaryInterval.Duration)
 		defer t.Stop()
-		ping = t.C
-		d.log.Info("watchdog on", "interval", wd)
-	}
-	for {
-		select {
-		case <-check.C:
+		for range t.C {
 			cfg := d.cfg.Load()
 			pol, _ := cfg.Policy()
 			r := d.report.Load()
@@ -359,7 +365,24 @@ func (d *daemon) keepChecking() {
 				d.log.Error("canary failed: runs are refused until it passes", "error", err)
 			}
 			d.health.Set(checkCanary, err)
-		case <-ping:
+		}
+	}()
+	go func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for range t.C {
+			d.health.Set(checkManager, d.mgr.Wedged())
+		}
+	}()
+	wd, watchdog := systemd.WatchdogInterval()
+	if !watchdog {
+		return
+	}
+	d.log.Info("watchdog on", "interval", wd)
+	go func() {
+		t := time.NewTicker(wd / 2)
+		defer t.Stop()
+		for range t.C {
 			d.health.Set(checkManager, d.mgr.Wedged())
 			if ok, _ := d.health.Ready(); ok {
 				d.notify.Watchdog()
@@ -367,7 +390,7 @@ func (d *daemon) keepChecking() {
 				d.log.Error("watchdog not pinged", "why", d.health.Why())
 			}
 		}
-	}
+	}()
 }
 
 // reload applies a new configuration on SIGHUP: the kill switch, access and the run
@@ -375,7 +398,16 @@ func (d *daemon) keepChecking() {
 // error the old configuration stays. In-flight runs are not touched.
 func (d *daemon) reload() {
 	d.notify.Reloading()
-	defer d.notify.Ready("configuration reloaded")
+	ready := d.report.Load() != nil
+	// READY=1 ends the reload for systemd; a daemon that never became ready does not
+	// become ready by a reload: it only says so.
+	done := func(msg string) {
+		if ready {
+			d.notify.Ready(d.status + "; " + msg)
+		} else {
+			d.notify.Status("unready: " + d.health.Why() + "; " + msg)
+		}
+	}
 	cfg, _, err := loadConfig(d.flags)
 	var pol policy.Policy
 	if err == nil {
@@ -388,6 +420,7 @@ func (d *daemon) reload() {
 	if err != nil {
 		d.log.Error("reload refused: the configuration in force is unchanged", "error", err)
 		d.audit.Record(context.Background(), "daemon.reload", os.Getuid(), "", map[string]any{"error": err.Error()})
+		done("reload refused, the previous configuration stays: " + err.Error())
 		return
 	}
 	old := d.cfg.Load()
@@ -404,6 +437,7 @@ func (d *daemon) reload() {
 	d.srv.SetPolicy(pol)
 	d.cfg.Store(&cfg)
 	d.log.Info("configuration reloaded", "disabled", cfg.Disabled, "needs_restart", restart)
+	done("configuration reloaded")
 	d.audit.Record(context.Background(), "daemon.reload", os.Getuid(), "",
 		map[string]any{"disabled": cfg.Disabled, "needs_restart": restart})
 }

@@ -72,11 +72,9 @@ func harden(req *protocol.Request) *hardened {
 		} else {
 			st.enf.Namespaces[protocol.LayerMountNS] = false
 		}
-		if st.enf.Namespaces[protocol.LayerUTSNS] {
-			if err := unix.Sethostname([]byte("sandcell")); err != nil {
-				fail(protocol.LayerUTSNS, err)
-			}
-		}
+		// The UTS namespace is verified by its link like the others; its host name is
+		// left as cloned (WASI gives the guest no way to read it, and systemd's
+		// ProtectHostname= denies sethostname to the whole service).
 		if st.enf.Namespaces[protocol.LayerPidNS] && os.Getpid() != 1 {
 			st.enf.Namespaces[protocol.LayerPidNS] = false
 			fail(protocol.LayerPidNS, errors.New("not pid 1 of its pid namespace"))

@@ -125,6 +125,9 @@ type Env struct {
 // exactly this code.
 func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int {
 	closeStrayFDs()
+	// When memory runs out (the service's MemoryMax, the host), the kernel kills a
+	// worker, not the daemon (proc(5): raising one's own score needs no privilege).
+	os.WriteFile("/proc/self/oom_score_adj", []byte("1000"), 0)
 	ctl := os.NewFile(ControlFD, "control")
 	if ctl == nil {
 		return 1
