@@ -15,7 +15,7 @@ has "$scripts" 'postinstall scriptlet' "rpm has no %post"
 has "$scripts" 'systemd-sysusers sandcell.conf' "rpm %post does not create the user"
 has "$scripts" 'preuninstall scriptlet' "rpm has no %preun"
 has "$scripts" 'disable --now sandcell.socket sandcell.service' "rpm %preun does not stop the units"
-has "$scripts" 'try-restart sandcell.service' "rpm %postun does not restart on upgrade"
+has "$scripts" 'try-restart sandcell.socket sandcell.service' "rpm %postun does not restart on upgrade"
 requires=$(rpm -qp --requires "$rpm")
 has "$requires" '^libseccomp\.so\.2\(\)\(64bit\)' "rpm does not require libseccomp"
 has "$requires" '^systemd' "rpm does not require systemd"
