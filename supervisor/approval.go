@@ -113,14 +113,23 @@ func (a *Approvals) Request(action string, requester Caller, subject any, digest
 	return *ap, nil
 }
 
+// lookup expires what has lapsed and returns approval id; a.mu is held.
+func (a *Approvals) lookup(id string) (*Approval, error) {
+	a.expire()
+	ap, ok := a.m[id]
+	if !ok {
+		return nil, ErrApprovalNotFound
+	}
+	return ap, nil
+}
+
 // Get returns approval id.
 func (a *Approvals) Get(id string) (Approval, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.expire()
-	ap, ok := a.m[id]
-	if !ok {
-		return Approval{}, ErrApprovalNotFound
+	ap, err := a.lookup(id)
+	if err != nil {
+		return Approval{}, err
 	}
 	return *ap, nil
 }
@@ -145,10 +154,9 @@ func (a *Approvals) List(state ApprovalState) []Approval {
 func (a *Approvals) Decide(id string, by Caller, approve bool) (Approval, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.expire()
-	ap, ok := a.m[id]
-	if !ok {
-		return Approval{}, ErrApprovalNotFound
+	ap, err := a.lookup(id)
+	if err != nil {
+		return Approval{}, err
 	}
 	if ap.State != ApprovalPending {
 		return *ap, fmt.Errorf("%w: it is %s", ErrApprovalState, ap.State)
@@ -171,10 +179,9 @@ func (a *Approvals) Decide(id string, by Caller, approve bool) (Approval, error)
 func (a *Approvals) Redeem(id string, caller Caller, digest string) (Approval, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.expire()
-	ap, ok := a.m[id]
-	if !ok {
-		return Approval{}, ErrApprovalNotFound
+	ap, err := a.lookup(id)
+	if err != nil {
+		return Approval{}, err
 	}
 	if ap.Requester != caller || ap.Digest != digest {
 		return *ap, ErrApprovalMismatch

@@ -57,6 +57,21 @@ func workspaceError(c echo.Context, err error) error {
 	return problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
 }
 
+// workspaceFile returns the workspace and the decoded {path} of a files route, or
+// nil after answering (404 for the workspace, 400 for the path).
+func (s *Server) workspaceFile(c echo.Context) (*workspace.Workspace, string) {
+	w := s.workspace(c, c.Param("id"))
+	if w == nil {
+		return nil, ""
+	}
+	path, err := filePath(c)
+	if err != nil {
+		problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
+		return nil, ""
+	}
+	return w, path
+}
+
 // filePath is the {path} of a files route, percent-decoded.
 func filePath(c echo.Context) (string, error) {
 	p := c.Param("*")
@@ -137,13 +152,9 @@ func (s *Server) deleteWorkspace(c echo.Context) error {
 }
 
 func (s *Server) putFile(c echo.Context) error {
-	w := s.workspace(c, c.Param("id"))
+	w, path := s.workspaceFile(c)
 	if w == nil {
 		return nil
-	}
-	path, err := filePath(c)
-	if err != nil {
-		return problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
 	}
 	q := s.o.Workspaces.Quota()
 	if c.Request().ContentLength > q.Bytes {
@@ -159,13 +170,9 @@ func (s *Server) putFile(c echo.Context) error {
 }
 
 func (s *Server) getFile(c echo.Context) error {
-	w := s.workspace(c, c.Param("id"))
+	w, path := s.workspaceFile(c)
 	if w == nil {
 		return nil
-	}
-	path, err := filePath(c)
-	if err != nil {
-		return problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
 	}
 	f, size, err := w.Open(path)
 	s.auditWorkspace(c, "workspace.file_read", w.ID, map[string]any{"path": path, "bytes": size}, err)
@@ -183,15 +190,11 @@ func (s *Server) getFile(c echo.Context) error {
 }
 
 func (s *Server) deleteFile(c echo.Context) error {
-	w := s.workspace(c, c.Param("id"))
+	w, path := s.workspaceFile(c)
 	if w == nil {
 		return nil
 	}
-	path, err := filePath(c)
-	if err != nil {
-		return problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
-	}
-	err = w.Remove(path)
+	err := w.Remove(path)
 	s.auditWorkspace(c, "workspace.file_removed", w.ID, map[string]any{"path": path}, err)
 	if err != nil {
 		return workspaceError(c, err)
