@@ -7,8 +7,10 @@ package supervisor
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -207,6 +209,26 @@ func (r *Run) View() View {
 		v.Result, v.FinishedAt = &res, &f
 	}
 	return v
+}
+
+// WriteJSON writes v as JSON to w, streaming the result's output (see
+// protocol.Result.WriteJSON): answering many readers of a large result costs a small
+// buffer each, not a copy of the output each.
+func (v View) WriteJSON(w io.Writer) error {
+	res := v.Result
+	v.Result = nil
+	head, err := json.Marshal(v)
+	if err != nil || res == nil {
+		w.Write(head)
+		return err
+	}
+	w.Write(head[:len(head)-1]) // without the closing brace
+	io.WriteString(w, `,"result":`)
+	if err := res.WriteJSON(w); err != nil {
+		return err
+	}
+	_, err = io.WriteString(w, "}")
+	return err
 }
 
 // Done is closed when the run has its final state.

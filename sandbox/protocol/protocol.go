@@ -37,6 +37,7 @@
 package protocol
 
 import (
+	"bufio"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
@@ -221,6 +222,50 @@ func (r *Result) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("protocol: stderr: %w", err)
 	}
 	return nil
+}
+
+// WriteJSON writes what MarshalJSON returns (members in another order) to w,
+// streaming the output: it needs a small buffer whatever the output's size, where
+// MarshalJSON holds the whole encoding (up to six bytes per byte of output).
+func (r Result) WriteJSON(w io.Writer) error {
+	meta, err := json.Marshal(resultAlias(r)) // the output is left out ("-")
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(w, 32<<10)
+	bw.Write(meta[:len(meta)-1]) // without the closing brace
+	for _, s := range []struct {
+		name string
+		b    []byte
+	}{{"stdout", r.Stdout}, {"stderr", r.Stderr}} {
+		fmt.Fprintf(bw, `,"%s":"`, s.name)
+		if utf8.Valid(s.b) {
+			writeJSONText(bw, s.b)
+			bw.WriteString(`"`)
+			continue
+		}
+		enc := base64.NewEncoder(base64.StdEncoding, bw)
+		enc.Write(s.b)
+		enc.Close()
+		fmt.Fprintf(bw, `","%s_encoding":"base64"`, s.name)
+	}
+	bw.WriteString("}")
+	return bw.Flush()
+}
+
+// writeJSONText writes valid UTF-8 text as the inside of a JSON string, escaped as
+// encoding/json escapes it, a piece at a time (cut between runes).
+func writeJSONText(w io.Writer, b []byte) {
+	const piece = 16 << 10
+	for len(b) > 0 {
+		n := min(piece, len(b))
+		for n < len(b) && !utf8.RuneStart(b[n]) {
+			n--
+		}
+		q, _ := json.Marshal(string(b[:n]))
+		w.Write(q[1 : len(q)-1])
+		b = b[n:]
+	}
 }
 
 func encodeOutput(b []byte) (text, encoding string) {

@@ -65,3 +65,32 @@ func TestResultOutputEncoding(t *testing.T) {
 		t.Fatalf("%s", b)
 	}
 }
+
+// WriteJSON streams what MarshalJSON builds: the same members and values, for text
+// cut between pieces inside a multi-byte rune, escapes, binary and empty output.
+func TestResultWriteJSON(t *testing.T) {
+	long := bytes.Repeat([]byte("é\x01\"<\n✓"), 20000) // pieces end inside runes
+	for _, out := range [][]byte{long, {0, 0xff, 0xfe, 'x'}, nil, []byte("\u2028")} {
+		in := Result{Reason: Exited, ExitCode: 3, Stdout: out, Stderr: []byte{0xff}, Diagnostics: []string{"d"}}
+		var streamed bytes.Buffer
+		if err := in.WriteJSON(&streamed); err != nil {
+			t.Fatal(err)
+		}
+		whole, _ := json.Marshal(in)
+		var a, b map[string]any
+		if err := json.Unmarshal(streamed.Bytes(), &a); err != nil {
+			t.Fatalf("%v: %.200s", err, streamed.Bytes())
+		}
+		json.Unmarshal(whole, &b)
+		if ja, jb := must(json.Marshal(a)), must(json.Marshal(b)); !bytes.Equal(ja, jb) {
+			t.Fatalf("streamed %.200s\nwhole %.200s", ja, jb)
+		}
+	}
+}
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
+}

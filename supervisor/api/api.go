@@ -92,7 +92,7 @@ var Statuses = map[string][]int{
 	"GET /metrics":            {200},
 	"GET /v1/openapi.json":    {200},
 	"GET /v1/info":            {200, 401, 403},
-	"POST /v1/runs":           {200, 202, 400, 401, 403, 404, 408, 413, 415, 429, 500, 503, 507},
+	"POST /v1/runs":           {200, 202, 400, 401, 403, 404, 408, 409, 413, 415, 429, 500, 503, 507},
 	"GET /v1/runs/:id":        {200, 401, 403, 404},
 	"DELETE /v1/runs/:id":     {200, 401, 403, 404, 500},
 	"GET /v1/runs/:id/events": {200, 400, 401, 403, 404},
@@ -101,7 +101,7 @@ var Statuses = map[string][]int{
 	"POST /v1/workspaces":               {201, 401, 403, 500, 503, 507},
 	"GET /v1/workspaces/:id":            {200, 401, 403, 404, 500},
 	"DELETE /v1/workspaces/:id":         {204, 401, 403, 404, 409, 500},
-	"PUT /v1/workspaces/:id/files/*":    {201, 400, 401, 403, 404, 409, 500, 507},
+	"PUT /v1/workspaces/:id/files/*":    {201, 400, 401, 403, 404, 408, 409, 500, 507},
 	"GET /v1/workspaces/:id/files/*":    {200, 400, 401, 403, 404, 409, 500},
 	"DELETE /v1/workspaces/:id/files/*": {204, 400, 401, 403, 404, 409, 500},
 
@@ -440,7 +440,7 @@ func (s *Server) createRun(c echo.Context) error {
 		}
 		over, u, err := w.OverQuota()
 		if err != nil {
-			return refuse(http.StatusInternalServerError, CodeInternal, err.Error())
+			return refuse(workspaceStatus(err))
 		}
 		if over {
 			q := s.o.Workspaces.Quota()
@@ -486,7 +486,7 @@ func (s *Server) createRun(c echo.Context) error {
 	s.o.Audit.Record(ctx, "run.admitted", uid, run.ID, map[string]any{"code_sha256": detail["code_sha256"]})
 	if body.Wait != nil && !*body.Wait {
 		c.Response().Header().Set("Location", "/v1/runs/"+run.ID)
-		return c.JSON(http.StatusAccepted, run.View())
+		return runJSON(c, http.StatusAccepted, run)
 	}
 	select {
 	case <-run.Done():
@@ -495,7 +495,7 @@ func (s *Server) createRun(c echo.Context) error {
 		s.o.Service.Cancel(run.ID)
 		<-run.Done()
 	}
-	return c.JSON(http.StatusOK, run.View())
+	return runJSON(c, http.StatusOK, run)
 }
 
 // peerUID is the caller's uid, or -1 when unknown.
@@ -597,11 +597,16 @@ func (s *Server) decode(c echo.Context, v any) *badRequest {
 	if err == nil && dec.Decode(&struct{}{}) != io.EOF {
 		err = errors.New("more than one JSON value in the body")
 	}
+	var typeErr *json.UnmarshalTypeError
 	switch {
 	case err == nil:
 		return nil
 	case strings.HasPrefix(err.Error(), "json: unknown field"):
 		return &badRequest{http.StatusBadRequest, CodeUnknownField, err.Error()}
+	case errors.As(err, &typeErr):
+		// Name the member and the JSON type given, not the Go types behind them.
+		return &badRequest{http.StatusBadRequest, CodeInvalidJSON, fmt.Sprintf(
+			"member %q: a JSON %s is not accepted here", typeErr.Field, typeErr.Value)}
 	default:
 		return &badRequest{http.StatusBadRequest, CodeInvalidJSON, err.Error()}
 	}
@@ -697,6 +702,13 @@ func (s *Server) audit(c echo.Context) error {
 
 // visible reports whether the caller may see run: its owner or an admin. Others get
 // 404, as if it did not exist.
+// runJSON answers with the run's View, its output streamed (see View.WriteJSON).
+func runJSON(c echo.Context, status int, run *supervisor.Run) error {
+	c.Response().Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
+	c.Response().WriteHeader(status)
+	return run.View().WriteJSON(c.Response())
+}
+
 func (s *Server) visible(c echo.Context, run *supervisor.Run) bool {
 	peer, ok := PeerFrom(c.Request().Context())
 	return ok && (peer.Caller() == run.Caller || s.access().Allows(peer, RoleAdmin))
@@ -707,7 +719,7 @@ func (s *Server) getRun(c echo.Context) error {
 	if err != nil || !s.visible(c, run) {
 		return problem(c, http.StatusNotFound, CodeNotFound, "no run "+c.Param("id"))
 	}
-	return c.JSON(http.StatusOK, run.View())
+	return runJSON(c, http.StatusOK, run)
 }
 
 // cancelRun kills the run's worker and answers with its final state; a finished run
@@ -727,5 +739,5 @@ func (s *Server) cancelRun(c echo.Context) error {
 	case <-time.After(10 * time.Second):
 		return problem(c, http.StatusInternalServerError, CodeInternal, "the worker did not end after cancel")
 	}
-	return c.JSON(http.StatusOK, run.View())
+	return runJSON(c, http.StatusOK, run)
 }

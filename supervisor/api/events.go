@@ -68,8 +68,10 @@ func (s *Server) runEvents(c echo.Context) error {
 		}
 		next = after
 		if done {
-			b, _ := json.Marshal(run.View())
-			fmt.Fprintf(w, "event: result\ndata: %s\n\n", b)
+			// One data line: JSON escapes every newline inside strings.
+			fmt.Fprint(w, "event: result\ndata: ")
+			run.View().WriteJSON(w)
+			fmt.Fprint(w, "\n\n")
 			w.Flush()
 			return nil
 		}

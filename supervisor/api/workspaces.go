@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strconv"
 
 	"github.com/labstack/echo/v4"
@@ -44,17 +45,26 @@ func (s *Server) workspace(c echo.Context, id string) *workspace.Workspace {
 
 // workspaceError answers a failed file operation with its stable code.
 func workspaceError(c echo.Context, err error) error {
+	status, code, detail := workspaceStatus(err)
+	return problem(c, status, code, detail)
+}
+
+// workspaceStatus maps a workspace error to a status, code and detail.
+func workspaceStatus(err error) (int, string, string) {
 	switch {
 	case errors.Is(err, workspace.ErrBadPath):
-		return problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
+		return http.StatusBadRequest, CodeBadRequest, err.Error()
 	case errors.Is(err, workspace.ErrNotFound):
-		return problem(c, http.StatusNotFound, CodeNotFound, err.Error())
+		return http.StatusNotFound, CodeNotFound, err.Error()
 	case errors.Is(err, workspace.ErrUnsafe):
-		return problem(c, http.StatusConflict, CodeUnsafeFile, err.Error())
+		return http.StatusConflict, CodeUnsafeFile, err.Error()
 	case errors.Is(err, workspace.ErrQuota):
-		return problem(c, http.StatusInsufficientStorage, CodeQuota, err.Error())
+		return http.StatusInsufficientStorage, CodeQuota, err.Error()
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// An upload whose body stalled past the server's read timeout.
+		return http.StatusRequestTimeout, CodeTimeout, "the body did not arrive within the read timeout"
 	}
-	return problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
+	return http.StatusInternalServerError, CodeInternal, err.Error()
 }
 
 // workspaceFile returns the workspace and the decoded {path} of a files route, or

@@ -38,10 +38,24 @@ WRITE_OPS = {"Vacuum", "AutoCommit", "Savepoint", "SetCookie", "CreateBtree",
              "VCreate", "VDestroy"}
 
 
+def cell(v):
+    """A value as JSON can carry it: blobs as {"base64"}, integers beyond 2**53 and
+    infinities (JSON has no number for them, RFC 8259 section 6) as strings."""
+    if isinstance(v, bytes):
+        return {"base64": base64.b64encode(v).decode()}
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 2**53:
+        return str(v)
+    if isinstance(v, float) and v != v:
+        return None  # SQLite stores NaN as NULL; never seen, kept for safety
+    if isinstance(v, float) and v in (float("inf"), float("-inf")):
+        return "Infinity" if v > 0 else "-Infinity"
+    return v
+
+
 def finish(**kw):
     out.update(kw)
     out["elapsed_ms"] = round((time.monotonic() - start) * 1000, 3)
-    json.dump(out, sys.stdout)
+    json.dump(out, sys.stdout, allow_nan=False)
     sys.exit(0)
 
 
@@ -179,10 +193,8 @@ try:
         if len(rows) >= req["max_rows"]:
             truncated = True
             break
-        row = [{"base64": base64.b64encode(v).decode()} if isinstance(v, bytes)
-               else str(v) if isinstance(v, int) and not isinstance(v, bool) and abs(v) > 2**53
-               else v for v in row]
-        size += len(json.dumps(row))
+        row = [cell(v) for v in row]
+        size += len(json.dumps(row, allow_nan=False))
         if size > MAX_RESULT:
             finish(status="error", error={"code": "sql_result_too_large",
                                           "message": "the result is over %d bytes: ask for fewer rows (max_rows)" % MAX_RESULT})

@@ -233,6 +233,11 @@ func TestHostileFileAndParams(t *testing.T) {
 	if out := f.run(Request{DB: "t.db", SQL: "PRAGMA journal_mode"}); out.Status != "ok" || out.Classification.Kind != "read" {
 		t.Fatalf("journal_mode: %+v", out)
 	}
+	// JSON has no number for an infinity: it travels as a string, never as the
+	// non-standard Infinity that no JSON parser accepts.
+	if out := f.run(Request{DB: "t.db", SQL: "SELECT 1e999, -1e999"}); out.Status != "ok" || string(out.Rows[0]) != `["Infinity", "-Infinity"]` {
+		t.Fatalf("infinities: %+v %+v", out, out.Error)
+	}
 	if out := f.run(Request{DB: "t.db", SQL: "SELECT * FROM secrets WHERE 0"}); out.Status != "ok" || out.Rows == nil || len(out.Rows) != 0 {
 		t.Fatalf("empty: %+v", out)
 	}

@@ -220,10 +220,14 @@ func lookupErr(path string, err error) error {
 
 // CleanPath checks an API path: relative, slash-separated, no empty, "." or ".."
 // component, no NUL, at most 4096 bytes with components of at most 255 (the Linux
-// PATH_MAX and NAME_MAX).
+// PATH_MAX and NAME_MAX), in directories nested at most maxDepth deep.
 func CleanPath(p string) error {
 	if p == "" || len(p) > 4096 || strings.ContainsRune(p, 0) || strings.HasPrefix(p, "/") {
 		return fmt.Errorf("%w: %q: a relative path of at most 4096 bytes", ErrBadPath, p)
+	}
+	if strings.Count(p, "/") >= maxDepth {
+		// Deeper names could be stored but never listed (see walkDir).
+		return fmt.Errorf("%w: %q: directories nested deeper than %d", ErrBadPath, p, maxDepth)
 	}
 	for _, c := range strings.Split(p, "/") {
 		if c == "" || c == "." || c == ".." || len(c) > 255 {
@@ -446,18 +450,34 @@ func (w *Workspace) Remove(path string) error {
 	if err := CleanPath(path); err != nil {
 		return err
 	}
-	r, err := os.OpenRoot(w.Dir())
+	root, err := w.root()
+	if err != nil {
+		return err
+	}
+	defer unix.Close(root)
+	// The parent is reached like every other name (openat2 beneath, no symbolic
+	// link in any component); only then is the last name looked at, unfollowed.
+	parent, name := root, path
+	if i := strings.LastIndexByte(path, '/'); i >= 0 {
+		fd, err := openat2(root, path[:i], unix.O_RDONLY|unix.O_DIRECTORY)
+		if err != nil {
+			return lookupErr(path, err)
+		}
+		defer unix.Close(fd)
+		parent, name = fd, path[i+1:]
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(parent, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return lookupErr(path, err)
+	}
+	// os.Root removes a tree without following links inside it; it is opened on the
+	// directory checked above, not on its path.
+	r, err := os.OpenRoot("/proc/self/fd/" + strconv.Itoa(parent))
 	if err != nil {
 		return fmt.Errorf("workspace %s: %w", w.ID, err)
 	}
 	defer r.Close()
-	if _, err := r.Lstat(path); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("%w: %s", ErrNotFound, path)
-		}
-		return lookupErr(path, err)
-	}
-	if err := r.RemoveAll(path); err != nil {
+	if err := r.RemoveAll(name); err != nil {
 		return fmt.Errorf("workspace: %w", err)
 	}
 	return nil
@@ -586,8 +606,8 @@ func (s *Store) lock(id string) *sync.Mutex {
 	return l
 }
 
-// CheckFile checks that path (an API path, see CleanPath) names a regular file
-// beneath the directory dir, reached without a symbolic link: what the SQL tool
+// CheckFile checks that path (an API path, see CleanPath) names a regular file with
+// one link beneath the directory dir, reached without a symbolic link: what the SQL tool
 // requires of a database file before a worker opens it. It returns ErrBadPath,
 // ErrNotFound or ErrUnsafe.
 func CheckFile(dir, path string) error {
@@ -608,8 +628,5 @@ func CheckFile(dir, path string) error {
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("workspace: %w", err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return fmt.Errorf("%w: %s is a %s", ErrUnsafe, path, typeName(st.Mode))
-	}
-	return nil
+	return plainFile(path, &st)
 }

@@ -202,6 +202,15 @@ func TestRemoveAndDeleteDoNotFollowLinks(t *testing.T) {
 	os.Symlink(hostDir, filepath.Join(w.Dir(), "escape"))
 	os.MkdirAll(filepath.Join(w.Dir(), "d"), 0o755)
 	os.Symlink(hostDir, filepath.Join(w.Dir(), "d", "escape"))
+	// A link in a parent component is refused, not followed (and not a 500).
+	for _, p := range []string{"escape/keep", "d/escape/keep"} {
+		if err := w.Remove(p); !errors.Is(err, ErrUnsafe) {
+			t.Errorf("remove %s: %v", p, err)
+		}
+	}
+	if err := w.Remove("d/escape"); err != nil { // the link itself goes
+		t.Fatal(err)
+	}
 	if err := w.Remove("d"); err != nil {
 		t.Fatal(err)
 	}
@@ -227,6 +236,16 @@ func TestQuotaEdges(t *testing.T) {
 	if files, u, _ := w.List(); u.Files != 0 {
 		t.Fatalf("a refused upload left %+v", files)
 	}
+	if _, err := w.Write(strings.Repeat("n/", maxDepth)+"f", strings.NewReader("x")); !errors.Is(err, ErrBadPath) {
+		t.Fatalf("an upload nested past the walk's depth: %v", err)
+	}
+	os.WriteFile(filepath.Join(w.Dir(), "db"), []byte("x"), 0o644)
+	os.Link(filepath.Join(w.Dir(), "db"), filepath.Join(w.Dir(), "db2"))
+	if err := CheckFile(w.Dir(), "db"); !errors.Is(err, ErrUnsafe) {
+		t.Fatalf("a file with two links: %v", err)
+	}
+	os.Remove(filepath.Join(w.Dir(), "db2"))
+	os.Remove(filepath.Join(w.Dir(), "db"))
 	os.MkdirAll(filepath.Join(w.Dir(), strings.Repeat("n/", maxDepth+2)), 0o755)
 	if _, err := w.Usage(); !errors.Is(err, ErrUnsafe) {
 		t.Fatalf("too deep: %v", err)
