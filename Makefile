@@ -61,15 +61,16 @@ demo: bundle ## Run the sample program in the sandbox
 	  $(BIN) run --workspace "$$ws" examples/demo.py && \
 	  echo "on the host, $$ws/hello.txt says: $$(cat "$$ws/hello.txt")"
 
-test: bundle ## Run every test with the real interpreter and real workers
+test: bundle ## Run every test with the real interpreter and real workers, then the sandbox suite again through warm workers
 	go test -count=1 -timeout 30m ./...
+	SANDCELL_TEST_WARM=1 go test -count=1 -timeout 30m ./sandbox
 
 test-short: bundle ## Run the tests that take seconds, not minutes
 	go test -short -count=1 ./...
 
 bench: bundle ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_WASM), epoch vs fuel, cold runs by hardening layer, then bench/: API, CLI, native python3 and bwrap side by side
 	go test -run '^$$' -bench . -benchtime 10x -count 1 ./sandbox/engine
-	go test -run '^$$' -bench BenchmarkColdRun -benchtime 20x -count 1 ./sandbox
+	go test -run '^$$' -bench 'BenchmarkColdRun|BenchmarkWarmRun' -benchtime 20x -count 1 ./sandbox
 	go run ./bench -sandcell $(BIN)
 
 check: ## vet, gofmt, go mod tidy, import rules, clean tree

@@ -505,9 +505,9 @@ func TestEscapeMatrix(t *testing.T) {
 		limits.TimeoutMS = 60_000
 		req := protocol.Request{Code: "pass", Args: []string{string(arg)}, Workspace: ws, Limits: limits,
 			ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t), Hardening: c.make(limits)}
-		sp := sandbox.SelfSpawner()
-		sp.Command = escapeCommand
+		sp, done := spawnerFor(t, req, escapeCommand)
 		res, err := sp.Run(context.Background(), req)
+		done()
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}

@@ -21,6 +21,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -48,6 +49,8 @@ type Spawner struct {
 
 	mu      sync.Mutex
 	modules map[moduleKey]*os.File // sealed copies of modules, by file identity
+
+	pool atomic.Pointer[pool] // warm workers, or nil (see Warm)
 }
 
 // moduleKey identifies a module file's content as far as the file system tells.
@@ -168,11 +171,11 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 	return s.RunStreaming(ctx, req, nil)
 }
 
-// RunStreaming executes req in a new worker and returns the Result. req.Limits must be
-// complete (see policy.Resolve). Cancelling ctx kills the worker and ends the run as
-// cancelled. The error is non-nil only when no run took place (bad request, the
-// worker could not be started); every outcome of a run, failures included, is a
-// Result.
+// RunStreaming executes req in a worker and returns the Result: a warm one from the
+// pool when one matches (see Warm), else a new one. req.Limits must be complete (see
+// policy.Resolve). Cancelling ctx kills the worker and ends the run as cancelled.
+// The error is non-nil only when no run took place (bad request, the worker could
+// not be started); every outcome of a run, failures included, is a Result.
 func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observe Observer) (protocol.Result, error) {
 	if err := check(&req); err != nil {
 		return protocol.Result{}, err
@@ -187,68 +190,26 @@ func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observ
 	if p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", wsDir.Fd())); err == nil {
 		req.Workspace = p
 	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(wsDir.Fd()), &st); err != nil {
+		return protocol.Result{}, fmt.Errorf("sandbox: workspace: %w", err)
+	}
+	req.WorkspaceID = &protocol.FileID{Dev: uint64(st.Dev), Ino: st.Ino}
 	req.Version = protocol.Version
 	req.Hardening.HostNamespaces = hostNamespaces()
+
+	if w := s.pooled(&req); w != nil {
+		return s.runWarm(ctx, w, req, observe)
+	}
 	frame, err := protocol.Encode(&req)
 	if err != nil {
 		return protocol.Result{}, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
 	}
-
 	module, err := s.sealedModule(req.ModulePath)
 	if err != nil {
 		return protocol.Result{}, fmt.Errorf("sandbox: module: %w", err)
 	}
-
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return protocol.Result{}, fmt.Errorf("sandbox: socketpair: %w", err)
-	}
-	ctl := os.NewFile(uintptr(fds[0]), "control")
-	childCtl := os.NewFile(uintptr(fds[1]), "control-child")
-	defer ctl.Close()
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		childCtl.Close()
-		return protocol.Result{}, fmt.Errorf("sandbox: pipe: %w", err)
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		childCtl.Close()
-		outR.Close()
-		outW.Close()
-		return protocol.Result{}, fmt.Errorf("sandbox: pipe: %w", err)
-	}
-
-	newCmd := func(namespaces bool) *exec.Cmd {
-		attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
-		if namespaces {
-			// The worker cannot unshare a user namespace itself (it is multithreaded
-			// from its first instruction), so it is cloned into new namespaces, uid
-			// and gid 0 inside mapped to the parent's own, setgroups denied
-			// (user_namespaces(7)).
-			attr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWNET |
-				syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS
-			attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
-			attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}
-		}
-		return &exec.Cmd{
-			Path:        s.Exe,
-			Args:        []string{"sandcell", s.command()},
-			Env:         []string{}, // built from nothing: no NOTIFY_SOCKET, LISTEN_*, secrets
-			Stdout:      outW,
-			Stderr:      errW,
-			ExtraFiles:  []*os.File{childCtl, wsDir, module}, // fds 3, 4, 5: worker.ControlFD, WorkspaceFD, ModuleFD
-			SysProcAttr: attr,
-		}
-	}
-
-	// Linux sends the parent-death signal when the *thread* that forked the child
-	// exits, so the forking goroutine stays on its thread until the worker is reaped.
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	started := time.Now()
-	cmd := newCmd(req.Hardening.Namespaces)
-	err = cmd.Start()
+	p, err := s.launch(req.Hardening.Namespaces, wsDir, module)
 	var nsErr error
 	if err != nil && req.Hardening.Namespaces && !requiresNamespace(req.Hardening.Require) {
 		// Namespaces refused (a container's default profile, userns disabled):
@@ -256,16 +217,10 @@ func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observ
 		nsErr = err
 		req.Hardening.Namespaces = false
 		if frame, err = protocol.Encode(&req); err == nil {
-			cmd = newCmd(false)
-			err = cmd.Start()
+			p, err = s.launch(false, wsDir, module)
 		}
 	}
-	childCtl.Close()
-	outW.Close()
-	errW.Close()
 	if err != nil {
-		outR.Close()
-		errR.Close()
 		if req.Hardening.Namespaces {
 			return protocol.Result{ExitCode: -1, Reason: protocol.Rejected, Diagnostics: []string{
 				"cannot start the worker in new user, network, mount, pid, IPC and UTS namespaces (" + err.Error() +
@@ -274,36 +229,161 @@ func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observ
 		}
 		return protocol.Result{}, fmt.Errorf("sandbox: start worker: %w", err)
 	}
-	pgid := cmd.Process.Pid
+	res := p.collect(ctx, frame, req, observe)
+	if res.Enforcement != nil && nsErr != nil {
+		if res.Enforcement.Errors == nil {
+			res.Enforcement.Errors = map[string]string{}
+		}
+		res.Enforcement.Errors[protocol.LayerUserNS] = "cannot create namespaces: " + nsErr.Error()
+	}
+	return res, nil
+}
 
+// proc is a started worker.
+type proc struct {
+	cmd        *exec.Cmd
+	ctl        *os.File // the parent's end of the control socket
+	outR, errR *os.File // the guest's stdout and stderr
+	started    time.Time
+
+	mu     sync.Mutex
+	gone   bool          // exited: its pid may be reused once reaped, so never signal it again
+	exited chan struct{} // closed when reaped; then cmd.ProcessState is set
+	werr   error         // cmd.Wait's error
+}
+
+// launch starts a worker (in new namespaces when asked) with fds 3, 4, 5 the control
+// socket, dir and module, and reaps it in the background. The goroutine that forks
+// stays on its thread until the worker is reaped: Linux sends the parent-death signal
+// when the thread that forked the child exits.
+func (s *Spawner) launch(namespaces bool, dir, module *os.File) (*proc, error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("socketpair: %w", err)
+	}
+	p := &proc{ctl: os.NewFile(uintptr(fds[0]), "control"), exited: make(chan struct{})}
+	childCtl := os.NewFile(uintptr(fds[1]), "control-child")
+	defer childCtl.Close()
+	var outW, errW *os.File
+	if p.outR, outW, err = os.Pipe(); err == nil {
+		if p.errR, errW, err = os.Pipe(); err != nil {
+			p.outR.Close()
+			outW.Close()
+		}
+	}
+	if err != nil {
+		p.ctl.Close()
+		return nil, fmt.Errorf("pipe: %w", err)
+	}
+	defer outW.Close()
+	defer errW.Close()
+
+	attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
+	if namespaces {
+		// The worker cannot unshare a user namespace itself (it is multithreaded
+		// from its first instruction), so it is cloned into new namespaces, uid
+		// and gid 0 inside mapped to the parent's own, setgroups denied
+		// (user_namespaces(7)).
+		attr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWNET |
+			syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS
+		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
+		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}
+	}
+	p.cmd = &exec.Cmd{
+		Path:        s.Exe,
+		Args:        []string{"sandcell", s.command()},
+		Env:         []string{}, // built from nothing: no NOTIFY_SOCKET, LISTEN_*, secrets
+		Stdout:      outW,
+		Stderr:      errW,
+		ExtraFiles:  []*os.File{childCtl, dir, module}, // fds 3, 4, 5: worker.ControlFD, WorkspaceFD, ModuleFD
+		SysProcAttr: attr,
+	}
+	startErr := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		err := p.cmd.Start()
+		startErr <- err
+		if err != nil {
+			return
+		}
+		// Wait for the exit without reaping (WNOWAIT), mark the worker gone, then
+		// reap: a signal sent while not gone reaches this worker, never a process
+		// that reused its pid.
+		var info unix.Siginfo
+		for unix.Waitid(unix.P_PID, p.cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil) == unix.EINTR {
+		}
+		p.mu.Lock()
+		p.gone = true
+		p.mu.Unlock()
+		p.werr = p.cmd.Wait()
+		close(p.exited)
+	}()
+	p.started = time.Now()
+	if err := <-startErr; err != nil {
+		p.ctl.Close()
+		p.outR.Close()
+		p.errR.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// kill sends SIGKILL to the worker's process group (it is a session leader) unless
+// it has exited.
+func (p *proc) kill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.gone {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	}
+}
+
+// collect sends frame (the request, or a warm worker's claim), reads the guest's
+// output and the report, and makes the Result. The worker owns nothing after: it is
+// killed if it has not exited.
+func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, observe Observer) protocol.Result {
+	defer p.ctl.Close()
+	defer p.kill()
 	var once sync.Once
 	var killReason protocol.Reason
 	kill := func(r protocol.Reason) {
 		once.Do(func() {
 			killReason = r
-			// Negative pid: the worker's whole process group (it is a session leader).
-			_ = syscall.Kill(-pgid, syscall.SIGKILL)
+			p.kill()
 		})
 	}
 
 	var wg sync.WaitGroup
+	waited := make(chan struct{})
 	stdout, stderr := capture{stream: "stdout", observe: observe}, capture{stream: "stderr", observe: observe}
 	wg.Add(3)
-	go func() { defer wg.Done(); stdout.read(outR, req.Limits.MaxStdoutBytes, kill) }()
-	go func() { defer wg.Done(); stderr.read(errR, req.Limits.MaxStderrBytes, kill) }()
+	go func() { defer wg.Done(); stdout.read(p.outR, req.Limits.MaxStdoutBytes, kill) }()
+	go func() { defer wg.Done(); stderr.read(p.errR, req.Limits.MaxStderrBytes, kill) }()
 	var rep protocol.Report
 	var repErr error
 	go func() {
 		defer wg.Done()
-		if _, err := ctl.Write(frame); err != nil {
+		if _, err := p.ctl.Write(frame); err != nil {
 			repErr = err
 			kill(protocol.InternalError) // the worker would wait for its request forever
 			return
 		}
-		repErr = protocol.ReadFrame(ctl, &rep)
+		repErr = protocol.ReadFrame(p.ctl, &rep)
+		if repErr != nil {
+			return
+		}
+		// A worker closes its output before it reports; one that did not (it
+		// crashed half-way) is ended now, so the reads end.
+		go func() {
+			select {
+			case <-time.After(time.Second):
+				p.kill()
+			case <-waited:
+			}
+		}()
 	}()
 
-	waited := make(chan struct{})
 	go func() { wg.Wait(); close(waited) }()
 	timer := time.NewTimer(time.Duration(req.Limits.TimeoutMS) * time.Millisecond)
 	defer timer.Stop()
@@ -315,8 +395,7 @@ func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observ
 		kill(protocol.Cancelled)
 	}
 	<-waited
-	werr := cmd.Wait()
-	elapsed := time.Since(started)
+	elapsed := time.Since(p.started)
 
 	res := protocol.Result{
 		Stdout:          stdout.buf,
@@ -325,8 +404,9 @@ func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observ
 		StderrTruncated: stderr.truncated,
 		ElapsedMS:       float64(elapsed.Microseconds()) / 1000,
 	}
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		res.WorkerMaxRSSBytes = ru.Maxrss << 10 // ru_maxrss is in KiB on Linux
+	exitState := func() *os.ProcessState {
+		<-p.exited
+		return p.cmd.ProcessState
 	}
 	switch {
 	case stdout.truncated || stderr.truncated:
@@ -341,15 +421,7 @@ func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observ
 		res.PeakMemoryBytes = rep.PeakMemoryBytes
 		res.Diagnostics = rep.Diagnostics
 		res.Enforcement = rep.Enforcement
-		if rep.PeakRSSBytes > 0 {
-			res.WorkerMaxRSSBytes = rep.PeakRSSBytes
-		}
-		if res.Enforcement != nil && nsErr != nil {
-			if res.Enforcement.Errors == nil {
-				res.Enforcement.Errors = map[string]string{}
-			}
-			res.Enforcement.Errors[protocol.LayerUserNS] = "cannot create namespaces: " + nsErr.Error()
-		}
+		res.WorkerMaxRSSBytes = rep.PeakRSSBytes
 		if missing := checkContract(rep, req.Hardening.Require); missing != "" {
 			// The worker ran code without a required layer: never report that as a
 			// normal outcome.
@@ -364,16 +436,22 @@ func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observ
 	case killReason != "":
 		res.ExitCode = -1
 		res.Reason = killReason
-	case cpuBackstop(cmd.ProcessState, req.Hardening.Rlimits.CPU):
+	case cpuBackstop(exitState(), req.Hardening.Rlimits.CPU):
 		res.ExitCode = -1
 		res.Reason = protocol.CPULimit
 		res.Diagnostics = []string{fmt.Sprintf("the worker reached its CPU-time backstop (RLIMIT_CPU, %d s)", req.Hardening.Rlimits.CPU)}
 	default:
+		exitState()
 		res.ExitCode = -1
 		res.Reason = protocol.InternalError
-		res.Diagnostics = []string{"worker ended without a report: " + describeExit(werr)}
+		res.Diagnostics = []string{"worker ended without a report: " + describeExit(p.werr)}
 	}
-	return res, nil
+	if res.WorkerMaxRSSBytes == 0 {
+		if ru, ok := exitState().SysUsage().(*syscall.Rusage); ok {
+			res.WorkerMaxRSSBytes = ru.Maxrss << 10 // ru_maxrss is in KiB on Linux
+		}
+	}
+	return res
 }
 
 // check refuses requests that cannot be run before a worker is spent on them.

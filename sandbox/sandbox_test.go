@@ -51,10 +51,12 @@ func run(t *testing.T, code string, edit func(*protocol.Request)) (protocol.Resu
 	}
 	req.ModulePath = bundletest.Module(t, req.Limits.Fuel > 0)
 	req.LibDir = bundletest.LibDir(t)
-	res, err := sandbox.SelfSpawner().Run(context.Background(), req)
+	sp, done := spawnerFor(t, req, "")
+	res, err := sp.Run(context.Background(), req)
 	if err != nil {
 		t.Fatalf("run: %v", err)
 	}
+	done()
 	return res, req.Workspace
 }
 
@@ -543,9 +545,12 @@ func TestCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	req := protocol.Request{Code: "import time; time.sleep(60)", Workspace: t.TempDir(),
 		ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t), Limits: policy.Default().Default}
+	req.Hardening = policy.Default().Hardening(req.Limits)
+	sp, done := spawnerFor(t, req, "")
+	defer done()
 	go func() { time.Sleep(300 * time.Millisecond); cancel() }()
 	start := time.Now()
-	res, err := sandbox.SelfSpawner().Run(ctx, req)
+	res, err := sp.Run(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}

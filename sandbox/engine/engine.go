@@ -176,8 +176,16 @@ type Spec struct {
 	MemoryBytes int64
 	// CPU caps the process's CPU time (epoch deadline); 0 means no CPU limit.
 	CPU time.Duration
+	// CPUArm, when not nil, replaces CPU: the limit is received from it and counts
+	// from then on (a guest started before its run is known runs unlimited until its
+	// program arrives).
+	CPUArm <-chan time.Duration
 	// Fuel is the fuel budget; it must be positive exactly when the engine meters fuel.
 	Fuel uint64
+	// Ended, when not nil, is called with the outcome as soon as the guest has
+	// ended, before the store is torn down (unmapping a large linear memory takes
+	// milliseconds): a single-use worker reports from it.
+	Ended func(Outcome)
 }
 
 // Outcome is what Run observed.
@@ -253,8 +261,14 @@ func (e *Engine) Run(m *Module, spec Spec) Outcome {
 		return internal("module has no _start export")
 	}
 
-	if spec.CPU > 0 {
-		stop := watchCPU(e.we, spec.CPU)
+	if spec.CPU > 0 || spec.CPUArm != nil {
+		arm := spec.CPUArm
+		if arm == nil {
+			c := make(chan time.Duration, 1)
+			c <- spec.CPU
+			arm = c
+		}
+		stop := watchCPU(e.we, arm)
 		defer stop()
 	}
 	_, err = start.Call(store)
@@ -276,6 +290,9 @@ func (e *Engine) Run(m *Module, spec Spec) Outcome {
 				out.Diagnostics = []string{"fuel exhausted"}
 			}
 		}
+	}
+	if spec.Ended != nil {
+		spec.Ended(out)
 	}
 	return out
 }
@@ -334,11 +351,21 @@ func cause(msg string) string {
 }
 
 // watchCPU increments the engine's epoch, interrupting the guest at its next epoch
-// check, once this process has used budget more CPU time than when it was called.
-func watchCPU(we *wasmtime.Engine, budget time.Duration) (stop func()) {
+// check, once this process has used the budget received from arm (0: no limit) more
+// CPU time than when it was received.
+func watchCPU(we *wasmtime.Engine, arm <-chan time.Duration) (stop func()) {
 	done := make(chan struct{})
-	base := processCPU()
 	go func() {
+		var budget time.Duration
+		select {
+		case <-done:
+			return
+		case budget = <-arm:
+		}
+		if budget <= 0 {
+			return
+		}
+		base := processCPU()
 		t := time.NewTicker(epochTick)
 		defer t.Stop()
 		for {

@@ -49,8 +49,9 @@ import (
 
 // Version is the protocol version. A worker refuses a Request of another version, so
 // a parent and a worker from different builds never guess at each other's fields
-// (version 2 added Hardening: a version-1 worker would run without it).
-const Version = 2
+// (version 2 added Hardening: a version-1 worker would run without it; version 3
+// warm workers, and the program travels on the guest's stdin).
+const Version = 3
 
 // MaxFrame is the largest frame either side accepts, in bytes (16 MiB). It bounds the
 // code, the stdin and the argv a Request may carry.
@@ -140,6 +141,33 @@ type Request struct {
 	Limits Limits `json:"limits"`
 	// Hardening is what the worker must set up before the guest runs.
 	Hardening Hardening `json:"hardening"`
+
+	// Warm makes this request a template: the worker prepares everything that does
+	// not depend on the run (namespaces, its own root, the module, the interpreter's
+	// start-up), answers Warmed, and then reads the run's own Request (the claim),
+	// which must match the template in all but the program, the workspace, the
+	// timeout, the CPU limit and the rlimits. Program fields of a template are ignored.
+	Warm bool `json:"warm,omitempty"`
+	// Roots are host directories (as the parent's kernel names them) beneath which
+	// the workspace of a warm worker's claim must lie; the worker keeps them reachable
+	// until the claim and then detaches them. Set in the template and the claim alike.
+	Roots []string `json:"roots,omitempty"`
+	// WorkspaceID identifies the directory the parent checked as the workspace of a
+	// claim (a warm worker has no fd 4 to compare with).
+	WorkspaceID *FileID `json:"workspace_id,omitempty"`
+}
+
+// FileID is a file's identity: its device and inode numbers (stat(2)).
+type FileID struct {
+	Dev uint64 `json:"dev"`
+	Ino uint64 `json:"ino"`
+}
+
+// Warmed is a warm worker's answer to its template: ready to be claimed, or why not
+// (after which it exits).
+type Warmed struct {
+	Ready       bool     `json:"ready"`
+	Diagnostics []string `json:"diagnostics,omitempty"`
 }
 
 // Report is what a worker sends back after the guest ends. The parent merges it with

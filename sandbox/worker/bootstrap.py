@@ -1,40 +1,68 @@
-# Sandcell's guest bootstrap, run as `python -I -c <this> MODE ...` inside python.wasm.
-# It makes /ws the working directory, then runs the program in __main__ so that it
+# Sandcell's guest bootstrap, run as `python -S -I -c <this>` inside python.wasm.
+# It starts the interpreter's work that does not depend on the program (so that a
+# warm worker has done it before its run is known), then reads the program from its
+# stdin: ten ASCII digits giving the length of a header, then the header, UTF-8
+# fields separated by NUL (which no field may contain):
+#   MODE, SOURCE-OR-PATH, NAME, N, ARG1..ARGN, KEY1, VALUE1, ...
+# MODE "code": SOURCE is the program, NAME its file name ("<string>" for -c);
+# MODE "path": PATH is the script (/ws/...), NAME is empty.
+# Whatever follows the header is the program's own stdin.
+# It makes /ws the working directory and runs the program in __main__ so that it
 # behaves as under `python -c CODE ARGS` or `python /ws/PATH ARGS`: same sys.argv, same
-# tracebacks (the bootstrap's own frame is left out), same exit status.
-#   MODE "code": argv = [-c, code, filename, *args]
-#   MODE "path": argv = [-c, path, *args]
-# Exit statuses are reduced modulo 256 as a POSIX exit(3) would (one beyond a C long
-# is 255, as native CPython's); WASI itself cannot
-# carry statuses 126-255 (wasmtime traps, and the run ends as a trap that says so).
+# environment, same tracebacks (the bootstrap's own frame is left out), same exit
+# status. Exit statuses are reduced modulo 256 as a POSIX exit(3) would (one beyond a
+# C long is 255, as native CPython's); WASI itself cannot carry statuses 126-255
+# (wasmtime traps, and the run ends as a trap that says so).
 def _sandcell_boot():
     import os
     import sys
-
-    mode = sys.argv.pop(1)
-    os.chdir("/ws")
-    # -S skips site, which is what defines exit() and quit(); scripts use them.
     import builtins
+
+    # -S skips site, which is what defines exit() and quit(); scripts use them.
     builtins.exit = builtins.quit = sys.exit
+    # The first use of the compiler and the evaluation loop costs (pages of code
+    # and memory touched once): pay it before the program is known.
+    exec(compile("def f(a):\n    return '%d' % (a * 7)\nf(6)", "<warm-up>", "exec"), {})
+    if sys.argv[1:] == ["warm"]:
+        # A warm worker: tell it the interpreter is ready (opening this FIFO waits
+        # for the worker to open its other end), then wait for the program.
+        open("/ws/.sandcell-ready", "rb", buffering=0).close()
+
+    def read(n):
+        b = bytearray()
+        while len(b) < n:
+            chunk = os.read(0, n - len(b))
+            if not chunk:
+                os._exit(70)  # EX_SOFTWARE: the worker sent no program
+            b += chunk
+        return bytes(b)
+
+    fields = read(int(read(10))).decode().split("\0")
+    mode, src, name, nargs = fields[0], fields[1], fields[2], int(fields[3])
+    args = fields[4:4 + nargs]
+    env = fields[4 + nargs:]
+    for i in range(0, len(env), 2):
+        os.environ[env[i]] = env[i + 1]
+    os.chdir("/ws")
     g = globals()
     del g["_sandcell_boot"]
     if mode == "code":
-        src = sys.argv.pop(1)
-        name = sys.argv.pop(1)
         if name == "<string>":
-            sys.argv[0] = "-c"
+            sys.argv[:] = ["-c"] + args
         else:
-            sys.argv[0] = g["__file__"] = name
+            sys.argv[:] = [name] + args
+            g["__file__"] = name
         sys.path.insert(0, "")
     else:
-        name = sys.argv.pop(1)
-        sys.argv[0] = name
+        name = src
+        sys.argv[:] = [name] + args
         g["__file__"] = name
         sys.path.insert(0, os.path.dirname(name))
         with open(name, "rb") as f:
             src = f.read()
     try:
         exec(compile(src, name, "exec"), g)
+        sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
     except SystemExit as e:
         code = e.code
         if code is None or isinstance(code, int):

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -17,74 +18,139 @@ import (
 	"github.com/sandcell/sandcell/sandbox/seccomp"
 )
 
-// Paths at which the worker reaches the workspace and the library once it has its own
-// mount namespace (the root of that namespace holds nothing else).
+// The worker's own root, when it has a mount namespace, holds only these: the guest's
+// root directory (preopened as "/") with the workspace mounted at its "ws", the
+// interpreter's library, a procfs of its pid namespace, and (in a warm worker, until
+// its run is known) the directories its run's workspace may be in.
 const (
-	rootWorkspace = "/ws"
+	rootGuest     = "/guest"
+	rootWorkspace = rootGuest + "/ws"
 	rootLibrary   = "/lib"
+	rootRoots     = "/roots"
+	readyFIFO     = ".sandcell-ready" // in rootWorkspace, before a warm worker's workspace is mounted
 )
 
-// hardened is the result of harden: the contract, and where the workspace and the
-// interpreter's library are now reachable (for the preopens).
+// hardened is the state of hardening: the contract so far, and where the workspace
+// and the interpreter's library are reachable (for the preopens).
 type hardened struct {
 	enf       protocol.Enforcement
 	workspace string
 	library   string
+	guestRoot string // host directory preopened as the guest's "/", or "" (then the workspace is /ws)
+	warm      bool   // prepared before the run was known (see prepare)
+	capLock   error  // lockCapabilities' error
+
+	seccomp    *seccomp.Program // compiled ahead by a warm worker, or nil
+	seccompErr error
 }
 
-// harden applies h to this process, in the order below, verifying each layer and
-// recording in the contract what holds and why something does not. It never stops
-// half-way: a layer that fails is reported inactive and the caller decides, from
-// h.Require, whether the guest may run. The parent has already made the worker a
-// session leader with a parent-death signal, an empty environment, fds 0-5 only and
-// (when asked) its own namespaces.
-//
-//  1. rlimits                 (setrlimit(2): CORE 0, NOFILE, FSIZE, CPU; NPROC in a userns)
-//  2. namespaces              (verified against the parent's; a private root by pivot_root(2),
-//     a host name of its own)
-//  3. capabilities            (libcap: every set emptied on every thread, secure bits locked)
-//  4. Landlock                (go-landlock at the kernel's ABI: /lib read-only, /ws
-//     read-write, TCP bind/connect denied, abstract sockets and signals scoped)
-//  5. no_new_privs            (on every thread)
-//  6. seccomp                 (libseccomp, TSYNC)
+// harden applies req.Hardening to this process: prepare, then narrow. See those for
+// the order. It never stops half-way: a layer that fails is reported inactive and
+// the caller decides, from Require, whether the guest may run. The parent has
+// already made the worker a session leader with a parent-death signal, an empty
+// environment, fds 0-5 only and (when asked) its own namespaces.
 func harden(req *protocol.Request) *hardened {
+	st := prepare(req)
+	narrow(req, st)
+	return st
+}
+
+// prepare does what needs no knowledge of the run beyond its template: it verifies
+// the namespaces against the parent's and, with a mount namespace, gives the worker a
+// root of its own (pivot). A cold worker's root has the workspace mounted already; a
+// warm one's (req.Warm) has the directories of req.Roots instead, for attach.
+func prepare(req *protocol.Request) *hardened {
 	h := req.Hardening
 	st := &hardened{
 		enf: protocol.Enforcement{Namespaces: map[string]bool{}, Rlimits: map[string]uint64{},
 			Errors: map[string]string{}},
 		workspace: fmt.Sprintf("/proc/self/fd/%d", WorkspaceFD),
 		library:   req.LibDir,
+		warm:      req.Warm,
 	}
 	fail := func(layer string, err error) { st.enf.Errors[layer] = err.Error() }
-
-	userns := setRlimits(h, st, fail)
-
-	if h.Namespaces {
-		if userns && st.enf.Namespaces[protocol.LayerMountNS] {
-			if err := pivot(req.Workspace, req.LibDir); err != nil {
-				st.enf.Namespaces[protocol.LayerMountNS] = false
-				fail(protocol.LayerMountNS, err)
-			} else {
-				st.workspace, st.library = rootWorkspace, rootLibrary
-				st.enf.MountRoot = []string{rootWorkspace + " (read-write)", rootLibrary + " (read-only)",
-					"/proc (read-only, this pid namespace's processes only)"}
-			}
-		} else {
+	for layer, name := range protocol.Namespaces {
+		link, err := os.Readlink("/proc/self/ns/" + name)
+		host := h.HostNamespaces[name]
+		st.enf.Namespaces[layer] = h.Namespaces && err == nil && host != "" && link != host
+	}
+	defer st.lockCaps()
+	if req.Warm && h.Seccomp != nil {
+		st.seccomp, st.seccompErr = seccomp.Compile(*h.Seccomp)
+	}
+	if !h.Namespaces {
+		return st
+	}
+	if st.enf.Namespaces[protocol.LayerUserNS] && st.enf.Namespaces[protocol.LayerMountNS] {
+		ws := req.Workspace
+		if req.Warm {
+			ws = ""
+		}
+		if err := pivot(ws, req.LibDir, req.Roots); err != nil {
 			st.enf.Namespaces[protocol.LayerMountNS] = false
+			fail(protocol.LayerMountNS, err)
+		} else {
+			st.workspace, st.library, st.guestRoot = rootWorkspace, rootLibrary, rootGuest
+			st.enf.MountRoot = []string{rootGuest + " (read-only; the guest's /)", rootWorkspace + " (read-write; the guest's /ws)",
+				rootLibrary + " (read-only)", "/proc (read-only, this pid namespace's processes only)"}
 		}
-		// The UTS namespace is verified by its link like the others; its host name is
-		// left as cloned (WASI gives the guest no way to read it, and systemd's
-		// ProtectHostname= denies sethostname to the whole service).
-		if st.enf.Namespaces[protocol.LayerPidNS] && os.Getpid() != 1 {
-			st.enf.Namespaces[protocol.LayerPidNS] = false
-			fail(protocol.LayerPidNS, errors.New("not pid 1 of its pid namespace"))
-		}
-		for layer, on := range st.enf.Namespaces {
-			if !on && st.enf.Errors[layer] == "" {
-				fail(layer, errors.New("the worker does not have a namespace of its own"))
-			}
+	} else {
+		st.enf.Namespaces[protocol.LayerMountNS] = false
+	}
+	// The UTS namespace is verified by its link like the others; its host name is
+	// left as cloned (WASI gives the guest no way to read it, and systemd's
+	// ProtectHostname= denies sethostname to the whole service).
+	if st.enf.Namespaces[protocol.LayerPidNS] && os.Getpid() != 1 {
+		st.enf.Namespaces[protocol.LayerPidNS] = false
+		fail(protocol.LayerPidNS, errors.New("not pid 1 of its pid namespace"))
+	}
+	for layer, on := range st.enf.Namespaces {
+		if !on && st.enf.Errors[layer] == "" {
+			fail(layer, errors.New("the worker does not have a namespace of its own"))
 		}
 	}
+	return st
+}
+
+// lockCaps runs lockCapabilities where libcap's psx can find this process's threads
+// (see checkThreadList); narrow reports the error if the sets stay non-empty.
+func (st *hardened) lockCaps() {
+	if err := checkThreadList(); err != nil {
+		st.capLock = err
+		return
+	}
+	st.capLock = lockCapabilities()
+}
+
+// narrow confines the process to req, in this order, verifying each layer:
+//
+//  0. a warm worker mounts the run's workspace (attach) and detaches req.Roots
+//  1. rlimits       (setrlimit(2): CORE 0, NOFILE, FSIZE, CPU; NPROC in a userns)
+//  2. capabilities  (libcap: every set emptied on every thread, secure bits locked)
+//  3. Landlock      (go-landlock at the kernel's ABI: the library read-only, the
+//     workspace read-write, TCP bind/connect denied, abstract sockets and signals
+//     scoped)
+//  4. no_new_privs  (on every thread)
+//  5. seccomp       (libseccomp, TSYNC)
+//
+// Landlock forbids every change of the mount tree once in force (landlock(7)), which
+// is why a warm worker's workspace is mounted first and its domain entered only here.
+func narrow(req *protocol.Request, st *hardened) {
+	h := req.Hardening
+	fail := func(layer string, err error) { st.enf.Errors[layer] = err.Error() }
+	if st.warm {
+		if st.guestRoot == "" {
+			fail(protocol.LayerMountNS, errors.New("a warm worker needs its own mount namespace"))
+		} else if err := attach(req, st.enf.Namespaces[protocol.LayerMountNS]); err != nil {
+			// The guest must not run without its workspace: report the mount
+			// namespace (which holds it) inactive, whatever the policy requires.
+			st.enf.Namespaces[protocol.LayerMountNS] = false
+			fail(protocol.LayerMountNS, err)
+			h.Require = append(h.Require, protocol.LayerMountNS)
+			req.Hardening.Require = h.Require
+		}
+	}
+	setRlimits(h, st, fail)
 
 	// Capabilities and (below ABI 8) Landlock are per thread: libcap's psx applies
 	// them to every thread it finds in /proc/PID/task, which must be this process's.
@@ -95,18 +161,21 @@ func harden(req *protocol.Request) *hardened {
 			fail(protocol.LayerLandlock, threads)
 		}
 	} else {
-		dropCapabilities(st, fail)
+		// Landlock first: while the threads still hold CAP_SYS_ADMIN in their user
+		// namespace they need no no_new_privs to enter the domain (landlock(7)),
+		// which saves a round of signals to every thread.
 		if h.Landlock {
 			if err := restrictLandlock(st); err != nil {
 				fail(protocol.LayerLandlock, err)
 			}
 		}
+		dropCapabilities(st, fail)
 	}
 
-	// no_new_privs on every thread (seccomp's TSYNC below also extends it to every
-	// thread it synchronises).
+	// no_new_privs: on this thread, and seccomp's TSYNC below extends it to every
+	// thread it synchronises (seccomp(2)); without a seccomp filter, on every thread.
 	var err error
-	if threads == nil {
+	if threads == nil && h.Seccomp == nil {
 		if _, _, e := psx.Syscall6(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0, 0); e != 0 {
 			err = e
 		}
@@ -116,13 +185,12 @@ func harden(req *protocol.Request) *hardened {
 	if err != nil {
 		fail(protocol.LayerNoNewPrivs, err)
 	}
-	nnp, err := unix.PrctlRetInt(unix.PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0)
-	st.enf.NoNewPrivs = err == nil && nnp == 1
 	if threads != nil && h.Seccomp == nil {
 		// Set on this thread only, and no seccomp TSYNC to extend it: not the layer.
-		st.enf.NoNewPrivs = false
 		fail(protocol.LayerNoNewPrivs, threads)
 	}
+
+	nnp, err := unix.PrctlRetInt(unix.PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) // (the filter may deny it)
 
 	st.enf.Seccomp.Mode = "disabled"
 	if h.Seccomp != nil {
@@ -130,20 +198,22 @@ func harden(req *protocol.Request) *hardened {
 			fail(protocol.LayerSeccomp, err)
 		}
 	}
-	return st
+	// On every thread: set by psx, or by the filter's TSYNC.
+	st.enf.NoNewPrivs = err == nil && nnp == 1 && (threads == nil || h.Seccomp != nil) &&
+		(h.Seccomp == nil || st.enf.Seccomp.Active)
 }
 
-// setRlimits sets the limits of h and reads every one back into the contract. It
-// also verifies the namespaces (NPROC is only set inside a user namespace), and
-// returns whether the worker has its own user namespace.
-func setRlimits(h protocol.Hardening, st *hardened, fail func(string, error)) bool {
-	for layer, name := range protocol.Namespaces {
-		link, err := os.Readlink("/proc/self/ns/" + name)
-		host := h.HostNamespaces[name]
-		st.enf.Namespaces[layer] = h.Namespaces && err == nil && host != "" && link != host
-	}
+// setRlimits sets the limits of h and reads every one back into the contract. A warm
+// worker's CPU limit counts from the run: the CPU time it used before is added.
+func setRlimits(h protocol.Hardening, st *hardened, fail func(string, error)) {
 	userns := st.enf.Namespaces[protocol.LayerUserNS]
 	cpu := h.Rlimits.CPU
+	if st.warm && cpu > 0 {
+		var ru unix.Rusage
+		if unix.Getrusage(unix.RUSAGE_SELF, &ru) == nil {
+			cpu += uint64(ru.Utime.Sec+ru.Stime.Sec) + 1
+		}
+	}
 	set := []struct {
 		name     string
 		resource int
@@ -177,37 +247,55 @@ func setRlimits(h protocol.Hardening, st *hardened, fail func(string, error)) bo
 	if len(errs) > 0 {
 		fail(protocol.LayerRlimits, errors.New(strings.Join(errs, "; ")))
 	}
-	return userns
 }
 
-// pivot gives the worker a root of its own: a small read-only tmpfs holding the
-// workspace at /ws (a bind mount: read-write, nosuid, nodev, noexec) and the
-// interpreter's library at /lib (read-only), with the host's tree detached. Both are
-// reopened by path in this mount namespace (a mount of the parent's namespace cannot
-// be bind-mounted here) and the workspace is checked to be the directory the parent
-// opened (fd 4), so a path swapped in between is refused. See mount_setattr(2),
-// open_tree(2), move_mount(2), pivot_root(2) ("pivot_root(".", ".")").
-func pivot(workspace, library string) error {
+// pivot gives the worker a root of its own: a small read-only tmpfs holding
+// rootGuest (the guest's "/", holding only "ws"), the workspace at rootWorkspace (a
+// bind mount: read-write, nosuid, nodev, noexec) unless workspace is "", the
+// interpreter's library at rootLibrary (read-only), a procfs, and each of roots at
+// rootRoots/N (read-write, for attach), with the host's tree detached. Everything
+// is reopened by path in this mount namespace (a mount of the parent's namespace
+// cannot be bind-mounted here) and the workspace is checked to be the directory the
+// parent opened (fd 4), so a path swapped in between is refused. See
+// mount_setattr(2), open_tree(2), move_mount(2), pivot_root(2) ("pivot_root(".", ".")").
+func pivot(workspace, library string, roots []string) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
-	wsTree, err := cloneTree(workspace, WorkspaceFD, unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
-	if err != nil {
-		return fmt.Errorf("workspace: %w", err)
+	if len(roots) > 8 {
+		return errors.New("more than 8 workspace roots")
 	}
-	defer unix.Close(wsTree)
-	libTree, err := cloneTree(library, -1, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
-	if err != nil {
+	data := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC)
+	mounts := map[string]int{}
+	defer func() {
+		for _, fd := range mounts {
+			unix.Close(fd)
+		}
+	}()
+	var err error
+	if workspace != "" {
+		if mounts["guest/ws"], err = cloneTree(workspace, WorkspaceFD, data); err != nil {
+			return fmt.Errorf("workspace: %w", err)
+		}
+	}
+	if mounts["lib"], err = cloneTree(library, -1, unix.MOUNT_ATTR_RDONLY|data); err != nil {
 		return fmt.Errorf("library: %w", err)
 	}
-	defer unix.Close(libTree)
+	for i, r := range roots {
+		if mounts[fmt.Sprintf("roots/%d", i)], err = cloneTree(r, -1, data); err != nil {
+			return fmt.Errorf("workspace root %d: %w", i, err)
+		}
+	}
+	if mounts["proc"], err = procMount(); err != nil {
+		return err
+	}
 
 	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("fsopen tmpfs: %w", err)
 	}
 	defer unix.Close(fs)
-	for k, v := range map[string]string{"size": "64k", "nr_inodes": "16", "mode": "0755"} {
+	for k, v := range map[string]string{"size": "64k", "nr_inodes": "24", "mode": "0755"} {
 		if err := unix.FsconfigSetString(fs, k, v); err != nil {
 			return fmt.Errorf("tmpfs %s: %w", k, err)
 		}
@@ -222,24 +310,35 @@ func pivot(workspace, library string) error {
 	defer unix.Close(root)
 	// Attach the new root somewhere in this (private) namespace so that mounts can go
 	// beneath it and pivot_root accepts it; where does not matter once pivoted.
-	if err := unix.MoveMount(root, "", unix.AT_FDCWD, workspace, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+	if err := unix.MoveMount(root, "", unix.AT_FDCWD, library, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("attach new root: %w", err)
 	}
-	proc, err := procMount()
-	if err != nil {
-		return err
+	dirs := []string{"guest", "guest/ws", "lib", "proc"}
+	if len(roots) > 0 {
+		dirs = append(dirs, "roots")
 	}
-	defer unix.Close(proc)
-	for name, tree := range map[string]int{"ws": wsTree, "lib": libTree, "proc": proc} {
+	for i := range roots {
+		dirs = append(dirs, fmt.Sprintf("roots/%d", i))
+	}
+	for _, name := range dirs {
 		if err := unix.Mkdirat(root, name, 0o755); err != nil {
 			return fmt.Errorf("mkdir %s: %w", name, err)
 		}
+	}
+	if workspace == "" {
+		// A warm worker's interpreter says it is ready through a FIFO in the
+		// workspace's mount point, which the workspace, once mounted, hides.
+		if err := unix.Mkfifoat(root, "guest/ws/"+readyFIFO, 0o600); err != nil {
+			return fmt.Errorf("mkfifo: %w", err)
+		}
+	}
+	for name, tree := range mounts {
 		if err := unix.MoveMount(tree, "", root, name, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 			return fmt.Errorf("mount %s: %w", name, err)
 		}
 	}
 	if err := unix.MountSetattr(root, "", unix.AT_EMPTY_PATH, &unix.MountAttr{
-		Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC,
+		Attr_set: unix.MOUNT_ATTR_RDONLY | data,
 	}); err != nil {
 		return fmt.Errorf("new root read-only: %w", err)
 	}
@@ -255,11 +354,74 @@ func pivot(workspace, library string) error {
 	if err := unix.Chdir("/"); err != nil {
 		return err
 	}
-	if err := sameDir(rootWorkspace, WorkspaceFD); err != nil {
-		return err
+	if workspace != "" {
+		if err := sameDir(rootWorkspace, WorkspaceFD); err != nil {
+			return err
+		}
 	}
 	// fd 4 is a directory of the parent's mount tree: from it, ".." leads to the host.
 	return unix.Close(WorkspaceFD)
+}
+
+// attach mounts the workspace of req, a claim on a warm worker, at rootWorkspace:
+// the directory is found beneath the root of req.Roots that holds req.Workspace
+// (openat2(2) RESOLVE_BENEATH, no symbolic or magic links) and must be the one the
+// parent checked (req.WorkspaceID); then every root is detached, so that nothing
+// but this workspace stays reachable.
+func attach(req *protocol.Request, mntns bool) error {
+	if !mntns {
+		return errors.New("no mount namespace to mount the workspace in")
+	}
+	if req.WorkspaceID == nil {
+		return errors.New("the claim does not identify its workspace")
+	}
+	var dir int = -1
+	for i, r := range req.Roots {
+		rel, err := filepath.Rel(r, req.Workspace)
+		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") || rel == "." {
+			continue
+		}
+		root, err := unix.Open(fmt.Sprintf("%s/%d", rootRoots, i), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("workspace root: %w", err)
+		}
+		dir, err = unix.Openat2(root, rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
+			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
+		unix.Close(root)
+		if err != nil {
+			return fmt.Errorf("workspace: %w", err)
+		}
+		break
+	}
+	if dir < 0 {
+		return errors.New("the workspace is not beneath a root this worker holds")
+	}
+	defer unix.Close(dir)
+	var st unix.Stat_t
+	if err := unix.Fstat(dir, &st); err != nil {
+		return err
+	}
+	if uint64(st.Dev) != req.WorkspaceID.Dev || st.Ino != req.WorkspaceID.Ino {
+		return errors.New("the workspace path no longer names the directory the parent checked")
+	}
+	tree, err := unix.OpenTree(dir, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return fmt.Errorf("open_tree: %w", err)
+	}
+	defer unix.Close(tree)
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &unix.MountAttr{
+		Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}); err != nil {
+		return fmt.Errorf("mount_setattr: %w", err)
+	}
+	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, rootWorkspace, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mount the workspace: %w", err)
+	}
+	for i := range req.Roots {
+		if err := unix.Unmount(fmt.Sprintf("%s/%d", rootRoots, i), unix.MNT_DETACH); err != nil {
+			return fmt.Errorf("detach workspace root %d: %w", i, err)
+		}
+	}
+	return nil
 }
 
 // procMount returns a detached procfs of the worker's pid namespace showing only its
@@ -342,21 +504,42 @@ func checkThreadList() error {
 	return nil
 }
 
-// dropCapabilities empties every capability set of every thread and locks the secure
-// bits (libcap's "NOPRIV" mode), so that uid 0 inside the user namespace is worth
-// nothing. A worker that has no capability to begin with (an unprivileged parent
-// without a user namespace) cannot lock the bits and needs not: its sets are empty.
+// lockCapabilities makes sure no capability can be gained or kept across execve(2)
+// (capabilities(7)): the secure bits of libcap's "NOPRIV" mode set and locked, the
+// bounding set emptied (one capability at a time, each on every thread), the
+// ambient set cleared. It leaves the worker's current sets alone (a warm worker
+// still mounts its workspace), so it runs before the run is known; dropCapabilities
+// then empties the sets with one call.
+func lockCapabilities() error {
+	var errs []error
+	if _, err := cap.GetAmbient(0); err == nil {
+		errs = append(errs, cap.ResetAmbient())
+	}
+	bits := cap.SecbitNoRoot | cap.SecbitNoRootLocked | cap.SecbitNoSetUIDFixup | cap.SecbitNoSetUIDFixupLocked |
+		cap.SecbitKeepCapsLocked | cap.SecbitNoCapAmbientRaise | cap.SecbitNoCapAmbientRaiseLocked
+	errs = append(errs, bits.Set())
+	for c := cap.Value(0); c < cap.MaxBits(); c++ {
+		errs = append(errs, cap.DropBound(c))
+	}
+	return errors.Join(errs...)
+}
+
+// dropCapabilities empties every capability set of every thread, so that uid 0
+// inside the user namespace is worth nothing (with lockCapabilities: libcap's
+// "NOPRIV" mode). A worker that has no capability to begin with (an unprivileged
+// parent without a user namespace) cannot lock the bits and needs not: its sets are
+// empty.
 func dropCapabilities(st *hardened, fail func(string, error)) {
-	modeErr := cap.ModeNoPriv.Set()
-	if err := cap.NewSet().SetProc(); err != nil && modeErr == nil {
-		modeErr = err
+	err := st.capLock
+	if e := cap.NewSet().SetProc(); e != nil && err == nil {
+		err = e
 	}
 	st.enf.Capabilities = cap.GetProc().String()
-	if amb, err := cap.GetAmbient(0); err == nil && amb {
+	if amb, e := cap.GetAmbient(0); e == nil && amb {
 		st.enf.Capabilities += " (ambient set not empty)"
 	}
-	if st.enf.Capabilities != "=" && modeErr != nil {
-		fail(protocol.LayerCapabilities, modeErr)
+	if st.enf.Capabilities != "=" && err != nil {
+		fail(protocol.LayerCapabilities, err)
 	}
 }
 
@@ -386,8 +569,32 @@ func restrictLandlock(st *hardened) error {
 		landlock.PathAccess(read&cfg.HandledAccessFS, st.library),
 		landlock.PathAccess(cfg.HandledAccessFS&^denied, st.workspace),
 	}
-	if err := cfg.Restrict(rules...); err != nil {
+	// libcap's psx lists this process's threads for every later change made on
+	// all of them (the capabilities): that directory stays readable, nothing in it.
+	rules = append(rules, landlock.PathAccess(llsys.AccessFSReadDir&cfg.HandledAccessFS,
+		fmt.Sprintf("/proc/%d/task", os.Getpid())))
+	if st.guestRoot != "" {
+		// The guest may list its "/" (which holds only "ws").
+		rules = append(rules, landlock.PathAccess(llsys.AccessFSReadDir&cfg.HandledAccessFS, st.guestRoot))
+	}
+	// go-landlock builds the ruleset; it is entered on every thread with one round
+	// of libcap's psx. A thread without CAP_SYS_ADMIN in its user namespace needs
+	// no_new_privs first (landlock_restrict_self(2)).
+	fd, flags, err := cfg.NewRulesetFD(rules...)
+	if err != nil {
 		return fmt.Errorf("landlock ABI %d: %w", abi, err)
+	}
+	if fd < 0 {
+		return fmt.Errorf("landlock ABI %d: nothing to restrict", abi)
+	}
+	defer unix.Close(fd)
+	if c, err := cap.GetProc().GetFlag(cap.Effective, cap.SYS_ADMIN); err != nil || !c {
+		if _, _, e := psx.Syscall6(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0, 0); e != 0 {
+			return fmt.Errorf("prctl(PR_SET_NO_NEW_PRIVS): %w", e)
+		}
+	}
+	if err := llsys.AllThreadsLandlockRestrictSelf(fd, uint32(flags)); err != nil {
+		return fmt.Errorf("landlock ABI %d: landlock_restrict_self: %w", abi, err)
 	}
 	st.enf.Landlock = protocol.LandlockState{Active: true, ABI: abi, FS: cfg.HandledAccessFS.String(),
 		Net: cfg.HandledAccessNet.String(), Scoped: cfg.Scoped.String()}
@@ -396,7 +603,10 @@ func restrictLandlock(st *hardened) error {
 
 // installSeccomp compiles h.Seccomp, installs it on every thread and checks the mode.
 func installSeccomp(h protocol.Hardening, st *hardened) error {
-	prog, err := seccomp.Compile(*h.Seccomp)
+	prog, err := st.seccomp, st.seccompErr
+	if prog == nil && err == nil {
+		prog, err = seccomp.Compile(*h.Seccomp)
+	}
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,194 @@
+package sandbox_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/bundle/bundletest"
+	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// warmMode runs the whole suite through warm workers (`make test` runs it both
+// ways): every run a pool can serve is served by a pool of one worker prepared for
+// exactly that request, and the test fails unless it was.
+var warmMode = os.Getenv("SANDCELL_TEST_WARM") == "1"
+
+// tempRoot is the directory the tests' workspaces lie in (t.TempDir's parent).
+func tempRoot(t *testing.T) string {
+	t.Helper()
+	r, err := filepath.EvalSymlinks(os.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// spawnerFor returns the spawner to run req with: a plain one, or in warm mode one
+// with a worker ready for req when a pool can serve it. done checks (in warm mode)
+// that the run was served warm, and stops the pool.
+func spawnerFor(t *testing.T, req protocol.Request, command string) (sp *sandbox.Spawner, done func()) {
+	t.Helper()
+	sp = sandbox.SelfSpawner()
+	sp.Command = command
+	if !warmMode || !req.Hardening.Namespaces || req.Limits.Fuel > 0 {
+		return sp, func() {}
+	}
+	waitWarm(t, sp, sandbox.PoolOptions{Template: req, Roots: []string{tempRoot(t)}, Size: 1}, 1)
+	return sp, func() {
+		t.Helper()
+		if st := sp.PoolStats(); st.Hits != 1 {
+			t.Errorf("the run was not served warm: %+v", st)
+		}
+		sp.Warm(sandbox.PoolOptions{})
+	}
+}
+
+// waitWarm starts sp's pool and waits until n workers are idle.
+func waitWarm(t *testing.T, sp *sandbox.Spawner, opts sandbox.PoolOptions, n int) {
+	t.Helper()
+	if err := sp.Warm(opts); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for sp.PoolStats().Idle < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool did not fill: %+v", sp.PoolStats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// defaultRequest is a request with the default policy, limits and interpreter.
+func defaultRequest(t *testing.T, code string) protocol.Request {
+	limits := policy.Default().Default
+	return protocol.Request{Code: code, Workspace: t.TempDir(), Limits: limits, Hardening: policy.Default().Hardening(limits),
+		ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t)}
+}
+
+// Nothing crosses runs in a pool: each warm worker serves one run. The first run
+// leaves everything it can behind; the second, in another workspace, finds none of
+// it. (Run with both ways in one pool, so they differ only in what came before.)
+func TestWarmRunsShareNothing(t *testing.T) {
+	sp := sandbox.SelfSpawner()
+	first := defaultRequest(t, `
+import builtins, os, sys
+builtins.print = lambda *a, **k: sys.stdout.write("patched\n")
+LEFT = 1
+os.environ["LEFT"] = "1"
+open("/ws/left.txt", "w").write("left")
+sys.stdin.read(1)  # the rest of stdin stays unread
+print("first")
+`)
+	first.Stdin = []byte("xleftover stdin")
+	second := defaultRequest(t, `
+import builtins, os, sys
+assert "LEFT" not in globals(), "a global"
+assert "LEFT" not in os.environ, "an environment variable"
+assert sys.stdin.read() == "", "leftover stdin"
+assert os.listdir("/ws") == [], os.listdir("/ws")
+assert os.listdir("/") == ["ws"], os.listdir("/")
+assert not os.path.exists("/ws/left.txt"), "a file of the other workspace"
+builtins.print("clean")
+`)
+	waitWarm(t, sp, sandbox.PoolOptions{Template: first, Roots: []string{tempRoot(t)}, Size: 2}, 2)
+	defer sp.Warm(sandbox.PoolOptions{})
+	res, err := sp.Run(context.Background(), first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantExit(t, res, 0)
+	if string(res.Stdout) != "patched\n" {
+		t.Fatalf("first: %q", res.Stdout)
+	}
+	res, err = sp.Run(context.Background(), second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantExit(t, res, 0)
+	if string(res.Stdout) != "clean\n" {
+		t.Fatalf("second: %q", res.Stdout)
+	}
+	if b, _ := os.ReadFile(filepath.Join(first.Workspace, "left.txt")); string(b) != "left" {
+		t.Fatalf("the first run's file is not in its workspace: %q", b)
+	}
+	if st := sp.PoolStats(); st.Hits != 2 {
+		t.Fatalf("not served warm: %+v", st)
+	}
+}
+
+// A run the pool cannot serve (other memory, fuel, a workspace outside its roots)
+// runs cold; an empty pool's miss runs cold; the pool refills.
+func TestWarmPoolFallsBackAndRefills(t *testing.T) {
+	sp := sandbox.SelfSpawner()
+	tmpl := defaultRequest(t, "")
+	waitWarm(t, sp, sandbox.PoolOptions{Template: tmpl, Roots: []string{tempRoot(t)}, Size: 1}, 1)
+	defer sp.Warm(sandbox.PoolOptions{})
+
+	other := defaultRequest(t, "print(6*7)")
+	other.Limits.MemoryBytes /= 2
+	other.Hardening = policy.Default().Hardening(other.Limits)
+	outside, err := os.MkdirTemp("/var/tmp", "sandcell-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(outside)
+	elsewhere := defaultRequest(t, "print(6*7)")
+	elsewhere.Workspace = outside
+	for _, req := range []protocol.Request{other, elsewhere} {
+		res, err := sp.Run(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantExit(t, res, 0)
+	}
+	if st := sp.PoolStats(); st.Hits != 0 || st.Misses != 0 || st.Idle != 1 {
+		t.Fatalf("unsuitable runs touched the pool: %+v", st)
+	}
+	for i := 0; i < 3; i++ { // the second and third may find it empty: misses go cold
+		res, err := sp.Run(context.Background(), defaultRequest(t, "print(6*7)"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantExit(t, res, 0)
+		if strings.TrimSpace(string(res.Stdout)) != "42" {
+			t.Fatalf("%q", res.Stdout)
+		}
+	}
+	st := sp.PoolStats()
+	if st.Hits < 1 || st.Hits+st.Misses != 3 {
+		t.Fatalf("%+v", st)
+	}
+	waitWarm(t, sp, sandbox.PoolOptions{Template: tmpl, Roots: []string{tempRoot(t)}, Size: 1}, 1)
+}
+
+// A warm worker's CPU limit counts from its claim, not from its start-up.
+func TestWarmCPULimitCountsFromClaim(t *testing.T) {
+	req := defaultRequest(t, "while True: pass")
+	req.Limits.CPUMS = 300
+	req.Limits.TimeoutMS = 20_000
+	sp := sandbox.SelfSpawner()
+	waitWarm(t, sp, sandbox.PoolOptions{Template: req, Roots: []string{tempRoot(t)}, Size: 1}, 1)
+	defer sp.Warm(sandbox.PoolOptions{})
+	time.Sleep(500 * time.Millisecond) // idle time is no CPU time either
+	res, err := sp.Run(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Reason != protocol.CPULimit || sp.PoolStats().Hits != 1 {
+		t.Fatalf("%s %v %+v", res.Reason, res.Diagnostics, sp.PoolStats())
+	}
+	quick := defaultRequest(t, "print(sum(range(10**5)))")
+	quick.Limits.CPUMS = 300
+	waitWarm(t, sp, sandbox.PoolOptions{Template: quick, Roots: []string{tempRoot(t)}, Size: 1}, 1)
+	res, err = sp.Run(context.Background(), quick)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantExit(t, res, 0)
+}
