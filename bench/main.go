@@ -1,7 +1,8 @@
 // Command bench is the side-by-side harness of `make bench`: from one run, one table
 // of `print(6*7)` latency (p50/p90/p99 over sequential calls), throughput at
 // concurrency 1, 2 and 8, CPU-seconds per run and peak memory, for Sandcell through
-// the API (a daemon it starts) and through the CLI, native python3 with no sandbox,
+// the API (two daemons it starts: with a warm pool, and with a cold worker per run)
+// and through the CLI, native python3 with no sandbox,
 // and python3 under bubblewrap --unshare-all; each figure also as a ratio to native
 // python3. Then a CPU-bound program, native against the sandbox.
 //
@@ -10,8 +11,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,6 +28,7 @@ import (
 	"time"
 
 	"github.com/sandcell/sandcell/client"
+	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/supervisor/api"
 )
 
@@ -34,8 +38,10 @@ const program = "print(6*7)"
 // RSS of the process it started, when it started one (0 otherwise). (The first
 // result is unused: CPU is measured around the call.)
 type system struct {
-	name string
-	run  func() (cpu time.Duration, rssKiB int64, err error)
+	name    string
+	run     func() (cpu time.Duration, rssKiB int64, err error)
+	prepare func()  // before each sequential run, not timed; or nil
+	daemon  *daemon // the daemon serving the runs, or nil
 }
 
 type row struct {
@@ -86,55 +92,136 @@ func run(n int, dur time.Duration, bin, python string) error {
 	}
 	systems = append(systems, execSystem("sandcell run (CLI, cold worker)", bin, "run", "-c", program))
 
-	// The daemon: its CPU and memory are read from /proc around the API rows.
+	// Two daemons, with and without the warm pool: their CPU and memory are read from
+	// /proc around their rows.
 	dir, err := os.MkdirTemp("", "sandcell-bench-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	sock := filepath.Join(dir, "s.sock")
-	daemon := exec.Command(bin, "serve", "--socket", sock, "--state-dir", filepath.Join(dir, "state"))
-	daemon.Env = append(os.Environ(), "SANDCELL_RUNS_QUEUE_LENGTH=256")
-	if err := daemon.Start(); err != nil {
-		return err
-	}
-	defer func() { daemon.Process.Signal(syscall.SIGTERM); daemon.Wait() }()
-	c := client.New(sock)
-	if err := waitReady(sock); err != nil {
-		return err
-	}
-	apiRun := func() (time.Duration, int64, error) {
-		v, err := c.Run(context.Background(), api.RunRequest{Code: program})
+	daemons := map[string]*daemon{}
+	for _, d := range []struct{ name, pool string }{{"cold", "0"}, {"warm", strconv.Itoa(poolSize)}} {
+		dm, err := startDaemon(bin, filepath.Join(dir, d.name), "SANDCELL_POOL_SIZE="+d.pool)
 		if err != nil {
-			return 0, 0, err
+			return err
 		}
-		if v.Result == nil || string(v.Result.Stdout) != "42\n" {
-			return 0, 0, fmt.Errorf("API run: %+v", v.Result)
-		}
-		return 0, 0, nil
+		defer dm.stop()
+		daemons[d.name] = dm
 	}
-	systems = append(systems, system{name: "sandcell API (cold worker per run)", run: apiRun})
+	warm, cold := daemons["warm"], daemons["cold"]
+	systems = append(systems,
+		system{name: fmt.Sprintf("sandcell API, warm pool of %d", poolSize), run: warm.run, daemon: warm,
+			// Latency is of a warm pool: each sequential run waits until the pool is
+			// full again (not timed); the throughput rows do not wait.
+			prepare: warm.waitFull},
+		system{name: "sandcell API, cold worker per run", run: cold.run, daemon: cold})
 
 	var rows []row
 	for _, s := range systems {
 		fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
-		before := procCPU(daemon.Process.Pid)
+		var before time.Duration
+		if s.daemon != nil {
+			before = procCPU(s.daemon.cmd.Process.Pid)
+		}
 		r, err := measure(s, n, dur)
 		if err != nil {
 			return err
 		}
-		if strings.HasPrefix(s.name, "sandcell API") {
+		if s.daemon != nil {
 			// Daemon and its workers (reaped children count in cutime/cstime), over the
 			// sequential runs and the throughput runs.
-			total := r.runs
-			r.row.cpu = (procCPU(daemon.Process.Pid) - before) / time.Duration(max(total, 1))
-			rss, pss := smapsRollup(daemon.Process.Pid)
-			r.row.note = fmt.Sprintf("daemon RSS %d MiB, PSS %d MiB; no warm pool yet (issue 9)", rss>>10, pss>>10)
+			pid := s.daemon.cmd.Process.Pid
+			r.row.cpu = (procCPU(pid) - before) / time.Duration(max(r.runs, 1))
+			rss, pss := smapsRollup(pid)
+			r.row.note = fmt.Sprintf("daemon RSS %d MiB, PSS %d MiB", rss>>10, pss>>10)
+			if s.daemon == warm {
+				s.daemon.waitFull()
+				st := s.daemon.pool()
+				wrss, wpss, nw := children(pid)
+				if nw > 0 {
+					r.row.note += fmt.Sprintf("; idle worker RSS %d MiB, PSS %d MiB (%d idle)", wrss/int64(nw)>>10, wpss/int64(nw)>>10, nw)
+				}
+				r.row.note += fmt.Sprintf("; %d warm, %d cold (pool empty)", st.Hits, st.Misses)
+			}
 		}
 		rows = append(rows, r.row)
 	}
 	print(rows)
 	return cpuBound(bin, python)
+}
+
+// poolSize is the warm daemon's pool.
+const poolSize = 4
+
+// daemon is a `sandcell serve` the harness started.
+type daemon struct {
+	cmd *exec.Cmd
+	c   *client.Client
+	h   *http.Client
+}
+
+func startDaemon(bin, dir string, env ...string) (*daemon, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(dir, "s.sock")
+	cmd := exec.Command(bin, "serve", "--socket", sock, "--state-dir", filepath.Join(dir, "state"))
+	cmd.Env = append(append(os.Environ(), "SANDCELL_RUNS_QUEUE_LENGTH=256"), env...)
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	d := &daemon{cmd: cmd, c: client.New(sock), h: client.HTTP(sock)}
+	if err := waitReady(sock); err != nil {
+		d.stop()
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *daemon) stop() { d.cmd.Process.Signal(syscall.SIGTERM); d.cmd.Wait() }
+
+func (d *daemon) run() (time.Duration, int64, error) {
+	v, err := d.c.Run(context.Background(), api.RunRequest{Code: program})
+	if err != nil {
+		return 0, 0, err
+	}
+	if v.Result == nil || string(v.Result.Stdout) != "42\n" {
+		return 0, 0, fmt.Errorf("API run: %+v", v.Result)
+	}
+	return 0, 0, nil
+}
+
+// pool is the daemon's warm pool, from /v1/info.
+func (d *daemon) pool() sandbox.PoolStats {
+	var info struct{ Pool sandbox.PoolStats }
+	if resp, err := d.h.Get("http://sandcell/v1/info"); err == nil {
+		json.NewDecoder(resp.Body).Decode(&info)
+		resp.Body.Close()
+	}
+	return info.Pool
+}
+
+// waitFull waits (up to 10 s) until every worker of the pool is idle.
+func (d *daemon) waitFull() {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		if st := d.pool(); st.Size > 0 && st.Idle == st.Size {
+			return
+		}
+	}
+}
+
+// children sums the RSS and PSS (KiB) of pid's child processes (the idle workers).
+func children(pid int) (rss, pss int64, n int) {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		for _, c := range strings.Fields(string(b)) {
+			child, _ := strconv.Atoi(c)
+			r, p := smapsRollup(child)
+			rss, pss, n = rss+r, pss+p, n+1
+		}
+	}
+	return rss, pss, n
 }
 
 type result struct {
@@ -155,6 +242,9 @@ func measure(s system, n int, dur time.Duration) (result, error) {
 	for i := 0; i < n; i++ {
 		// CPU of everything the run forked and reaped (a process tree: bwrap's, the
 		// CLI's worker), from this process's RUSAGE_CHILDREN; runs are sequential here.
+		if s.prepare != nil {
+			s.prepare()
+		}
 		before := childrenCPU()
 		t := time.Now()
 		_, r, err := s.run()

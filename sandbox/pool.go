@@ -36,6 +36,9 @@ type PoolOptions struct {
 	MemoryBudget int64
 }
 
+// refillDelay is how long after a warm run the pool starts refilling (see runWarm).
+const refillDelay = 25 * time.Millisecond
+
 // PoolStats describe the warm pool.
 type PoolStats struct {
 	Size int `json:"size"`
@@ -184,10 +187,11 @@ func (s *Spawner) runWarm(ctx context.Context, p *proc, req protocol.Request, ob
 	}
 	p.started = time.Now()
 	res := p.collect(ctx, frame, req, observe)
-	// Refill once the run is over, so that starting the next worker (tens of
-	// milliseconds of CPU) does not compete with this one.
+	// Refill once the run and what follows it (the caller's result, audit record and
+	// answer) are over, so that starting the next worker (tens of milliseconds of
+	// CPU) competes with neither.
 	if pl := s.pool.Load(); pl != nil {
-		pl.signal()
+		time.AfterFunc(refillDelay, pl.signal)
 	}
 	return res, nil
 }

@@ -595,3 +595,29 @@ func TestWorkspaceBindMountOfTheBundle(t *testing.T) {
 		}
 	}
 }
+
+// The bootstrap ends the program as the interpreter's finalization would, as far as
+// a program can see: exit handlers run, a file left open is flushed, buffered output
+// is written, a non-integer SystemExit is printed and exits 1.
+func TestEndOfProgram(t *testing.T) {
+	t.Parallel()
+	res, ws := run(t, `
+import atexit, sys
+atexit.register(lambda: print("atexit ran"))
+f = open("/ws/unclosed.txt", "w")
+f.write("flushed at exit")
+sys.stdout.write("no newline")
+`, nil)
+	wantExit(t, res, 0)
+	if string(res.Stdout) != "no newlineatexit ran\n" {
+		t.Fatalf("stdout %q", res.Stdout)
+	}
+	if b, err := os.ReadFile(filepath.Join(ws, "unclosed.txt")); err != nil || string(b) != "flushed at exit" {
+		t.Fatalf("unclosed file: %q %v", b, err)
+	}
+	res, _ = run(t, `raise SystemExit("bye")`, nil)
+	wantExit(t, res, 1)
+	if string(res.Stderr) != "bye\n" {
+		t.Fatalf("stderr %q", res.Stderr)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"golang.org/x/net/netutil"
@@ -25,6 +26,7 @@ import (
 	"github.com/sandcell/sandcell/healthz"
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/config"
@@ -221,6 +223,24 @@ func (d *daemon) run() error {
 	}
 
 	metrics := supervisor.NewMetrics(d.mgr, version, revision)
+	pool := func(f func(sandbox.PoolStats) float64) func() float64 {
+		return func() float64 { return f(d.sp.PoolStats()) }
+	}
+	metrics.Registry.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_pool_idle_workers",
+			Help: "Warm workers ready for a run."}, pool(func(p sandbox.PoolStats) float64 { return float64(p.Idle) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_pool_idle_resident_bytes",
+			Help: "Resident memory of the idle warm workers (VmRSS when each became ready)."},
+			pool(func(p sandbox.PoolStats) float64 { return float64(p.IdleRSSBytes) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_pool_hits_total",
+			Help: "Runs served by a warm worker."}, pool(func(p sandbox.PoolStats) float64 { return float64(p.Hits) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_pool_misses_total",
+			Help: "Runs the pool could serve that found no warm worker ready (they started one)."},
+			pool(func(p sandbox.PoolStats) float64 { return float64(p.Misses) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_pool_failures_total",
+			Help: "Warm workers that could not be prepared."},
+			pool(func(p sandbox.PoolStats) float64 { return float64(p.Failures) })),
+	)
 	d.srv = api.New(api.Options{
 		Workspaces:      workspaces,
 		Approvals:       supervisor.NewApprovals(cfg.Approvals.TTL.Duration, cfg.Approvals.Window.Duration),
@@ -275,6 +295,7 @@ func (d *daemon) run() error {
 		d.log.Error("self-test failed: staying up unready (health.exit_on_failure = false); every run is refused", "error", err)
 	} else {
 		d.health.Set(checkSelftest, nil)
+		d.warm(cfg, pol)
 		d.keepChecking()
 		layers := d.report.Load().Enforcement.ActiveLayers()
 		d.status = fmt.Sprintf("sandcell %s, CPython %s: ready, %d layers active (%s)", version,
@@ -322,6 +343,28 @@ func (d *daemon) verify(ctx context.Context, cfg config.Config, pol policy.Polic
 	return nil
 }
 
+// warm (re)starts the warm pool for pol's default runs; a pool that cannot be had
+// (pool.size 0, namespaces disabled) leaves every run cold, which the log says.
+func (d *daemon) warm(cfg config.Config, pol policy.Policy) {
+	opts := sandbox.PoolOptions{Size: cfg.Pool.Size, MemoryBudget: cfg.Pool.MemoryBudget,
+		Roots: []string{filepath.Join(cfg.State.Dir, "workspaces"), filepath.Join(cfg.State.Dir, "work"), d.canaryW}}
+	if module, lib, err := d.module(false); err == nil && opts.Size > 0 {
+		opts.Template = protocol.Request{ModulePath: module, LibDir: lib, Limits: pol.Default,
+			Hardening: pol.Hardening(pol.Default)}
+		os.MkdirAll(d.canaryW, 0o700)
+	} else {
+		opts.Size = 0
+	}
+	if err := d.sp.Warm(opts); err != nil {
+		d.sp.Warm(sandbox.PoolOptions{})
+		d.log.Warn("no warm pool: every run starts a worker of its own", "error", err)
+		return
+	}
+	if opts.Size > 0 {
+		d.log.Info("warm pool", "size", opts.Size, "memory_budget", opts.MemoryBudget)
+	}
+}
+
 // module returns the verified precompiled module for a run.
 func (d *daemon) module(fuel bool) (string, string, error) {
 	r := d.report.Load()
@@ -338,6 +381,7 @@ func (d *daemon) info() any {
 		"version": version, "revision": revision, "interpreter": bundle.Pinned,
 		"limits":  map[string]any{"default": pol.Default, "max": pol.Max},
 		"require": pol.Require,
+		"pool":    d.sp.PoolStats(),
 		"runs":    map[string]int{"max_concurrent": cfg.Concurrency(), "queue_length": cfg.Runs.QueueLength},
 	}
 	if r := d.report.Load(); r != nil {
@@ -427,7 +471,7 @@ func (d *daemon) reload() {
 	var restart []string
 	for key, same := range map[string]bool{"bundle": old.Bundle == cfg.Bundle, "state": old.State == cfg.State,
 		"socket": old.Socket == cfg.Socket, "tcp": old.TCP == cfg.TCP, "runs": old.Runs == cfg.Runs,
-		"workspaces": old.Workspaces == cfg.Workspaces, "health": old.Health == cfg.Health,
+		"workspaces": old.Workspaces == cfg.Workspaces, "health": old.Health == cfg.Health, "pool": old.Pool == cfg.Pool,
 		"audit": old.Audit == cfg.Audit} {
 		if !same {
 			restart = append(restart, key)
@@ -435,6 +479,9 @@ func (d *daemon) reload() {
 	}
 	d.srv.SetAccess(access)
 	d.srv.SetPolicy(pol)
+	if ready {
+		d.warm(*old, pol) // workers prepared for the old policy are replaced
+	}
 	d.cfg.Store(&cfg)
 	d.log.Info("configuration reloaded", "disabled", cfg.Disabled, "needs_restart", restart)
 	done("configuration reloaded")
@@ -506,6 +553,7 @@ func (d *daemon) shutdown() {
 		d.log.Warn("shutdown", "error", err)
 	}
 	<-done
+	d.sp.Warm(sandbox.PoolOptions{}) // idle workers
 	d.audit.Record(context.Background(), "daemon.stop", os.Getuid(), "", map[string]any{})
 	d.log.Info("stopped")
 }

@@ -69,7 +69,9 @@ type Config struct {
 	Health Health `toml:"health" envPrefix:"HEALTH_"`
 	// Workspaces bounds the named workspaces of /v1/workspaces.
 	Workspaces Workspaces `toml:"workspaces" envPrefix:"WORKSPACES_"`
-	Limits     Limits     `toml:"limits" envPrefix:"LIMITS_"`
+	// Pool keeps workers started ahead of demand.
+	Pool   Pool   `toml:"pool" envPrefix:"POOL_"`
+	Limits Limits `toml:"limits" envPrefix:"LIMITS_"`
 	// Sandbox is the worker's hardening.
 	Sandbox Sandbox `toml:"sandbox" envPrefix:"SANDBOX_"`
 	// Access maps callers (SO_PEERCRED uid and gid) to roles.
@@ -169,6 +171,16 @@ type Workspaces struct {
 	MaxFiles int `toml:"max_files" env:"MAX_FILES"`
 }
 
+// Pool configures the warm pool: workers started, hardened as far as a run not yet
+// known allows, with the interpreter initialized, each serving one run with the
+// default limits (other runs start a worker of their own).
+type Pool struct {
+	// Size is how many idle workers are kept; 0 turns the pool off.
+	Size int `toml:"size" env:"SIZE"`
+	// MemoryBudget bounds the resident memory of the idle workers together, in bytes.
+	MemoryBudget int64 `toml:"memory_budget" env:"MEMORY_BUDGET"`
+}
+
 // Limits are a run's defaults and the maxima a request may ask for.
 type Limits struct {
 	Default RunLimits `toml:"default" envPrefix:"DEFAULT_"`
@@ -225,6 +237,7 @@ func Default() Config {
 			MaxRequestBytes: 1 << 20, MaxRetainedOutputBytes: 256 << 20, MaxConnections: 256, MaxConnectionsPerUID: 64},
 		Audit:      Audit{Retention: Duration{90 * 24 * time.Hour}},
 		Workspaces: Workspaces{MaxBytes: 256 << 20, MaxFiles: 10_000},
+		Pool:       Pool{Size: 4, MemoryBudget: 512 << 20},
 		Health:     Health{ExitOnFailure: true, CanaryInterval: Duration{time.Minute}},
 		Approvals: Approvals{Required: []string{"sql.write"}, TTL: Duration{15 * time.Minute},
 			Window: Duration{10 * time.Minute}},
@@ -361,6 +374,12 @@ func (c Config) Validate() error {
 	}
 	if c.Workspaces.MaxBytes < 1 {
 		add("workspaces.max_bytes", "must be positive, is %d", c.Workspaces.MaxBytes)
+	}
+	if c.Pool.Size < 0 || c.Pool.Size > 64 {
+		add("pool.size", "must be 0 (off) to 64, is %d", c.Pool.Size)
+	}
+	if c.Pool.MemoryBudget < 0 {
+		add("pool.memory_budget", "must not be negative, is %d", c.Pool.MemoryBudget)
 	}
 	if c.Workspaces.MaxFiles < 1 {
 		add("workspaces.max_files", "must be positive, is %d", c.Workspaces.MaxFiles)
