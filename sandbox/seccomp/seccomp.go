@@ -33,7 +33,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"syscall"
+	"unsafe"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	libseccomp "github.com/seccomp/libseccomp-golang"
@@ -48,7 +50,7 @@ var ErrProfile = errors.New("seccomp: unsupported profile")
 
 // Program is a profile compiled for the running architecture.
 type Program struct {
-	filter *libseccomp.ScmpFilter
+	raw []byte // the BPF program: struct sock_filter entries as the kernel reads them
 	// SHA256 is the hex SHA-256 of the BPF program as loaded into the kernel (struct
 	// sock_filter array from seccomp_export_bpf(3)): the same profile with the same
 	// libseccomp on the same architecture gives the same hash.
@@ -77,11 +79,9 @@ func Compile(profile specs.LinuxSeccomp) (*Program, error) {
 	if err != nil {
 		return nil, fmt.Errorf("seccomp: %w", err)
 	}
+	defer f.Release() // only its exported program is kept
 	// Any other ABI of this CPU (x32, i386) is not ours: ENOSYS, as if absent.
 	if err := f.SetBadArchAction(libseccomp.ActErrno.SetReturnCode(int16(unix.ENOSYS))); err != nil {
-		return nil, fmt.Errorf("seccomp: %w", err)
-	}
-	if err := f.SetNoNewPrivsBit(true); err != nil {
 		return nil, fmt.Errorf("seccomp: %w", err)
 	}
 	rules := 0
@@ -124,7 +124,7 @@ func Compile(profile specs.LinuxSeccomp) (*Program, error) {
 		return nil, err
 	}
 	sum := sha256.Sum256(raw)
-	return &Program{filter: f, SHA256: hex.EncodeToString(sum[:]), Instructions: len(raw) / 8, Arch: native.String()}, nil
+	return &Program{raw: raw, SHA256: hex.EncodeToString(sum[:]), Instructions: len(raw) / 8, Arch: native.String()}, nil
 }
 
 // export returns the BPF program libseccomp generates for f (seccomp_export_bpf(3)).
@@ -148,12 +148,23 @@ func export(f *libseccomp.ScmpFilter) ([]byte, error) {
 	return raw, nil
 }
 
-// Install loads p with no_new_privs and SECCOMP_FILTER_FLAG_TSYNC set, so that every
-// thread of the process runs under it from now on (seccomp(2), seccomp_load(3)). If a
-// thread cannot be synchronised the call fails and no thread gets the filter.
+// Install loads p, exactly the program SHA256 names, with SECCOMP_FILTER_FLAG_TSYNC,
+// so that every thread of the process runs under it from now on and gets the calling
+// thread's no_new_privs, which must be set (seccomp(2)). If a thread cannot be
+// synchronised the call fails and no thread gets the filter.
 func (p *Program) Install() error {
-	if err := p.filter.Load(); err != nil {
-		return fmt.Errorf("seccomp: load: %w", err)
+	if len(p.raw) == 0 || len(p.raw)%8 != 0 || len(p.raw)/8 > 0xffff {
+		return errors.New("seccomp: no program")
+	}
+	prog := unix.SockFprog{Len: uint16(len(p.raw) / 8), Filter: (*unix.SockFilter)(unsafe.Pointer(&p.raw[0]))}
+	r, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC,
+		uintptr(unsafe.Pointer(&prog)))
+	runtime.KeepAlive(p)
+	switch {
+	case e != 0:
+		return fmt.Errorf("seccomp: load: %w", e)
+	case r != 0:
+		return fmt.Errorf("seccomp: load: thread %d cannot be synchronised", r)
 	}
 	return nil
 }
