@@ -44,16 +44,11 @@ type hardened struct {
 	seccompErr error
 }
 
-// harden applies req.Hardening to this process: prepare, then narrow. See those for
-// the order. It never stops half-way: a layer that fails is reported inactive and
-// the caller decides, from Require, whether the guest may run. The parent has
-// already made the worker a session leader with a parent-death signal, an empty
-// environment, fds 0-5 only and (when asked) its own namespaces.
-func harden(req *protocol.Request) *hardened {
-	st := prepare(req)
-	narrow(req, st)
-	return st
-}
+// Hardening applies req.Hardening to this process in two steps: prepare, then
+// narrow (see those for the order). Neither stops half-way: a layer that fails is
+// reported inactive and the caller decides, from Require, whether the guest may run.
+// The parent has already made the worker a session leader with a parent-death
+// signal, an empty environment, fds 0-5 only and (when asked) its own namespaces.
 
 // prepare does what needs no knowledge of the run beyond its template: it verifies
 // the namespaces against the parent's and, with a mount namespace, gives the worker a

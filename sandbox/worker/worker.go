@@ -124,7 +124,7 @@ type Env struct {
 }
 
 // Serve is the body of every worker entry point. It reads one Request from the
-// control fd, loads the precompiled module, hardens the process (see harden), and
+// control fd, loads the precompiled module, hardens the process (prepare, then narrow), and
 // calls body only if every layer in req.Hardening.Require is active; otherwise the
 // run ends rejected and body never runs. The Report, with the contract attached,
 // goes back on the control fd. The exit status is 0 when a Report was sent (whatever
@@ -242,6 +242,13 @@ func closeStrayFDs() {
 func cold(r *reply, req *protocol.Request, body func(*protocol.Request, *Env) protocol.Report) {
 	var rep protocol.Report
 	defer func() { recoverReport(&rep); r.send(rep) }()
+	if msg := check(req); msg != "" {
+		rep = failed(msg)
+		return
+	}
+	// Prepared before the engine starts threads: the capabilities' bounding set is
+	// dropped on every thread, one capability at a time.
+	st := prepare(req)
 	eng, mod, failure := load(req)
 	if failure != "" {
 		rep = failed(failure)
@@ -252,7 +259,7 @@ func cold(r *reply, req *protocol.Request, body func(*protocol.Request, *Env) pr
 		rep = failed("cannot prepare stdin")
 		return
 	}
-	st := harden(req)
+	narrow(req, st)
 	var ok bool
 	if rep, ok = contract(req, st); !ok {
 		return
@@ -276,13 +283,16 @@ func warm(r *reply, tmpl *protocol.Request, body func(*protocol.Request, *Env) p
 		protocol.WriteFrame(r.ctl, protocol.Warmed{Diagnostics: []string{msg}})
 		return false
 	}
+	if msg := check(tmpl); msg != "" {
+		return refuse(msg)
+	}
+	st := prepare(tmpl) // before the engine starts threads (see cold)
+	if st.guestRoot == "" {
+		return refuse("a warm worker needs a root of its own: " + st.enf.Errors[protocol.LayerMountNS])
+	}
 	eng, mod, failure := load(tmpl)
 	if failure != "" {
 		return refuse(failure)
-	}
-	st := prepare(tmpl)
-	if st.guestRoot == "" {
-		return refuse("a warm worker needs a root of its own: " + st.enf.Errors[protocol.LayerMountNS])
 	}
 	// fd 0 becomes a pipe whose write end the claim fills.
 	pr, w, err := os.Pipe()
@@ -403,19 +413,24 @@ func checkClaim(tmpl, c *protocol.Request) string {
 	return ""
 }
 
-// load checks req and loads its module; failure says why it cannot run.
-func load(req *protocol.Request) (*engine.Engine, *engine.Module, string) {
+// check returns why req cannot be served at all, or "".
+func check(req *protocol.Request) string {
 	if req.Version != protocol.Version {
-		return nil, nil, fmt.Sprintf("%v: worker speaks %d, request is %d", protocol.ErrVersion, protocol.Version, req.Version)
+		return fmt.Sprintf("%v: worker speaks %d, request is %d", protocol.ErrVersion, protocol.Version, req.Version)
 	}
 	if len(os.Environ()) > 0 {
 		// The parent builds the environment from nothing; anything here is a bug
 		// that must not reach the guest or the host.
-		return nil, nil, "worker started with a non-empty environment"
+		return "worker started with a non-empty environment"
 	}
 	if err := protocol.CheckLayers(req.Hardening.Require); err != nil {
-		return nil, nil, err.Error()
+		return err.Error()
 	}
+	return ""
+}
+
+// load loads req's module; failure says why it cannot.
+func load(req *protocol.Request) (*engine.Engine, *engine.Module, string) {
 	// Writing past RLIMIT_FSIZE must fail with EFBIG, not kill the worker.
 	signal.Ignore(syscall.SIGXFSZ)
 	eng := engine.New(engine.Options{Fuel: req.Limits.Fuel > 0, WasmStack: sizeStacks()})
