@@ -34,6 +34,9 @@ type PoolOptions struct {
 	// (VmRSS, proc(5)); the pool refills while under it, and always keeps one. 0
 	// means no bound beyond Size.
 	MemoryBudget int64
+	// Failed, when not nil, is told why a worker could not be prepared (the pool
+	// then waits, doubling the wait up to 30 s, before it tries again).
+	Failed func(error)
 }
 
 // refillDelay is how long after a warm run the pool starts refilling (see runWarm).
@@ -47,8 +50,9 @@ type PoolStats struct {
 	// each became ready.
 	IdleRSSBytes int64 `json:"idle_rss_bytes"`
 	// Hits counts runs served by a warm worker; Misses runs that matched the
-	// template but found none ready (they ran cold); Failures workers that could not
-	// be prepared (LastError says why).
+	// template but found none ready, or whose worker had died (they ran cold);
+	// Failures workers that could not be prepared (LastError says why). The counts
+	// are the spawner's since it started, across pools.
 	Hits      uint64 `json:"hits"`
 	Misses    uint64 `json:"misses"`
 	Failures  uint64 `json:"failures"`
@@ -70,7 +74,12 @@ type pool struct {
 	done chan struct{}
 	wg   sync.WaitGroup
 
-	rss                    atomic.Int64
+	rss atomic.Int64
+	n   *poolCounts
+}
+
+// poolCounts are the spawner's pool counters (they outlive a pool replaced by Warm).
+type poolCounts struct {
 	hits, misses, failures atomic.Uint64
 	lastErr                atomic.Pointer[string]
 }
@@ -98,7 +107,7 @@ func (s *Spawner) Warm(opts PoolOptions) error {
 			return errors.New("sandbox: the pool's template needs a module, a library and limits")
 		}
 		pl = &pool{s: s, opts: opts, key: poolKey(&t), idle: make(chan idleWorker, opts.Size),
-			wake: make(chan struct{}, 1), done: make(chan struct{})}
+			wake: make(chan struct{}, 1), done: make(chan struct{}), n: &s.poolCounts}
 		for _, r := range opts.Roots {
 			real, err := filepath.EvalSymlinks(r)
 			if err != nil {
@@ -119,11 +128,13 @@ func (s *Spawner) Warm(opts PoolOptions) error {
 func (s *Spawner) PoolStats() PoolStats {
 	pl := s.pool.Load()
 	if pl == nil {
-		return PoolStats{}
+		st := PoolStats{Hits: s.poolCounts.hits.Load(), Misses: s.poolCounts.misses.Load(),
+			Failures: s.poolCounts.failures.Load()}
+		return st
 	}
 	st := PoolStats{Size: pl.opts.Size, Idle: len(pl.idle), IdleRSSBytes: pl.rss.Load(),
-		Hits: pl.hits.Load(), Misses: pl.misses.Load(), Failures: pl.failures.Load()}
-	if e := pl.lastErr.Load(); e != nil {
+		Hits: pl.n.hits.Load(), Misses: pl.n.misses.Load(), Failures: pl.n.failures.Load()}
+	if e := pl.n.lastErr.Load(); e != nil {
 		st.LastError = *e
 	}
 	return st
@@ -165,35 +176,54 @@ func (s *Spawner) pooled(req *protocol.Request) *proc {
 				continue
 			default:
 			}
-			pl.hits.Add(1)
+			pl.n.hits.Add(1)
+			w.p.claimed.Store(true)
 			req.Roots = pl.roots
 			return w.p
 		default:
-			pl.misses.Add(1)
+			pl.n.misses.Add(1)
 			pl.signal()
 			return nil
 		}
 	}
 }
 
-// runWarm runs req (its claim) in the warm worker p.
-func (s *Spawner) runWarm(ctx context.Context, p *proc, req protocol.Request, observe Observer) (protocol.Result, error) {
+// runWarm runs req (its claim) in the warm worker p. It returns false, having run
+// nothing, when the worker is gone before it acknowledged the claim (killed while
+// idle: the OOM killer picks workers first): the caller runs req cold.
+func (s *Spawner) runWarm(ctx context.Context, p *proc, req protocol.Request, observe Observer) (protocol.Result, bool, error) {
 	req.Hardening.Seccomp = nil // the worker has the template's (see pooled)
 	frame, err := protocol.Encode(&req)
 	if err != nil {
-		p.ctl.Close()
-		p.kill()
-		return protocol.Result{}, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
+		p.drop()
+		return protocol.Result{}, true, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
 	}
 	p.started = time.Now()
-	res := p.collect(ctx, frame, req, observe)
+	var ack protocol.Warmed
+	stuck := time.AfterFunc(time.Second, p.kill) // a stopped or hung worker goes too
+	if _, err = p.ctl.Write(frame); err == nil {
+		err = protocol.ReadFrame(p.ctl, &ack)
+	}
+	if !stuck.Stop() && err == nil {
+		err = errors.New("the claim was acknowledged too late")
+	}
+	if err != nil {
+		p.drop()
+		if pl := s.pool.Load(); pl != nil {
+			pl.n.hits.Add(^uint64(0)) // not a hit after all: a miss
+			pl.n.misses.Add(1)
+			pl.signal()
+		}
+		return protocol.Result{}, false, nil
+	}
+	res := p.collect(ctx, nil, req, observe)
 	// Refill once the run and what follows it (the caller's result, audit record and
 	// answer) are over, so that starting the next worker (tens of milliseconds of
 	// CPU) competes with neither.
 	if pl := s.pool.Load(); pl != nil {
 		time.AfterFunc(refillDelay, pl.signal)
 	}
-	return res, nil
+	return res, true, nil
 }
 
 func (pl *pool) signal() {
@@ -215,9 +245,12 @@ func (pl *pool) refill() {
 			}
 			w, err := pl.start()
 			if err != nil {
-				pl.failures.Add(1)
+				pl.n.failures.Add(1)
 				msg := err.Error()
-				pl.lastErr.Store(&msg)
+				pl.n.lastErr.Store(&msg)
+				if pl.opts.Failed != nil {
+					pl.opts.Failed(err)
+				}
 				select {
 				case <-time.After(backoff):
 					backoff = min(2*backoff, 30*time.Second)
@@ -237,7 +270,26 @@ func (pl *pool) refill() {
 		}
 		select {
 		case <-pl.wake:
+			pl.purge()
 		case <-pl.done:
+			return
+		}
+	}
+}
+
+// purge drops the idle workers that have died (each one's exit wakes refill).
+func (pl *pool) purge() {
+	for i := len(pl.idle); i > 0; i-- {
+		select {
+		case w := <-pl.idle:
+			select {
+			case <-w.p.exited:
+				pl.rss.Add(-w.rss)
+				w.p.drop()
+			default:
+				pl.idle <- w // room: only refill adds
+			}
+		default:
 			return
 		}
 	}
@@ -270,7 +322,7 @@ func (pl *pool) start() (idleWorker, error) {
 	slow := time.AfterFunc(30*time.Second, p.kill)
 	defer slow.Stop()
 	var w protocol.Warmed
-	if _, err := p.ctl.Write(frame); err == nil {
+	if _, err = p.ctl.Write(frame); err == nil {
 		err = protocol.ReadFrame(p.ctl, &w)
 	}
 	if err != nil || !w.Ready {
@@ -280,6 +332,12 @@ func (pl *pool) start() (idleWorker, error) {
 		}
 		return idleWorker{}, fmt.Errorf("warm worker: %w", err)
 	}
+	go func() { // an idle worker that dies is replaced
+		<-p.exited
+		if !p.claimed.Load() {
+			pl.signal()
+		}
+	}()
 	return idleWorker{p: p, rss: residentBytes(p.cmd.Process.Pid)}, nil
 }
 

@@ -50,7 +50,8 @@ type Spawner struct {
 	mu      sync.Mutex
 	modules map[moduleKey]*os.File // sealed copies of modules, by file identity
 
-	pool atomic.Pointer[pool] // warm workers, or nil (see Warm)
+	pool       atomic.Pointer[pool] // warm workers, or nil (see Warm)
+	poolCounts poolCounts
 }
 
 // moduleKey identifies a module file's content as far as the file system tells.
@@ -199,7 +200,10 @@ func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observ
 	req.Hardening.HostNamespaces = hostNamespaces()
 
 	if w := s.pooled(&req); w != nil {
-		return s.runWarm(ctx, w, req, observe)
+		if res, ran, err := s.runWarm(ctx, w, req, observe); ran {
+			return res, err
+		}
+		req.Roots = nil // the worker was gone: cold
 	}
 	frame, err := protocol.Encode(&req)
 	if err != nil {
@@ -250,6 +254,8 @@ type proc struct {
 	gone   bool          // exited: its pid may be reused once reaped, so never signal it again
 	exited chan struct{} // closed when reaped; then cmd.ProcessState is set
 	werr   error         // cmd.Wait's error
+
+	claimed atomic.Bool // a warm worker taken for a run
 }
 
 // launch starts a worker (in new namespaces when asked) with fds 3, 4, 5 the control
@@ -339,7 +345,7 @@ func (p *proc) kill() {
 	}
 }
 
-// collect sends frame (the request, or a warm worker's claim), reads the guest's
+// collect sends frame (the request; nil when sent already), reads the guest's
 // output and the report, and makes the Result. The worker owns nothing after: it is
 // killed if it has not exited.
 func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, observe Observer) protocol.Result {
@@ -364,10 +370,12 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 	var repErr error
 	go func() {
 		defer wg.Done()
-		if _, err := p.ctl.Write(frame); err != nil {
-			repErr = err
-			kill(protocol.InternalError) // the worker would wait for its request forever
-			return
+		if frame != nil {
+			if _, err := p.ctl.Write(frame); err != nil {
+				repErr = err
+				kill(protocol.InternalError) // the worker would wait for its request forever
+				return
+			}
 		}
 		repErr = protocol.ReadFrame(p.ctl, &rep)
 		if repErr != nil {

@@ -606,6 +606,8 @@ import atexit, sys
 atexit.register(lambda: print("atexit ran"))
 f = open("/ws/unclosed.txt", "w")
 f.write("flushed at exit")
+sys.keep = open("/ws/held-by-sys.txt", "w")
+sys.keep.write("flushed too")
 sys.stdout.write("no newline")
 `, nil)
 	wantExit(t, res, 0)
@@ -614,6 +616,9 @@ sys.stdout.write("no newline")
 	}
 	if b, err := os.ReadFile(filepath.Join(ws, "unclosed.txt")); err != nil || string(b) != "flushed at exit" {
 		t.Fatalf("unclosed file: %q %v", b, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(ws, "held-by-sys.txt")); err != nil || string(b) != "flushed too" {
+		t.Fatalf("a file held by a module: %q %v", b, err)
 	}
 	res, _ = run(t, `raise SystemExit("bye")`, nil)
 	wantExit(t, res, 1)

@@ -2,9 +2,12 @@ package sandbox_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -191,4 +194,39 @@ func TestWarmCPULimitCountsFromClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantExit(t, res, 0)
+}
+
+// An idle worker that dies (the OOM killer picks workers first) costs no run: the
+// run that takes it runs cold, and the pool replaces it.
+func TestWarmDeadIdleWorkerGoesCold(t *testing.T) {
+	sp := sandbox.SelfSpawner()
+	req := defaultRequest(t, "print(6*7)")
+	waitWarm(t, sp, sandbox.PoolOptions{Template: req, Roots: []string{tempRoot(t)}, Size: 1}, 1)
+	defer sp.Warm(sandbox.PoolOptions{})
+	killChildren(t)
+	res, err := sp.Run(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantExit(t, res, 0) // cold, or warm in a replacement already ready: never a failed run
+	waitWarm(t, sp, sandbox.PoolOptions{Template: req, Roots: []string{tempRoot(t)}, Size: 1}, 1)
+}
+
+// killChildren kills this process's child processes (the idle workers).
+func killChildren(t *testing.T) {
+	t.Helper()
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", os.Getpid()))
+	n := 0
+	for _, task := range tasks {
+		b, _ := os.ReadFile(task)
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil && syscall.Kill(pid, syscall.SIGKILL) == nil {
+				n++
+			}
+		}
+	}
+	if n == 0 {
+		t.Fatal("no worker to kill")
+	}
+	time.Sleep(5 * time.Millisecond)
 }

@@ -347,7 +347,8 @@ func (d *daemon) verify(ctx context.Context, cfg config.Config, pol policy.Polic
 // (pool.size 0, namespaces disabled) leaves every run cold, which the log says.
 func (d *daemon) warm(cfg config.Config, pol policy.Policy) {
 	opts := sandbox.PoolOptions{Size: cfg.Pool.Size, MemoryBudget: cfg.Pool.MemoryBudget,
-		Roots: []string{filepath.Join(cfg.State.Dir, "workspaces"), filepath.Join(cfg.State.Dir, "work"), d.canaryW}}
+		Roots:  []string{filepath.Join(cfg.State.Dir, "workspaces"), filepath.Join(cfg.State.Dir, "work"), d.canaryW},
+		Failed: func(err error) { d.log.Warn("a warm worker could not be prepared", "error", err) }}
 	if module, lib, err := d.module(false); err == nil && opts.Size > 0 {
 		opts.Template = protocol.Request{ModulePath: module, LibDir: lib, Limits: pol.Default,
 			Hardening: pol.Hardening(pol.Default)}

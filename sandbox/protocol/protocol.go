@@ -164,7 +164,8 @@ type FileID struct {
 }
 
 // Warmed is a warm worker's answer to its template: ready to be claimed, or why not
-// (after which it exits).
+// (after which it exits). A second Warmed acknowledges the claim as soon as it is
+// read, before anything else.
 type Warmed struct {
 	Ready       bool     `json:"ready"`
 	Diagnostics []string `json:"diagnostics,omitempty"`

@@ -1,7 +1,8 @@
 # Sandcell's guest bootstrap, run as `python -S -I -c <this>` inside python.wasm.
 # It starts the interpreter's work that does not depend on the program (so that a
-# warm worker has done it before its run is known), then reads the program from its
-# stdin: ten ASCII digits giving the length of a header, then the header, UTF-8
+# warm worker has done it before its run is known; a warm guest starts with
+# SANDCELL_WARM=1, its only variable, and says it is ready by opening a FIFO), then
+# reads the program from its stdin: ten ASCII digits giving the length of a header, then the header, UTF-8
 # fields separated by NUL (which no field may contain):
 #   MODE, SOURCE-OR-PATH, NAME, N, ARG1..ARGN, KEY1, VALUE1, ...
 # MODE "code": SOURCE is the program, NAME its file name ("<string>" for -c);
@@ -23,7 +24,7 @@ def _sandcell_boot():
     # The first use of the compiler and the evaluation loop costs (pages of code
     # and memory touched once): pay it before the program is known.
     exec(compile("def f(a):\n    return '%d' % (a * 7)\nf(6)", "<warm-up>", "exec"), {})
-    if sys.argv[1:] == ["warm"]:
+    if os.environ.pop("SANDCELL_WARM", None) == "1":
         # A warm worker: tell it the interpreter is ready (opening this FIFO waits
         # for the worker to open its other end), then wait for the program.
         open("/ws/.sandcell-ready", "rb", buffering=0).close()
@@ -62,16 +63,15 @@ def _sandcell_boot():
             src = f.read()
     try:
         exec(compile(src, name, "exec"), g)
-        code = 0
     except SystemExit as e:
         code = e.code
-        if code is not None and not isinstance(code, int):
-            raise  # printed by the interpreter, which exits 1
-        code = code or 0
-        # CPython reads the status as a C long: outside its range it is -1.
-        if not -(2**63) <= code < 2**63:
-            code = -1
-        code &= 0xFF
+        if code is None or isinstance(code, int):
+            code = code or 0
+            # CPython reads the status as a C long: outside its range it is -1.
+            if not -(2**63) <= code < 2**63:
+                code = -1
+            raise SystemExit(code & 0xFF) from None
+        raise
     except BaseException as e:
         if mode == "code":
             # Let tracebacks show the program's source lines, which exist only here.
@@ -80,24 +80,10 @@ def _sandcell_boot():
             linecache.cache[name] = (len(text), None, text.splitlines(True), name)
         e.__traceback__ = e.__traceback__.tb_next
         sys.excepthook(type(e), e, e.__traceback__)
-        code = 1
-    # What the interpreter's finalization does that a program can see, without the
-    # teardown that follows (the process ends anyway; it costs milliseconds): exit
-    # handlers, the program's objects released (a file left open is flushed and
-    # closed), the standard streams flushed.
-    try:
-        import atexit
-        atexit._run_exitfuncs()
-    finally:
-        g.clear()
-        import gc
-        gc.collect()
-        for f in (sys.stdout, sys.stderr):
-            try:
-                f.flush()
-            except Exception:
-                pass
-        os._exit(code)
+        sys.exit(1)
+    # The interpreter's own finalization follows (exit handlers, every module's
+    # objects released, files flushed): the worker reports before tearing the store
+    # down.
 
 
 _sandcell_boot()

@@ -314,6 +314,11 @@ func warm(r *reply, tmpl *protocol.Request, body func(*protocol.Request, *Env) p
 		if protocol.ReadFrame(r.ctl, &c) != nil {
 			return nil, false // dropped unclaimed
 		}
+		// Acknowledged at once: until then, a parent that finds this worker gone
+		// runs the claim elsewhere.
+		if protocol.WriteFrame(r.ctl, protocol.Warmed{Ready: true}) != nil {
+			return nil, false
+		}
 		// The roots and the seccomp filter are the template's (the parent matched
 		// the claim to it): the claim carries neither.
 		c.Roots, c.Hardening.Seccomp = tmpl.Roots, tmpl.Hardening.Seccomp
@@ -349,6 +354,9 @@ func warm(r *reply, tmpl *protocol.Request, body func(*protocol.Request, *Env) p
 	arm := make(chan time.Duration, 1)
 	claimed := make(chan struct{})
 	go func() {
+		// Narrowing ends with no_new_privs on this thread, which the seccomp filter's
+		// TSYNC then gives every thread: it must all happen on one thread.
+		runtime.LockOSThread()
 		// Ready means the interpreter is started and waits for its program.
 		if err := awaitReady(rootWorkspace+"/"+readyFIFO, &ended); err != nil {
 			refuse(err.Error())
@@ -363,7 +371,9 @@ func warm(r *reply, tmpl *protocol.Request, body func(*protocol.Request, *Env) p
 		feedStdin(c, w)
 	}()
 	spec := guestSpec(tmpl, st.env(eng, mod, r), arm)
-	spec.Argv = append(spec.Argv, "warm")
+	// The bootstrap's sign that it is warm (it removes the variable before the
+	// program's own environment is set).
+	spec.Env = map[string]string{warmVariable: "1"}
 	// (A guest that ended before its claim, which should not happen, is reported
 	// once claimed.)
 	spec.Ended = func(out engine.Outcome) {
@@ -377,6 +387,9 @@ func warm(r *reply, tmpl *protocol.Request, body func(*protocol.Request, *Env) p
 	r.send(report(out))
 	return true
 }
+
+// warmVariable is set in a warm guest's environment; see bootstrap.py.
+const warmVariable = "SANDCELL_WARM"
 
 // awaitReady waits until the guest opens the start-up FIFO at path for reading: a
 // writer's non-blocking open fails with ENXIO until then (fifo(7)). It fails once
