@@ -360,9 +360,8 @@ func pivot(workspace, library string, roots []string) error {
 
 // attach mounts the workspace of req, a claim on a warm worker, at rootWorkspace:
 // the directory is found beneath the root of req.Roots that holds req.Workspace
-// (openat2(2) RESOLVE_BENEATH, no symbolic or magic links) and must be the one the
-// parent checked (req.WorkspaceID); then every root is detached, so that nothing
-// but this workspace stays reachable.
+// (see walkBeneath) and must be the one the parent checked (req.WorkspaceID); then
+// every root is detached, so that nothing but this workspace stays reachable.
 func attach(req *protocol.Request, mntns bool) error {
 	if !mntns {
 		return errors.New("no mount namespace to mount the workspace in")
@@ -376,14 +375,7 @@ func attach(req *protocol.Request, mntns bool) error {
 		if err != nil || rel == ".." || strings.HasPrefix(rel, "../") || rel == "." {
 			continue
 		}
-		root, err := unix.Open(fmt.Sprintf("%s/%d", rootRoots, i), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("workspace root: %w", err)
-		}
-		dir, err = unix.Openat2(root, rel, &unix.OpenHow{Flags: unix.O_PATH | unix.O_DIRECTORY | unix.O_CLOEXEC,
-			Resolve: unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS})
-		unix.Close(root)
-		if err != nil {
+		if dir, err = walkBeneath(fmt.Sprintf("%s/%d", rootRoots, i), rel); err != nil {
 			return fmt.Errorf("workspace: %w", err)
 		}
 		break
@@ -417,6 +409,30 @@ func attach(req *protocol.Request, mntns bool) error {
 		}
 	}
 	return nil
+}
+
+// walkBeneath opens the directory rel (relative, clean) beneath root one component
+// at a time with O_NOFOLLOW, so no symbolic link is followed and nothing above root
+// is reached. (openat2(2) RESOLVE_BENEATH would do it in one call, but container
+// runtimes' seccomp filters, systemd-nspawn's among them, may answer it ENOSYS.)
+func walkBeneath(root, rel string) (int, error) {
+	fd, err := unix.Open(root, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	for _, name := range strings.Split(rel, "/") {
+		if name == "" || name == "." || name == ".." {
+			unix.Close(fd)
+			return -1, fmt.Errorf("%q is not a plain relative path", rel)
+		}
+		next, err := unix.Openat(fd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		unix.Close(fd)
+		if err != nil {
+			return -1, err
+		}
+		fd = next
+	}
+	return fd, nil
 }
 
 // procMount returns a detached procfs of the worker's pid namespace showing only its
