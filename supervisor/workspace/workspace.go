@@ -29,6 +29,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/oklog/ulid/v2"
@@ -194,14 +195,68 @@ func (w *Workspace) Dir() string { return filepath.Join(w.s.dir, w.ID, "files") 
 // no /proc magic link, and crosses no mount point.
 const beneath = unix.RESOLVE_BENEATH | unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | unix.RESOLVE_NO_XDEV
 
+// noOpenat2 is set once openat2 answers ENOSYS: systemd's RestrictSUIDSGID= (in the
+// packaged unit) and systemd-nspawn refuse it so, since seccomp cannot inspect its
+// flags. Lookups then walk one component at a time (walk).
+var noOpenat2 atomic.Bool
+
+// openat2 opens path (relative, clean, no "." or "..": see CleanPath) beneath dirfd
+// by the rules of beneath.
 func openat2(dirfd int, path string, flags uint64) (int, error) {
-	for {
+	for !noOpenat2.Load() {
 		fd, err := unix.Openat2(dirfd, path, &unix.OpenHow{Flags: flags | unix.O_CLOEXEC | unix.O_NOFOLLOW, Resolve: beneath})
-		if err == unix.EAGAIN || err == unix.EINTR {
+		switch err {
+		case unix.EAGAIN, unix.EINTR:
 			continue // RESOLVE_* lookups may ask for a retry when a rename raced
+		case unix.ENOSYS:
+			noOpenat2.Store(true)
+		default:
+			return fd, err
 		}
-		return fd, err
 	}
+	return walk(dirfd, path, flags)
+}
+
+// walk is openat2 without openat2(2): each component is opened with O_NOFOLLOW (a
+// symbolic link is ELOOP or ENOTDIR, or, opened O_PATH as the last component, the
+// link itself, which callers refuse by its type), must be on dirfd's device (else
+// EXDEV), and may not be "." or ".." (EXDEV: it would leave).
+func walk(dirfd int, path string, flags uint64) (int, error) {
+	var root unix.Stat_t
+	if err := unix.Fstat(dirfd, &root); err != nil {
+		return -1, err
+	}
+	comps := strings.Split(path, "/")
+	cur := dirfd
+	for i, c := range comps {
+		if c == "" || c == "." || c == ".." {
+			if cur != dirfd {
+				unix.Close(cur)
+			}
+			return -1, unix.EXDEV
+		}
+		f := uint64(unix.O_PATH | unix.O_DIRECTORY)
+		if i == len(comps)-1 {
+			f = flags
+		}
+		next, err := unix.Openat(cur, c, int(f|unix.O_CLOEXEC|unix.O_NOFOLLOW), 0)
+		if cur != dirfd {
+			unix.Close(cur)
+		}
+		if err != nil {
+			return -1, err
+		}
+		var st unix.Stat_t
+		if err := unix.Fstat(next, &st); err != nil || st.Dev != root.Dev {
+			unix.Close(next)
+			if err == nil {
+				err = unix.EXDEV // a mount point
+			}
+			return -1, err
+		}
+		cur = next
+	}
+	return cur, nil
 }
 
 // lookupErr maps a failed lookup to the package's errors.
