@@ -173,10 +173,10 @@ func (s *Spawner) pooled(req *protocol.Request) *proc {
 			pl.rss.Add(-w.rss)
 			select {
 			case <-w.p.exited: // died idle
+				w.p.drop()
 				continue
 			default:
 			}
-			pl.n.hits.Add(1)
 			w.p.claimed.Store(true)
 			req.Roots = pl.roots
 			return w.p
@@ -209,13 +209,13 @@ func (s *Spawner) runWarm(ctx context.Context, p *proc, req protocol.Request, ob
 	}
 	if err != nil {
 		p.drop()
+		s.poolCounts.misses.Add(1)
 		if pl := s.pool.Load(); pl != nil {
-			pl.n.hits.Add(^uint64(0)) // not a hit after all: a miss
-			pl.n.misses.Add(1)
 			pl.signal()
 		}
 		return protocol.Result{}, false, nil
 	}
+	s.poolCounts.hits.Add(1)
 	res := p.collect(ctx, nil, req, observe)
 	// Refill once the run and what follows it (the caller's result, audit record and
 	// answer) are over, so that starting the next worker (tens of milliseconds of
