@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/sandbox/worker"
 )
 
 // PoolOptions configure the warm pool of a Spawner (see Warm).
@@ -365,15 +366,6 @@ func (pl *pool) close() {
 
 // residentBytes is VmRSS of process pid (proc(5)), 0 if unknown.
 func residentBytes(pid int) int64 {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	return worker.StatusBytes(b, "VmRSS")
 }

@@ -203,12 +203,16 @@ func (r *reply) send(rep protocol.Report) {
 func peakRSS(f *os.File) int64 {
 	buf := make([]byte, 4096)
 	n, _ := f.ReadAt(buf, 0)
-	for _, line := range strings.Split(string(buf[:n]), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			if err == nil {
-				return kb << 10
-			}
+	return StatusBytes(buf[:n], "VmHWM")
+}
+
+// StatusBytes returns the field (e.g. "VmRSS") of a /proc/PID/status text, given
+// there in kB, in bytes; 0 if absent (proc(5)).
+func StatusBytes(status []byte, field string) int64 {
+	for _, line := range strings.Split(string(status), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10
 		}
 	}
 	return 0
