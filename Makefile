@@ -15,7 +15,7 @@ BUNDLE   := build/bundle
 export SANDCELL_BUNDLE_DIR := $(CURDIR)/$(BUNDLE)
 export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 
-.PHONY: help build interpreter interpreter-verify bundle demo test test-short bench check clean stage deb rpm lint-packages test-packages
+.PHONY: help build interpreter interpreter-verify bundle demo test test-short bench check clean stage deb rpm lint-packages test-packages image-root image test-image
 
 # Packages: the version comes from `git describe` (a v* tag), else 0.1.0 with the
 # commit count and hash; SOURCE_DATE_EPOCH (the last commit's time) dates everything.
@@ -121,6 +121,61 @@ test-packages: lint-packages ## Lint the packages, check the rpm in a scratch ro
 	mkdir -p dist/upgrade && rm -f dist/upgrade/*.deb
 	PKG_VERSION=$(PKG_VERSION).1 $(NFPM) package --config nfpm.yaml --packager deb --target dist/upgrade/sandcell_$(PKG_VERSION).1_$(PKG_ARCH).deb
 	packaging/test-boot.sh $(DEB) dist/upgrade/sandcell_$(PKG_VERSION).1_$(PKG_ARCH).deb
+
+# The OCI image. podman runs with the project's own configuration (packaging/podman:
+# runc, cgroupfs, file events; vfs storage under build/podman), never the machine's.
+IMAGE_TAG   := $(shell echo '$(PKG_VERSION)' | tr '~+' '--')
+IMAGE       := localhost/sandcell:$(IMAGE_TAG)
+IMAGE_TAR   := dist/sandcell-image.tar
+IMAGE_ROOT  := dist/image/rootfs
+PODMAN_DIR  := $(CURDIR)/build/podman
+export CONTAINERS_CONF := $(CURDIR)/packaging/podman/containers.conf
+export CONTAINERS_STORAGE_CONF := $(PODMAN_DIR)/storage.conf
+export IMAGE IMAGE_TAR
+
+$(PODMAN_DIR)/storage.conf:
+	mkdir -p $(PODMAN_DIR)
+	printf '[storage]\ndriver = "vfs"\ngraphroot = "%s/storage"\nrunroot = "%s/run"\n' $(PODMAN_DIR) $(PODMAN_DIR) > $@
+
+# The image's files, owned by root (the state directories by uid 65532, set by the
+# Containerfile). The binary is static (glibc and libseccomp linked in, with Go's own
+# user and DNS code: -tags osusergo,netgo), so the image needs no shared libraries;
+# the linker's warnings name glibc functions only wasmtime code we never call uses.
+# The bundle ships the plain engine's .cwasm zstd-compressed (unpacked into the state
+# volume at start); the fuel-metered one is compiled there on first start.
+image-root: bundle ## Stage the image's files in dist/image (static binary, bundle, licences, /etc)
+	rm -rf dist/image
+	mkdir -p $(IMAGE_ROOT)/usr/bin $(IMAGE_ROOT)/etc/sandcell $(IMAGE_ROOT)/usr/share/licenses/sandcell dist/image/state
+	set -o pipefail; go build -trimpath -tags osusergo,netgo -ldflags '$(LDFLAGS) -s -w -linkmode external -extldflags -static' \
+	  -o $(IMAGE_ROOT)/usr/bin/sandcell ./cmd/appliance 2>&1 | \
+	  { grep -vE 'statically linked applications|^/usr/bin/ld: .*in function|^# github.com/sandcell/sandcell/cmd/appliance$$' || true; }
+	$(IMAGE_ROOT)/usr/bin/sandcell bundle install --dir $(IMAGE_ROOT)/usr/lib/sandcell build/interpreter
+	$(IMAGE_ROOT)/usr/bin/sandcell bundle precompile --dir $(IMAGE_ROOT)/usr/lib/sandcell --variant plain
+	zstd -19 -T0 -q --rm $(IMAGE_ROOT)/usr/lib/sandcell/python-*.cwasm
+	$(IMAGE_ROOT)/usr/bin/sandcell bundle verify --dir $(IMAGE_ROOT)/usr/lib/sandcell --all=false
+	install -m 0644 packaging/image/passwd packaging/image/group $(IMAGE_ROOT)/etc/
+	install -m 0644 packaging/image/sandcell.toml $(IMAGE_ROOT)/etc/sandcell/sandcell.toml
+	$(IMAGE_ROOT)/usr/bin/sandcell config validate $(IMAGE_ROOT)/etc/sandcell/sandcell.toml
+	cd $(IMAGE_ROOT)/usr/share/licenses/sandcell && \
+	  cp $(CURDIR)/LICENSE sandcell && cp $(CURDIR)/packaging/copyright copyright && \
+	  cp "$$(go env GOROOT)/LICENSE" go && \
+	  cp "$$(go list -m -f '{{.Dir}}' github.com/bytecodealliance/wasmtime-go/v39)/LICENSE" wasmtime && \
+	  cp /usr/share/doc/libc6/copyright glibc && cp /usr/share/doc/libseccomp2/copyright libseccomp && \
+	  dpkg-query -W -f='$${Package} $${Version} (Debian source package $${source:Package} $${source:Version}), linked statically into /usr/bin/sandcell\n' \
+	    libc6-dev libseccomp-dev > STATIC-LIBRARIES
+	chmod -R u=rwX,go=rX $(IMAGE_ROOT)
+	find dist/image -exec touch -h -d @$(SOURCE_DATE_EPOCH) {} +
+
+image: image-root $(PODMAN_DIR)/storage.conf ## Build the OCI image (FROM scratch) with podman and write dist/sandcell-image.tar (docker format)
+	podman build --format docker --timestamp $(SOURCE_DATE_EPOCH) -f Containerfile -t $(IMAGE) \
+	  --build-arg VERSION=$(PKG_VERSION) --build-arg REVISION=$(REVISION) \
+	  --build-arg CREATED=$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ) dist/image
+	rm -f $(IMAGE_TAR)
+	podman save --format docker-archive -o $(IMAGE_TAR) $(IMAGE)
+	@echo "$(IMAGE_TAR): $$(du -m --apparent-size $(IMAGE_TAR) | cut -f1) MiB ($(IMAGE))"
+
+test-image: image ## Load dist/sandcell-image.tar into podman and test it read-only, without capabilities (root)
+	packaging/test-image.sh $(IMAGE_TAR) $(IMAGE)
 
 clean: ## Remove build outputs (the interpreter build cache in /var/cache/sandcell-build stays)
 	rm -rf bin build dist

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/klauspost/compress/zstd"
+
 	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/sandbox/engine"
@@ -186,4 +188,63 @@ func copyFile(t *testing.T, from, to string) {
 	if err := os.WriteFile(to, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A compressed .cwasm (the OCI image's) is unpacked into the cache directory and
+// checked there; damaged, it is never used: the module is compiled instead.
+func TestCompressedPrecompiled(t *testing.T) {
+	b := bundletest.Open(t)
+	eng := engine.New(engine.Options{})
+	pre, err := b.Precompiled(eng, b.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := installCopy(t)
+	copyFile(t, pre.Path+".json", filepath.Join(dir, filepath.Base(pre.Path))+".json")
+	// As `make image-root` does with the zstd command.
+	code, _ := os.ReadFile(pre.Path)
+	zw, _ := zstd.NewWriter(nil)
+	gz := filepath.Join(dir, bundle.CompressedName(pre.Key))
+	if err := os.WriteFile(gz, zw.EncodeAll(code, nil), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	nb, _ := bundle.Open(dir)
+	cache := t.TempDir()
+	got, err := nb.Precompiled(eng, cache)
+	if err != nil || !got.Unpacked || got.Rebuilt || filepath.Dir(got.Path) != cache {
+		t.Fatalf("not unpacked into the cache: %+v %v", got, err)
+	}
+	if a, b := fileSHA256(t, got.Path), fileSHA256(t, pre.Path); a != b {
+		t.Fatalf("unpacked sha256 %s, want %s", a, b)
+	}
+	// Next start: the cache's copy is used as it is.
+	if again, err := nb.Precompiled(eng, cache); err != nil || again.Unpacked || again.Rebuilt {
+		t.Fatalf("cached copy not reused: %+v %v", again, err)
+	}
+
+	// A compressed file whose contents differ from the sidecar is refused.
+	raw, _ := os.ReadFile(gz)
+	raw[len(raw)/2] ^= 0x40
+	os.WriteFile(gz, raw, 0o644)
+	if _, err := nb.Unpack(eng, pre.Key, t.TempDir()); !errors.Is(err, bundle.ErrStale) {
+		t.Fatalf("damaged compressed .cwasm: %v", err)
+	}
+	if testing.Short() {
+		return
+	}
+	fresh := t.TempDir()
+	got, err = nb.Precompiled(eng, fresh)
+	if err != nil || got.Unpacked || !got.Rebuilt || len(got.Stale) != 1 {
+		t.Fatalf("damaged compressed .cwasm not replaced by a compile: %+v %v", got, err)
+	}
+}
+
+func fileSHA256(t *testing.T, p string) string {
+	t.Helper()
+	raw, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(raw)
+	return hex.EncodeToString(sum[:])
 }

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 
@@ -29,11 +32,20 @@ func newBundleCmd() *cobra.Command {
 			return nil
 		},
 	}
+	var variant string
 	precompile := &cobra.Command{
 		Use:   "precompile",
-		Short: "Compile python.wasm to .cwasm in the bundle directory for every engine variant (plain and fuel-metered)",
-		Args:  cobra.NoArgs,
+		Short: "Compile python.wasm to .cwasm in the bundle directory for each engine variant (plain and fuel-metered)",
+		Long: `Compile python.wasm to .cwasm in the bundle directory for each engine variant:
+"plain" (epoch interruption) and "fuel" (fuel metering), or only the one --variant
+names; a variant without its .cwasm is compiled into the cache directory when first
+needed.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			fuels, err := variantFuels(variant)
+			if err != nil {
+				return err
+			}
 			b, err := bundle.Open(dir)
 			if err != nil {
 				return err
@@ -41,7 +53,7 @@ func newBundleCmd() *cobra.Command {
 			if err := b.Verify(); err != nil {
 				return err
 			}
-			for _, fuel := range []bool{false, true} {
+			for _, fuel := range fuels {
 				pre, err := b.Precompiled(engine.New(engine.Options{Fuel: fuel}), dir)
 				if err != nil {
 					return err
@@ -55,6 +67,8 @@ func newBundleCmd() *cobra.Command {
 			return nil
 		},
 	}
+	precompile.Flags().StringVar(&variant, "variant", "all", `engine variants to compile: "plain", "fuel" or "all"`)
+	var all bool
 	verify := &cobra.Command{
 		Use:   "verify",
 		Short: "Check python.wasm, MANIFEST and every .cwasm present",
@@ -71,8 +85,24 @@ func newBundleCmd() *cobra.Command {
 			for _, fuel := range []bool{false, true} {
 				e := engine.New(engine.Options{Fuel: fuel})
 				key := bundle.Key(e.Fingerprint(), bundle.Pinned.Wasm.SHA256)
-				p := b.Dir + "/" + bundle.PrecompiledName(key)
-				if err := bundle.CheckPrecompiled(e, p, key); err != nil {
+				p := filepath.Join(b.Dir, bundle.PrecompiledName(key))
+				err := bundle.CheckPrecompiled(e, p, key)
+				if errors.Is(err, os.ErrNotExist) {
+					if _, serr := os.Stat(filepath.Join(b.Dir, bundle.CompressedName(key))); serr == nil {
+						// Unpacked into a scratch directory: the same checks as at start.
+						tmp, terr := os.MkdirTemp("", "sandcell-verify-")
+						if terr != nil {
+							return terr
+						}
+						_, err = b.Unpack(e, key, tmp)
+						os.RemoveAll(tmp)
+						p = filepath.Join(b.Dir, bundle.CompressedName(key))
+					} else if !all {
+						fmt.Printf("%s: absent, compiled into the cache when first needed (fuel=%v)\n", p, fuel)
+						continue
+					}
+				}
+				if err != nil {
 					return err
 				}
 				fmt.Printf("%s: ok (fuel=%v)\n", p, fuel)
@@ -80,8 +110,22 @@ func newBundleCmd() *cobra.Command {
 			return nil
 		},
 	}
+	verify.Flags().BoolVar(&all, "all", true, "fail unless every variant has its .cwasm (or its compressed form)")
 	cmd.AddCommand(install, precompile, verify)
 	return cmd
+}
+
+// variantFuels maps a --variant value to the engine's fuel settings.
+func variantFuels(v string) ([]bool, error) {
+	switch v {
+	case "plain":
+		return []bool{false}, nil
+	case "fuel":
+		return []bool{true}, nil
+	case "all":
+		return []bool{false, true}, nil
+	}
+	return nil, fmt.Errorf("--variant %q: want plain, fuel or all", v)
 }
 
 func newVersionCmd() *cobra.Command {

@@ -110,8 +110,14 @@ func Run(ctx context.Context, o Options) *Report {
 		case err != nil:
 			r.add(name, Fail, "no usable precompiled module and none can be built: %v", err)
 			return r
+		case pre.Rebuilt && len(pre.Stale) == 0:
+			// The bundle ships no .cwasm for this variant (the OCI image ships the
+			// plain one only): compiled once into the cache, as designed.
+			r.add(name, OK, "compiled into %s (the bundle has none for this engine variant)", pre.Path)
 		case pre.Rebuilt:
 			r.add(name, Warn, "compiled for this host into %s (%s)", pre.Path, strings.Join(pre.Stale, "; "))
+		case pre.Unpacked:
+			r.add(name, OK, "unpacked into %s", pre.Path)
 		default:
 			r.add(name, OK, "%s", filepath.Base(pre.Path))
 		}
