@@ -131,7 +131,7 @@ IMAGE_ROOT  := dist/image/rootfs
 PODMAN_DIR  := $(CURDIR)/build/podman
 export CONTAINERS_CONF := $(CURDIR)/packaging/podman/containers.conf
 export CONTAINERS_STORAGE_CONF := $(PODMAN_DIR)/storage.conf
-export IMAGE IMAGE_TAR
+export IMAGE IMAGE_TAR REVISION
 
 $(PODMAN_DIR)/storage.conf:
 	mkdir -p $(PODMAN_DIR)

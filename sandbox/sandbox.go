@@ -52,6 +52,9 @@ type Spawner struct {
 
 	pool       atomic.Pointer[pool] // warm workers, or nil (see Warm)
 	poolCounts poolCounts
+
+	pidProbe sync.Once
+	pidnsErr atomic.Pointer[string] // why workers get no pid namespace, or nil (see pidNamespace)
 }
 
 // moduleKey identifies a module file's content as far as the file system tells.
@@ -178,6 +181,66 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 // The error is non-nil only when no run took place (bad request, the worker could
 // not be started); every outcome of a run, failures included, is a Result.
 func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observe Observer) (protocol.Result, error) {
+	res, err := s.runStreaming(ctx, req, observe)
+	if why := s.pidnsErr.Load(); why != nil && res.Enforcement != nil && !res.Enforcement.Namespaces[protocol.LayerPidNS] {
+		if res.Enforcement.Errors == nil {
+			res.Enforcement.Errors = map[string]string{}
+		}
+		res.Enforcement.Errors[protocol.LayerPidNS] = *why
+	}
+	return res, err
+}
+
+// pidNamespace reports whether workers get a pid namespace of their own. A worker
+// in one must mount a procfs of it, which the kernel refuses under a container's
+// masked /proc (podman's and Docker's defaults; mount_too_revealing in
+// fs/namespace.c); the first call starts a worker that only tries (worker.ProbeProcfs)
+// and, if it cannot, later workers keep the parent's pid namespace, and the
+// enforcement contract says why (pidns inactive). Where even the other namespaces
+// are refused, launch's caller goes on without any.
+func (s *Spawner) pidNamespace() bool {
+	s.pidProbe.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, s.Exe, s.command(), worker.ProbeProcfs)
+		cmd.Args[0] = "sandcell"
+		cmd.Env = []string{}
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		cmd.SysProcAttr = namespaceAttr(true)
+		if err := cmd.Start(); err != nil {
+			return // no namespaces at all: RunStreaming's fallback handles that
+		}
+		if err := cmd.Wait(); err != nil {
+			reason := strings.TrimSpace(stderr.String())
+			if reason == "" {
+				reason = err.Error()
+			}
+			why := fmt.Sprintf("no pid namespace: a procfs of one cannot be mounted here (%s); under a container's masked /proc "+
+				"podman and docker run --security-opt unmask=/proc/* allow it", reason)
+			s.pidnsErr.Store(&why)
+		}
+	})
+	return s.pidnsErr.Load() == nil
+}
+
+// namespaceAttr returns the clone attributes of a worker in new user, mount,
+// network, IPC and UTS namespaces, and a pid namespace when pid is true: uid and gid
+// 0 inside mapped to the parent's own, setgroups denied (user_namespaces(7)). The
+// worker cannot unshare a user namespace itself (it is multithreaded from its first
+// instruction), so it is cloned into them.
+func namespaceAttr(pid bool) *syscall.SysProcAttr {
+	attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL,
+		Cloneflags:  syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWNET | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
+		UidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}},
+		GidMappings: []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}}
+	if pid {
+		attr.Cloneflags |= syscall.CLONE_NEWPID
+	}
+	return attr
+}
+
+func (s *Spawner) runStreaming(ctx context.Context, req protocol.Request, observe Observer) (protocol.Result, error) {
 	if err := check(&req); err != nil {
 		return protocol.Result{}, err
 	}
@@ -286,14 +349,7 @@ func (s *Spawner) launch(namespaces bool, dir, module *os.File) (*proc, error) {
 
 	attr := &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL}
 	if namespaces {
-		// The worker cannot unshare a user namespace itself (it is multithreaded
-		// from its first instruction), so it is cloned into new namespaces, uid
-		// and gid 0 inside mapped to the parent's own, setgroups denied
-		// (user_namespaces(7)).
-		attr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWNS | syscall.CLONE_NEWNET |
-			syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS
-		attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getuid(), Size: 1}}
-		attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getgid(), Size: 1}}
+		attr = namespaceAttr(s.pidNamespace())
 	}
 	p.cmd = &exec.Cmd{
 		Path:        s.Exe,

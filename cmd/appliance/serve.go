@@ -36,10 +36,6 @@ import (
 	"github.com/sandcell/sandcell/systemd"
 )
 
-// shutdownGrace is how long running runs may go on after SIGTERM before their
-// workers are killed.
-const shutdownGrace = 30 * time.Second
-
 // The health checks the daemon keeps (GET /readyz?verbose lists them).
 const (
 	checkSelftest = "selftest" // the start-up verification (readiness)
@@ -543,13 +539,14 @@ func (d *daemon) listenUnix(cfg config.Config) (*net.UnixListener, error) {
 	return l, nil
 }
 
-// shutdown stops accepting, lets runs finish for shutdownGrace, kills the rest.
+// shutdown stops accepting, lets runs finish for runs.shutdown_grace, kills the rest.
 func (d *daemon) shutdown() {
 	d.notify.Stopping("stopping: letting running runs finish")
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace+5*time.Second)
+	grace := d.cfg.Load().Runs.ShutdownGrace.Duration
+	ctx, cancel := context.WithTimeout(context.Background(), grace+5*time.Second)
 	defer cancel()
 	done := make(chan struct{})
-	go func() { d.mgr.Shutdown(shutdownGrace); close(done) }()
+	go func() { d.mgr.Shutdown(grace); close(done) }()
 	if err := d.srv.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		d.log.Warn("shutdown", "error", err)
 	}

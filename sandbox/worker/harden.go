@@ -81,13 +81,17 @@ func prepare(req *protocol.Request) *hardened {
 		if req.Warm {
 			ws = ""
 		}
-		if err := pivot(ws, req.LibDir, req.Roots); err != nil {
+		if err := pivot(ws, req.LibDir, req.Roots, st.enf.Namespaces[protocol.LayerPidNS]); err != nil {
 			st.enf.Namespaces[protocol.LayerMountNS] = false
 			fail(protocol.LayerMountNS, err)
 		} else {
 			st.workspace, st.library, st.guestRoot = rootWorkspace, rootLibrary, rootGuest
+			proc := "/proc (read-only, this pid namespace's processes only)"
+			if !st.enf.Namespaces[protocol.LayerPidNS] {
+				proc = "/proc (read-only, the parent's, its masks kept)"
+			}
 			st.enf.MountRoot = []string{rootGuest + " (read-only; the guest's /)", rootWorkspace + " (read-write; the guest's /ws)",
-				rootLibrary + " (read-only)", "/proc (read-only, this pid namespace's processes only)"}
+				rootLibrary + " (read-only)", proc}
 		}
 	} else {
 		st.enf.Namespaces[protocol.LayerMountNS] = false
@@ -253,7 +257,7 @@ func setRlimits(h protocol.Hardening, st *hardened, fail func(string, error)) {
 // cannot be bind-mounted here) and the workspace is checked to be the directory the
 // parent opened (fd 4), so a path swapped in between is refused. See
 // mount_setattr(2), open_tree(2), move_mount(2), pivot_root(2) ("pivot_root(".", ".")").
-func pivot(workspace, library string, roots []string) error {
+func pivot(workspace, library string, roots []string, ownPid bool) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
@@ -281,7 +285,7 @@ func pivot(workspace, library string, roots []string) error {
 			return fmt.Errorf("workspace root %d: %w", i, err)
 		}
 	}
-	if mounts["proc"], err = procMount(); err != nil {
+	if mounts["proc"], err = procMount(ownPid); err != nil {
 		return err
 	}
 
@@ -440,7 +444,24 @@ func walkBeneath(root, rel string) (int, error) {
 // worker needs it for one thing: libcap's psx, which changes the capabilities and
 // Landlock domain of every thread, finds the threads in /proc/PID/task. Landlock
 // then denies the guest any access to it. See proc(5), "subset".
-func procMount() (int, error) {
+//
+// Without a pid namespace of its own (ownPid false: the parent found that the kernel
+// refuses a new procfs, see ProbeProcfs), the parent's /proc already lists this
+// process's threads: it is cloned with its submounts (a container's masks stay,
+// locked by the user namespace) and made read-only.
+func procMount(ownPid bool) (int, error) {
+	if !ownPid {
+		m, err := unix.OpenTree(unix.AT_FDCWD, "/proc", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+		if err != nil {
+			return -1, fmt.Errorf("clone /proc: %w", err)
+		}
+		attr := &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
+		if err := unix.MountSetattr(m, "", unix.AT_EMPTY_PATH|unix.AT_RECURSIVE, attr); err != nil {
+			unix.Close(m)
+			return -1, fmt.Errorf("/proc read-only: %w", err)
+		}
+		return m, nil
+	}
 	fs, err := unix.Fsopen("proc", unix.FSOPEN_CLOEXEC)
 	if err != nil {
 		return -1, fmt.Errorf("fsopen proc: %w", err)

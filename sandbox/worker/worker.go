@@ -107,6 +107,24 @@ func sizeStacks() int {
 // status (see Serve). A warm worker starts the interpreter before its run is known.
 func Main() int { return serve(runGuest, true) }
 
+// ProbeProcfs is the argv[2] (after Command) that makes a worker only try to mount a
+// procfs of its pid namespace and exit: 0 if the kernel allows it, 1 with the reason
+// on stderr. A worker in a pid namespace of its own needs that procfs (see
+// procMount); under a container's masked /proc the kernel refuses it
+// (mount_too_revealing in fs/namespace.c), so the parent probes once and, when
+// refused, starts workers without a pid namespace (see sandbox.Spawner).
+const ProbeProcfs = "probe-procfs"
+
+func probeProcfs() int {
+	fd, err := procMount(true)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	unix.Close(fd)
+	return 0
+}
+
 // Env is what a hardened worker hands to its body: the loaded interpreter, where the
 // workspace and the library are now reachable, and the verified contract.
 type Env struct {
@@ -140,6 +158,9 @@ func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int { ret
 // serve is Serve; guest says that body is runGuest, whose interpreter a warm worker
 // starts before the claim.
 func serve(body func(*protocol.Request, *Env) protocol.Report, guest bool) int {
+	if len(os.Args) > 2 && os.Args[2] == ProbeProcfs {
+		return probeProcfs()
+	}
 	closeStrayFDs()
 	// When memory runs out (the service's MemoryMax, the host), the kernel kills a
 	// worker, not the daemon (proc(5): raising one's own score needs no privilege).

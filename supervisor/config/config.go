@@ -121,6 +121,11 @@ type Runs struct {
 	QueueLength int `toml:"queue_length" env:"QUEUE_LENGTH"`
 	// ResultRetention is how long a finished run's result stays readable.
 	ResultRetention Duration `toml:"result_retention" env:"RESULT_RETENTION"`
+	// ShutdownGrace is how long a stopping daemon lets running runs finish before it
+	// cancels them. It must fit in the service manager's stop timeout (systemd's
+	// TimeoutStopSec=, podman and docker stop's 10 s, Kubernetes'
+	// terminationGracePeriodSeconds) with room for the rest of the shutdown.
+	ShutdownGrace Duration `toml:"shutdown_grace" env:"SHUTDOWN_GRACE"`
 	// MaxRequestBytes bounds a request body (413 above it).
 	MaxRequestBytes int64 `toml:"max_request_bytes" env:"MAX_REQUEST_BYTES"`
 	// MaxRetainedOutputBytes bounds the output kept over all finished runs; past it
@@ -233,7 +238,7 @@ func Default() Config {
 		Bundle: Bundle{Dir: "/usr/lib/sandcell", CacheDir: "/var/cache/sandcell"},
 		State:  State{Dir: "/var/lib/sandcell"},
 		Socket: Socket{Path: "/run/sandcell/sandcell.sock", Mode: "0660", Group: "sandcell"},
-		Runs: Runs{MaxConcurrent: 0, QueueLength: 64, ResultRetention: Duration{time.Hour},
+		Runs: Runs{MaxConcurrent: 0, QueueLength: 64, ResultRetention: Duration{time.Hour}, ShutdownGrace: Duration{30 * time.Second},
 			MaxRequestBytes: 1 << 20, MaxRetainedOutputBytes: 256 << 20, MaxConnections: 256, MaxConnectionsPerUID: 64},
 		Audit:      Audit{Retention: Duration{90 * 24 * time.Hour}},
 		Workspaces: Workspaces{MaxBytes: 256 << 20, MaxFiles: 10_000},
@@ -330,6 +335,9 @@ func (c Config) Validate() error {
 	}
 	if c.Runs.QueueLength < 0 {
 		add("runs.queue_length", "must not be negative, is %d", c.Runs.QueueLength)
+	}
+	if c.Runs.ShutdownGrace.Duration < 0 {
+		add("runs.shutdown_grace", "must not be negative")
 	}
 	if c.Runs.ResultRetention.Duration <= 0 {
 		add("runs.result_retention", "must be positive")

@@ -1,0 +1,116 @@
+#!/bin/bash
+# make test-image: the OCI image under podman, as root, with the project's own podman
+# configuration (CONTAINERS_CONF, CONTAINERS_STORAGE_CONF: set by the Makefile).
+# Usage: packaging/test-image.sh dist/sandcell-image.tar IMAGE
+# Loads the archive, checks its metadata and size, runs it read-only without
+# capabilities, and checks: healthy, a run through the socket on a host volume prints
+# 42 with the image's required layers active, guest code cannot reach the host's
+# network, a file written in a run stays in the state volume, SIGTERM ends it with
+# status 0 within the grace period while a run finishes. Needs jq, curl-free: the
+# host's client is bin/sandcell (run --socket).
+set -euo pipefail
+tar=$1 image=$2
+: "${CONTAINERS_CONF:?run through make test-image}" "${CONTAINERS_STORAGE_CONF:?run through make test-image}"
+sandcell=${SANDCELL:-bin/sandcell}
+name=sandcell-test-$$
+work=$(mktemp -d /tmp/sandcell-image-test.XXXXXX)
+listener=
+cleanup() {
+	podman rm -f "$name" >/dev/null 2>&1 || true
+	[ -z "$listener" ] || kill "$listener" 2>/dev/null || true
+	rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "test-image: FAIL: $*" >&2; podman logs "$name" 2>&1 | tail -20 >&2 || true; exit 1; }
+step() { echo "test-image: $*"; }
+
+# The archive, not what the build left in storage.
+podman rmi -f "$image" >/dev/null 2>&1 || true
+podman load -q -i "$tar"
+size=$(stat -c %s "$tar")
+step "archive $tar: $size bytes"
+[ "$size" -le 70000000 ] || fail "image archive is $size bytes, over 70 MB"
+
+inspect() { podman image inspect --format "$1" "$image"; }
+[ "$(inspect '{{.Config.User}}')" = 65532:65532 ] || fail "user is $(inspect '{{.Config.User}}'), not 65532"
+[ "$(inspect '{{index .Config.Healthcheck.Test 1}}')" = /usr/bin/sandcell ] || fail "no HEALTHCHECK running sandcell healthcheck"
+created=$(date -u -d "@${SOURCE_DATE_EPOCH:?}" +%Y-%m-%dT%H:%M:%SZ)
+for label in "version=${PKG_VERSION:?}" "revision=${REVISION:?}" "created=$created" \
+	source=https://github.com/sandcell/sandcell title=sandcell; do
+	key=org.opencontainers.image.${label%%=*} want=${label#*=}
+	got=$(inspect "{{index .Labels \"$key\"}}")
+	[ "$got" = "$want" ] || fail "label $key is '$got', want '$want'"
+done
+[ -n "$(inspect '{{index .Labels "org.opencontainers.image.licenses"}}')" ] || fail "no licenses label"
+step "metadata: user 65532, HEALTHCHECK, OCI labels (created $created)"
+
+# The state volume and the socket's directory, as an operator prepares them.
+mkdir -p "$work/state" "$work/run"
+chown 65532:65532 "$work/state" "$work/run"
+chmod 0750 "$work/run"
+sock=$work/run/sandcell.sock
+run_flags=(--read-only --cap-drop=all --security-opt no-new-privileges --tmpfs /run -v "$work/state:/var/lib/sandcell")
+# (podman's complaints about systemd timers for health checks go to podman.err.)
+podman run -d --name "$name" "${run_flags[@]}" -v "$work/run:/run/sandcell" "$image" >/dev/null 2>>"$work/podman.err"
+
+# podman schedules health checks with systemd timers, absent here: run them by hand.
+healthy=
+for _ in $(seq 1 90); do
+	if podman healthcheck run "$name" >/dev/null 2>>"$work/podman.err"; then healthy=1; break; fi
+	[ "$(podman inspect --format '{{.State.Running}}' "$name")" = true ] || fail "the container exited while starting"
+	sleep 2
+done
+[ -n "$healthy" ] || fail "not healthy after 180 s"
+[ "$(podman inspect --format '{{.State.Health.Status}}' "$name")" = healthy ] || fail "health status is not healthy"
+step "healthy"
+podman logs "$name" 2>&1 | grep -q '"msg":"ready"' || fail "no ready line in the log"
+
+out=$("$sandcell" run --socket "$sock" -c 'print(6*7)')
+[ "$out" = 42 ] || fail "run printed '$out', not 42"
+json=$("$sandcell" run --socket "$sock" --json -c 'print(1)')
+jq -e '(.result // .).enforcement | .seccomp.active and .landlock.active and .no_new_privs and .capabilities == "="' \
+	<<<"$json" >/dev/null || fail "a layer is not active: $(jq -c '(.result // .).enforcement' <<<"$json")"
+layers=$(podman logs "$name" 2>&1 | grep '"msg":"ready"' | jq -r '.layers | join(",")')
+for layer in rlimits capabilities landlock no_new_privs seccomp; do
+	[[ ",$layers," == *",$layer,"* ]] || fail "layer $layer not active at start: $layers"
+done
+step "a run through $sock printed 42; layers active: $layers"
+# The contract as the self-test reports it in this container, for the log.
+podman run --rm "${run_flags[@]}" "$image" selftest 2>>"$work/podman.err" | sed 's/^/test-image:   /'
+why=$(jq -r '(.result // .).enforcement.errors.pidns // empty' <<<"$json")
+[ -n "$why" ] && step "pidns: $why"
+
+# Guest code cannot reach a listener on the host (the container network's gateway).
+gateway=$(podman network inspect podman --format '{{range .Subnets}}{{.Gateway}}{{end}}')
+port=$(( 20000 + $$ % 10000 ))
+python3 -c 'import socket,sys
+s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(("0.0.0.0", int(sys.argv[1]))); s.listen()
+c,a=s.accept(); open(sys.argv[2],"w").write(str(a))' "$port" "$work/connected" &
+listener=$!
+out=$("$sandcell" run --socket "$sock" -c "
+import socket
+try:
+    socket.create_connection(('$gateway', $port), timeout=3)
+    print('connected')
+except Exception as e:
+    print('refused', type(e).__name__, e)")
+case $out in refused*) ;; *) fail "guest network: $out" ;; esac
+sleep 1
+[ ! -e "$work/connected" ] || fail "the host listener was reached: $(cat "$work/connected")"
+step "guest network to $gateway:$port: $out"
+
+# SIGTERM: a run in flight finishes, then the daemon exits 0 within the grace period.
+"$sandcell" run --socket "$sock" -c 'import time; time.sleep(2); print("finished")' >"$work/inflight" 2>&1 &
+inflight=$!
+sleep 1
+start=$(date +%s)
+podman stop -t 10 "$name" >/dev/null 2>>"$work/podman.err"
+took=$(( $(date +%s) - start ))
+wait "$inflight" || fail "the run in flight failed: $(cat "$work/inflight")"
+[ "$(cat "$work/inflight")" = finished ] || fail "the run in flight printed '$(cat "$work/inflight")'"
+code=$(podman inspect --format '{{.State.ExitCode}}' "$name")
+[ "$code" = 0 ] || fail "exit status $code after SIGTERM"
+[ "$took" -lt 10 ] || fail "stopping took $took s"
+podman logs "$name" 2>&1 | grep -q '"msg":"stopped"' || fail "no stopped line in the log"
+step "SIGTERM: the run in flight finished, exit 0 after $took s"
+echo "test-image: ok"
