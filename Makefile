@@ -112,7 +112,7 @@ rpm: stage $(NFPM) ## Build dist/sandcell_VERSION_ARCH.rpm
 	$(NFPM) package --config nfpm.yaml --packager rpm --target $(RPM)
 
 lint-packages: deb rpm ## shellcheck on the maintainer scripts, lintian and rpmlint on the packages (overrides carry their reasons)
-	shellcheck -s sh packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm packaging/rpm/post packaging/rpm/preun packaging/rpm/postun packaging/test-packages.sh packaging/test-boot.sh packaging/test-inside.sh
+	shellcheck packaging/test-image.sh && shellcheck -s sh packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm packaging/rpm/post packaging/rpm/preun packaging/rpm/postun packaging/test-packages.sh packaging/test-boot.sh packaging/test-inside.sh
 	lintian --fail-on error,warning $(DEB)
 	rpmlint --config packaging/rpm/rpmlint.toml $(RPM)
 

@@ -97,6 +97,8 @@ except Exception as e:
 case $out in refused*) ;; *) fail "guest network: $out" ;; esac
 sleep 1
 [ ! -e "$work/connected" ] || fail "the host listener was reached: $(cat "$work/connected")"
+kill "$listener"
+listener=
 step "guest network to $gateway:$port: $out"
 
 # SIGTERM: a run in flight finishes, then the daemon exits 0 within the grace period.
@@ -113,4 +115,37 @@ code=$(podman inspect --format '{{.State.ExitCode}}' "$name")
 [ "$took" -lt 10 ] || fail "stopping took $took s"
 podman logs "$name" 2>&1 | grep -q '"msg":"stopped"' || fail "no stopped line in the log"
 step "SIGTERM: the run in flight finished, exit 0 after $took s"
+podman rm -f "$name" >/dev/null 2>&1
+
+# As deploy/kubernetes runs it: the TCP listener with bearer tokens from a mounted
+# file (the Secret), state and /run on empty world-writable directories (emptyDir),
+# probes over HTTP without a token.
+mkdir -m 0777 "$work/k8s-state" "$work/k8s-run"
+chmod 0777 "$work/k8s-state" "$work/k8s-run"
+"$sandcell" token new ci --role runner >"$work/token"
+secret=$(sed -n 2p "$work/token" | sed 's/^# //')
+grep -v '^#' "$work/token" >"$work/tokens.toml"
+chmod 0644 "$work/tokens.toml"
+k8s_flags=(--read-only --cap-drop=all --security-opt no-new-privileges -v "$work/k8s-run:/run" -v "$work/k8s-state:/var/lib/sandcell"
+	-e SANDCELL_TCP_LISTEN=:8443 -e SANDCELL_TCP_TOKENS_FILE=/etc/sandcell/tokens/tokens.toml)
+if podman run --rm "${k8s_flags[@]}" "$image" serve >"$work/notokens" 2>&1; then
+	fail "started without a tokens file"
+fi
+grep -q tokens "$work/notokens" || fail "no word of the missing tokens file: $(tail -2 "$work/notokens")"
+podman run -d --name "$name" "${k8s_flags[@]}" -v "$work/tokens.toml:/etc/sandcell/tokens/tokens.toml:ro" \
+	-p "127.0.0.1:$((port + 1)):8443" "$image" >/dev/null 2>>"$work/podman.err" || fail "podman run: $(tail -1 "$work/podman.err")"
+ready=
+for _ in $(seq 1 90); do
+	if curl -sf "http://127.0.0.1:$((port + 1))/readyz" >/dev/null; then ready=1; break; fi
+	sleep 2
+done
+[ -n "$ready" ] || fail "/readyz over TCP not 200 after 180 s"
+curl -sf "http://127.0.0.1:$((port + 1))/livez" >/dev/null || fail "/livez over TCP"
+api() { curl -s -o "$work/body" -w '%{http_code}' -H 'content-type: application/json' "$@" "http://127.0.0.1:$((port + 1))/v1/runs" -d '{"code":"print(6*7)"}'; }
+[ "$(api)" = 401 ] || fail "a run without a token was not refused 401"
+[ "$(api -H "Authorization: Bearer x$secret")" = 401 ] || fail "a run with a wrong token was not refused 401"
+status=$(api -H "Authorization: Bearer $secret")
+[ "$status" = 201 ] || [ "$status" = 200 ] || fail "a run with the token: $status $(cat "$work/body")"
+jq -e '.result.stdout == "42\n"' "$work/body" >/dev/null || fail "run over TCP: $(cat "$work/body")"
+step "TCP listener: probes answer without a token, runs need one (401 without), 42 with; refused to start without tokens"
 echo "test-image: ok"
