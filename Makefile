@@ -167,7 +167,7 @@ image-root: bundle ## Stage the image's files in dist/image (static binary, bund
 	find dist/image -exec touch -h -d @$(SOURCE_DATE_EPOCH) {} +
 
 image: image-root $(PODMAN_DIR)/storage.conf ## Build the OCI image (FROM scratch) with podman and write dist/sandcell-image.tar (docker format)
-	podman build --format docker --timestamp $(SOURCE_DATE_EPOCH) -f Containerfile -t $(IMAGE) \
+	podman build --format docker --timestamp $(SOURCE_DATE_EPOCH) -f Containerfile -t $(IMAGE) -t localhost/sandcell:latest \
 	  --build-arg VERSION=$(PKG_VERSION) --build-arg REVISION=$(REVISION) \
 	  --build-arg CREATED=$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ) dist/image
 	rm -f $(IMAGE_TAR)

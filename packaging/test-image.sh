@@ -119,14 +119,24 @@ podman rm -f "$name" >/dev/null 2>&1
 
 # As deploy/kubernetes runs it: the TCP listener with bearer tokens from a mounted
 # file (the Secret), state and /run on empty world-writable directories (emptyDir),
-# probes over HTTP without a token.
+# probes over HTTP without a token; and a seccomp profile like Docker's and
+# containerd's RuntimeDefault, which podman's does not match: clone with namespace
+# flags refused (EPERM), clone3 ENOSYS, no unshare. The daemon must be ready with the
+# image's required layers and no namespaces.
+jq '(.syscalls[] | select(.action == "SCMP_ACT_ALLOW" and (.names | index("clone")))).names |=
+	map(select(. != "clone" and . != "clone3" and . != "unshare"))
+  | .syscalls += [{names: ["clone"], action: "SCMP_ACT_ALLOW",
+	args: [{index: 0, value: 2114060288, valueTwo: 0, op: "SCMP_CMP_MASKED_EQ"}]},
+	{names: ["clone3"], action: "SCMP_ACT_ERRNO", errnoRet: 38}]' \
+	/usr/share/containers/seccomp.json >"$work/runtime-default.json"
 mkdir -m 0777 "$work/k8s-state" "$work/k8s-run"
 chmod 0777 "$work/k8s-state" "$work/k8s-run"
 "$sandcell" token new ci --role runner >"$work/token"
 secret=$(sed -n 2p "$work/token" | sed 's/^# //')
 grep -v '^#' "$work/token" >"$work/tokens.toml"
 chmod 0644 "$work/tokens.toml"
-k8s_flags=(--read-only --cap-drop=all --security-opt no-new-privileges -v "$work/k8s-run:/run" -v "$work/k8s-state:/var/lib/sandcell"
+k8s_flags=(--read-only --cap-drop=all --security-opt no-new-privileges --security-opt "seccomp=$work/runtime-default.json"
+	-v "$work/k8s-run:/run" -v "$work/k8s-state:/var/lib/sandcell"
 	-e SANDCELL_TCP_LISTEN=:8443 -e SANDCELL_TCP_TOKENS_FILE=/etc/sandcell/tokens/tokens.toml)
 if podman run --rm "${k8s_flags[@]}" "$image" serve >"$work/notokens" 2>&1; then
 	fail "started without a tokens file"
@@ -141,6 +151,9 @@ for _ in $(seq 1 90); do
 done
 [ -n "$ready" ] || fail "/readyz over TCP not 200 after 180 s"
 curl -sf "http://127.0.0.1:$((port + 1))/livez" >/dev/null || fail "/livez over TCP"
+layers=$(podman logs "$name" 2>&1 | grep '"msg":"ready"' | jq -r '.layers | join(",")')
+[ "$layers" = rlimits,capabilities,landlock,no_new_privs,seccomp ] || fail "layers under the RuntimeDefault-like profile: $layers"
+step "under a RuntimeDefault-like seccomp profile: ready, layers active: $layers"
 api() { curl -s -o "$work/body" -w '%{http_code}' -H 'content-type: application/json' "$@" "http://127.0.0.1:$((port + 1))/v1/runs" -d '{"code":"print(6*7)"}'; }
 [ "$(api)" = 401 ] || fail "a run without a token was not refused 401"
 [ "$(api -H "Authorization: Bearer x$secret")" = 401 ] || fail "a run with a wrong token was not refused 401"
