@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -485,6 +486,67 @@ var stoppedAlone = map[string][]string{
 }
 
 // TestEscapeMatrix is the escape suite (see the file comment).
+// runEscape runs the escape worker with the hardening make gives, in a host
+// directory of its own named name, and returns each probe's outcome.
+func runEscape(t *testing.T, tg *target, name string, make func(protocol.Limits) protocol.Hardening,
+	spawner func(protocol.Request) (*sandbox.Spawner, func())) (map[string]string, protocol.Result) {
+	t.Helper()
+	// A host directory of its own per configuration, so that what one lets
+	// through does not make the next one look stopped (EEXIST).
+	tg.HostDir = filepath.Join(tg.HostDir, name)
+	os.Mkdir(tg.HostDir, 0o755)
+	os.WriteFile(filepath.Join(tg.HostDir, "secret"), []byte(secretText), 0o644)
+	os.Symlink("secret", filepath.Join(tg.HostDir, "link"))
+	arg, _ := json.Marshal(tg)
+	tg.HostDir = filepath.Dir(tg.HostDir)
+	ws := t.TempDir()
+	limits := policy.Default().Default
+	limits.TimeoutMS = 60_000
+	req := protocol.Request{Code: "pass", Args: []string{string(arg)}, Workspace: ws, Limits: limits,
+		ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t), Hardening: make(limits)}
+	sp, done := spawner(req)
+	res, err := sp.Run(context.Background(), req)
+	done()
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	if res.Reason != protocol.Exited || res.ExitCode != 0 {
+		t.Fatalf("%s: escape worker ended %s %d: %v\nstdout: %s\nstderr: %.3000s", name, res.Reason, res.ExitCode,
+			res.Diagnostics, res.Stdout, res.Stderr)
+	}
+	var got map[string]string
+	if err := json.Unmarshal(res.Stdout, &got); err != nil {
+		t.Fatalf("%s: %v: %s", name, err, res.Stdout)
+	}
+	return got, res
+}
+
+// TestEscapeWithoutPidNamespace: every probe stays stopped when the worker has every
+// layer but a pid namespace (as under podman's masked /proc), signals to the parent
+// included (Landlock's signal scope).
+func TestEscapeWithoutPidNamespace(t *testing.T) {
+	tg, check := escapeTargets(t)
+	got, res := runEscape(t, &tg, "all", func(l protocol.Limits) protocol.Hardening {
+		h := policy.Default().Hardening(l)
+		h.Require = slices.DeleteFunc(slices.Clone(protocol.Layers), func(l string) bool { return l == protocol.LayerPidNS })
+		return h
+	}, func(protocol.Request) (*sandbox.Spawner, func()) {
+		sp := sandbox.SelfSpawner()
+		sp.Command = escapeCommand
+		sandbox.WithoutPidNamespace(sp, "test")
+		return sp, func() {}
+	})
+	check()
+	if res.Enforcement.Active(protocol.LayerPidNS) {
+		t.Fatal("the worker had a pid namespace")
+	}
+	for _, p := range probes {
+		if got[p.name] == "ESCAPED" {
+			t.Errorf("%q escaped without a pid namespace", p.name)
+		}
+	}
+}
+
 func TestEscapeMatrix(t *testing.T) {
 	if len(probes) < 30 {
 		t.Fatalf("only %d probes", len(probes))
@@ -492,34 +554,10 @@ func TestEscapeMatrix(t *testing.T) {
 	tg, check := escapeTargets(t)
 	results := map[string]map[string]string{}
 	for _, c := range configurations {
-		// A host directory of its own per configuration, so that what one lets
-		// through does not make the next one look stopped (EEXIST).
-		tg.HostDir = filepath.Join(tg.HostDir, c.name)
-		os.Mkdir(tg.HostDir, 0o755)
-		os.WriteFile(filepath.Join(tg.HostDir, "secret"), []byte(secretText), 0o644)
-		os.Symlink("secret", filepath.Join(tg.HostDir, "link"))
-		arg, _ := json.Marshal(tg)
-		tg.HostDir = filepath.Dir(tg.HostDir)
-		ws := t.TempDir()
-		limits := policy.Default().Default
-		limits.TimeoutMS = 60_000
-		req := protocol.Request{Code: "pass", Args: []string{string(arg)}, Workspace: ws, Limits: limits,
-			ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t), Hardening: c.make(limits)}
-		sp, done := spawnerFor(t, req, escapeCommand)
-		res, err := sp.Run(context.Background(), req)
-		done()
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
-		if res.Reason != protocol.Exited || res.ExitCode != 0 {
-			t.Fatalf("%s: escape worker ended %s %d: %v\nstdout: %s\nstderr: %.3000s", c.name, res.Reason, res.ExitCode,
-				res.Diagnostics, res.Stdout, res.Stderr)
-		}
-		var got map[string]string
-		if err := json.Unmarshal(res.Stdout, &got); err != nil {
-			t.Fatalf("%s: %v: %s", c.name, err, res.Stdout)
-		}
-		results[c.name] = got
+		var res protocol.Result
+		results[c.name], res = runEscape(t, &tg, c.name, c.make, func(req protocol.Request) (*sandbox.Spawner, func()) {
+			return spawnerFor(t, req, escapeCommand)
+		})
 		if c.name == "all" {
 			if miss := res.Enforcement.Missing(protocol.Layers); len(miss) > 0 {
 				t.Errorf("all: layers not active: %v (%v)", miss, res.Enforcement.Errors)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -229,4 +230,65 @@ func killChildren(t *testing.T) {
 		t.Fatal("no worker to kill")
 	}
 	time.Sleep(5 * time.Millisecond)
+}
+
+// TestWithoutPidNamespace: where a container's masked /proc refuses a procfs of a new
+// pid namespace, a worker, cold or warm, keeps the parent's pid namespace and a
+// read-only clone of its /proc; every other layer is active, the guest sees the
+// same "/", and the contract says why pidns is not active.
+func TestWithoutPidNamespace(t *testing.T) {
+	const why = "no pid namespace: masked /proc (test)"
+	var require []string
+	for _, l := range policy.Default().Require {
+		if l != protocol.LayerPidNS {
+			require = append(require, l)
+		}
+	}
+	req := protocol.Request{Code: "import os; print(os.listdir('/'), os.getpid())"}
+	limits, err := policy.Default().Resolve(req.Limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Limits = limits
+	req.Hardening = policy.Default().Hardening(limits)
+	req.Hardening.Require = require
+	req.ModulePath = bundletest.Module(t, false)
+	req.LibDir = bundletest.LibDir(t)
+	check := func(t *testing.T, res protocol.Result) {
+		t.Helper()
+		wantExit(t, res, 0)
+		if !strings.HasPrefix(string(res.Stdout), "['ws'] ") {
+			t.Errorf("stdout %q", res.Stdout)
+		}
+		e := res.Enforcement
+		if e == nil || e.Active(protocol.LayerPidNS) || e.Errors[protocol.LayerPidNS] != why {
+			t.Fatalf("pidns: %+v", e)
+		}
+		if missing := e.Missing(require); len(missing) > 0 {
+			t.Errorf("layers not active: %v (%v)", missing, e.Errors)
+		}
+		if !slices.ContainsFunc(e.MountRoot, func(m string) bool { return strings.Contains(m, "/proc (read-only, the parent's") }) {
+			t.Errorf("mount root: %v", e.MountRoot)
+		}
+	}
+	for _, warm := range []bool{false, true} {
+		t.Run(map[bool]string{false: "cold", true: "warm"}[warm], func(t *testing.T) {
+			sp := sandbox.SelfSpawner()
+			sandbox.WithoutPidNamespace(sp, why)
+			r := req
+			r.Workspace = t.TempDir()
+			if warm {
+				waitWarm(t, sp, sandbox.PoolOptions{Template: r, Roots: []string{tempRoot(t)}, Size: 1}, 1)
+				defer sp.Warm(sandbox.PoolOptions{})
+			}
+			res, err := sp.Run(context.Background(), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			check(t, res)
+			if st := sp.PoolStats(); warm && st.Hits != 1 {
+				t.Errorf("not served warm: %+v", st)
+			}
+		})
+	}
 }

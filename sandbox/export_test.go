@@ -1,0 +1,8 @@
+package sandbox
+
+// WithoutPidNamespace makes s start workers without a pid namespace of their own, as
+// it does where its probe finds that a procfs cannot be mounted (a container's
+// masked /proc), and gives why as the reason in the contract.
+func WithoutPidNamespace(s *Spawner, why string) {
+	s.pidProbe.Do(func() { s.pidnsErr.Store(&why) })
+}
