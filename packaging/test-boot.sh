@@ -12,15 +12,17 @@ old=$1
 new=$2
 here=$(cd "$(dirname "$0")" && pwd)
 cache=/var/cache/sandcell-test
-base=$cache/bookworm-root
+# The root's name changes with its package list, so a cached older root is not used.
+base=$cache/bookworm-root-curl
 [ "$(id -u)" = 0 ] || { echo "test-boot: needs root (debootstrap, systemd-nspawn)" >&2; exit 1; }
 command -v systemd-nspawn >/dev/null || { echo "test-boot: systemd-nspawn missing (apt-get install systemd-container)" >&2; exit 1; }
 
 mkdir -p "$cache"
+rm -rf "$cache/bookworm-root"
 if [ ! -d "$base" ]; then
 	echo "test-boot: debootstrap bookworm into $base (once; about 2 minutes)"
 	rm -rf "$base.partial"
-	debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,libseccomp2,procps,ca-certificates \
+	debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,libseccomp2,procps,ca-certificates,curl \
 		bookworm "$base.partial" http://deb.debian.org/debian >"$cache/debootstrap.log" 2>&1 ||
 		{ tail -20 "$cache/debootstrap.log" >&2; exit 1; }
 	mv "$base.partial" "$base"
