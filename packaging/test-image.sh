@@ -101,7 +101,9 @@ listener=$!
 out=$("$sandcell" run --socket "$sock" -c "
 import socket
 try:
-    socket.create_connection(('$gateway', $port), timeout=3)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(3)
+    s.connect(('$gateway', $port))
     print('connected')
 except Exception as e:
     print('refused', type(e).__name__, e)")
