@@ -20,6 +20,7 @@ import (
 
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
 // Errors of admission and lookup, mapped by the API to stable codes.
@@ -92,9 +93,17 @@ func NewManager(runner Runner, o Options) (*Manager, error) {
 	if o.Concurrency < 1 {
 		return nil, fmt.Errorf("supervisor: concurrency %d", o.Concurrency)
 	}
-	// Private workspaces left by a daemon that died in the middle of runs.
-	if err := os.RemoveAll(o.WorkDir); err != nil {
-		return nil, fmt.Errorf("supervisor: %w", err)
+	// Private workspaces left by a daemon that died in the middle of runs. One that
+	// cannot be removed is moved aside (and tried again at the next start): a
+	// workspace a run made hard to delete must not keep the daemon from starting.
+	stale, _ := filepath.Glob(o.WorkDir + ".stale-*")
+	for _, p := range stale {
+		workspace.RemoveTree(p)
+	}
+	if err := workspace.RemoveTree(o.WorkDir); err != nil {
+		if err := os.Rename(o.WorkDir, fmt.Sprintf("%s.stale-%d", o.WorkDir, time.Now().UnixNano())); err != nil {
+			return nil, fmt.Errorf("supervisor: %w", err)
+		}
 	}
 	if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
 		return nil, fmt.Errorf("supervisor: %w", err)
@@ -309,7 +318,7 @@ func (m *Manager) work(ctx context.Context, r *Run, req protocol.Request) (proto
 		if err != nil {
 			return protocol.Result{}, fmt.Errorf("cannot create the run's workspace: %w", err)
 		}
-		defer os.RemoveAll(ws)
+		defer workspace.RemoveTree(ws)
 		req.Workspace = ws
 	}
 	return m.runner.RunStreaming(ctx, req, r.observe)

@@ -178,7 +178,7 @@ func (d *daemon) run() error {
 
 	d.sp = spawner(cfg)
 	d.canaryW = filepath.Join(cfg.State.Dir, "canary")
-	os.RemoveAll(d.canaryW) // left by a daemon that died during a canary
+	workspace.RemoveTree(d.canaryW) // left by a daemon that died during a canary
 	if d.mgr, err = supervisor.NewManager(d.sp, supervisor.Options{Concurrency: cfg.Concurrency(),
 		QueueLength: cfg.Runs.QueueLength, Retention: cfg.Runs.ResultRetention.Duration,
 		WorkDir: filepath.Join(cfg.State.Dir, "work"), MaxRetainedOutputBytes: cfg.Runs.MaxRetainedOutputBytes}); err != nil {

@@ -77,7 +77,7 @@ func Open(dir string, q Quota) (*Store, error) {
 	for _, pattern := range []string{".new-*", ".gone-*"} {
 		left, _ := filepath.Glob(filepath.Join(dir, pattern))
 		for _, p := range left {
-			os.RemoveAll(p)
+			RemoveTree(p)
 		}
 	}
 	return &Store{dir: dir, quota: q, locks: map[string]*sync.Mutex{}}, nil
@@ -181,7 +181,7 @@ func (s *Store) Delete(id string) error {
 	s.mu.Lock()
 	delete(s.locks, id)
 	s.mu.Unlock()
-	if err := os.RemoveAll(gone); err != nil {
+	if err := RemoveTree(gone); err != nil {
 		return fmt.Errorf("workspace: %w", err)
 	}
 	return nil
@@ -532,7 +532,22 @@ func (w *Workspace) Remove(path string) error {
 		return fmt.Errorf("workspace %s: %w", w.ID, err)
 	}
 	defer r.Close()
-	if err := r.RemoveAll(name); err != nil {
+	err = r.RemoveAll(name)
+	for pass := 0; (errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE)) && pass < maxHoists; pass++ {
+		// Deeper than os.Root's one descriptor per level allows: see RemoveTree.
+		fd, oerr := unix.Openat(parent, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if oerr != nil {
+			break
+		}
+		top := os.NewFile(uintptr(fd), name)
+		moved, _ := hoist(top, pass)
+		top.Close()
+		if !moved {
+			break
+		}
+		err = r.RemoveAll(name)
+	}
+	if err != nil {
 		return fmt.Errorf("workspace: %w", err)
 	}
 	return nil
