@@ -16,6 +16,9 @@ import (
 type Audit struct {
 	Store *store.Store
 	Log   *slog.Logger
+	// Healthy, if set, is told each append's outcome (nil: written), so that a
+	// daemon whose audit log cannot be written is not ready (it refuses every run).
+	Healthy func(error)
 }
 
 // Record appends one event; detail is encoded as JSON. An error means nothing was
@@ -27,7 +30,11 @@ func (a *Audit) Record(ctx context.Context, kind string, uid int, runID string, 
 	}
 	// A record is written even when the caller has gone away meanwhile.
 	ctx = context.WithoutCancel(ctx)
-	if _, err := a.Store.Append(ctx, store.Event{Kind: kind, UID: uid, RunID: runID, Detail: b}); err != nil {
+	_, err = a.Store.Append(ctx, store.Event{Kind: kind, UID: uid, RunID: runID, Detail: b})
+	if a.Healthy != nil {
+		a.Healthy(err)
+	}
+	if err != nil {
 		if a.Log != nil {
 			a.Log.Error("audit record lost", "kind", kind, "run", runID, "error", err)
 		}

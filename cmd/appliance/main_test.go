@@ -343,6 +343,11 @@ func TestServe(t *testing.T) {
 	if r := cli(t, "", "run", "--socket", sock, "--workspace", dir, "-c", "1"); r.code != exitRejected {
 		t.Fatalf("run --socket --workspace: %+v", r)
 	}
+	// A second daemon on the same state directory is refused (the lock file).
+	if r := cli(t, "", "serve", "--socket", filepath.Join(dir, "run2", "s.sock"), "--state-dir", filepath.Join(dir, "state")); r.code == 0 ||
+		!strings.Contains(r.stderr, "in use by another sandcell serve") {
+		t.Fatalf("a second daemon on the state directory: %+v", r)
+	}
 	cmd.Process.Signal(syscall.SIGTERM)
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("after SIGTERM: %v\n%s", err, logs.String())

@@ -41,6 +41,7 @@ const (
 	checkSelftest = "selftest" // the start-up verification (readiness)
 	checkCanary   = "canary"   // the periodic light canary (readiness)
 	checkManager  = "manager"  // runs end by their deadlines (liveness)
+	checkAudit    = "audit"    // the last audit record was written (readiness)
 )
 
 type serveFlags struct {
@@ -172,6 +173,9 @@ func (d *daemon) run() error {
 	if err := os.MkdirAll(cfg.State.Dir, 0o700); err != nil {
 		return err
 	}
+	if err := lockStateDir(cfg.State.Dir); err != nil {
+		return err
+	}
 	d.health.Add(checkSelftest, healthz.Readiness)
 	d.health.Add(checkCanary, healthz.Readiness)
 	d.health.Add(checkManager, healthz.Liveness)
@@ -192,7 +196,7 @@ func (d *daemon) run() error {
 		return fmt.Errorf("audit log: %w", err)
 	}
 	defer d.db.Close()
-	d.audit = &supervisor.Audit{Store: d.db, Log: d.log}
+	d.audit = &supervisor.Audit{Store: d.db, Log: d.log, Healthy: func(err error) { d.health.Set(checkAudit, err) }}
 	d.audit.Attach(d.mgr)
 	if err := d.audit.Record(context.Background(), "daemon.start", os.Getuid(), "",
 		map[string]any{"version": version, "revision": revision, "config": path, "tcp": cfg.TCP.Listen}); err != nil {
@@ -538,6 +542,29 @@ func (d *daemon) listenUnix(cfg config.Config) (*net.UnixListener, error) {
 	d.log.Info("listening", "socket", cfg.Socket.Path, "mode", cfg.Socket.Mode)
 	return l, nil
 }
+
+// lockStateDir takes an exclusive lock on DIR/lock (flock(2)) for the life of the
+// process: two daemons sharing a state directory would break each other's audit
+// chain and workspaces (a second container on the same volume, say). The kernel
+// drops the lock when the process ends, however it ends.
+func lockStateDir(dir string) error {
+	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return fmt.Errorf("state directory %s is in use by another sandcell serve (its lock file is held)", dir)
+		}
+		return fmt.Errorf("state directory %s: lock: %w", dir, err)
+	}
+	lockFile = f // held until exit
+	return nil
+}
+
+// lockFile is the state directory's lock, kept open (see lockStateDir).
+var lockFile *os.File
 
 // shutdown stops accepting, lets runs finish for runs.shutdown_grace, kills the rest.
 func (d *daemon) shutdown() {
