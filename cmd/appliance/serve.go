@@ -20,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
-	"golang.org/x/net/netutil"
 
 	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/healthz"
@@ -261,7 +260,7 @@ func (d *daemon) run() error {
 	}
 	go func() { errc <- d.srv.Serve(api.Listen(ul, cfg.Runs.MaxConnections, cfg.Runs.MaxConnectionsPerUID)) }()
 	if cfg.TCP.Listen != "" {
-		tl, err := listenTCP(cfg.TCP, cfg.Runs.MaxConnections)
+		tl, err := listenTCP(cfg.TCP, cfg.Runs.MaxConnections, cfg.Runs.MaxConnectionsPerUID)
 		if err != nil {
 			return err
 		}
@@ -583,14 +582,14 @@ func (d *daemon) shutdown() {
 	d.log.Info("stopped")
 }
 
-// listenTCP opens the TCP listener: at most max connections at once, TLS (1.2 or
-// later) when a certificate is configured.
-func listenTCP(c config.TCP, max int) (net.Listener, error) {
+// listenTCP opens the TCP listener: at most max connections at once and perIP from
+// one client address, TLS (1.2 or later) when a certificate is configured.
+func listenTCP(c config.TCP, max, perIP int) (net.Listener, error) {
 	l, err := net.Listen("tcp", c.Listen)
 	if err != nil {
 		return nil, err
 	}
-	l = netutil.LimitListener(l, max)
+	l = api.ListenTCP(l, max, perIP)
 	if c.TLSCertFile == "" {
 		return l, nil
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -119,16 +120,54 @@ func peerGroups(fd int) ([]int, error) {
 // answered 429 connection_limit and closed, so one user cannot take every slot), and
 // each carries its peer's credentials, read once at accept.
 func Listen(l *net.UnixListener, max, perUID int) net.Listener {
-	return &peerListener{UnixListener: l, slots: make(chan struct{}, max), perUID: perUID, open: map[int]int{}}
+	return &peerListener{UnixListener: l, limit: newConnLimit[int](max, perUID)}
 }
 
 type peerListener struct {
 	*net.UnixListener
-	slots  chan struct{}
-	perUID int
+	limit *connLimit[int]
+}
+
+// connLimit counts open connections: at most max in all (acquire waits for a slot),
+// at most per from one key (a uid, a client address).
+type connLimit[K comparable] struct {
+	slots chan struct{}
+	per   int
 
 	mu   sync.Mutex
-	open map[int]int // connections per uid
+	open map[K]int
+}
+
+func newConnLimit[K comparable](max, per int) *connLimit[K] {
+	return &connLimit[K]{slots: make(chan struct{}, max), per: per, open: map[K]int{}}
+}
+
+// wait takes a slot, blocking while max connections are open.
+func (l *connLimit[K]) wait() { l.slots <- struct{}{} }
+
+// admit counts a connection from key in the slot taken by wait, or gives the slot
+// back and reports false when key already has per open.
+func (l *connLimit[K]) admit(key K) bool {
+	l.mu.Lock()
+	over := l.open[key] >= l.per
+	if !over {
+		l.open[key]++
+	}
+	l.mu.Unlock()
+	if over {
+		<-l.slots
+	}
+	return !over
+}
+
+// release ends a connection admitted for key.
+func (l *connLimit[K]) release(key K) {
+	l.mu.Lock()
+	if l.open[key]--; l.open[key] == 0 {
+		delete(l.open, key)
+	}
+	l.mu.Unlock()
+	<-l.slots
 }
 
 // tooManyConnections is the whole answer to a connection over the per-uid limit,
@@ -156,33 +195,65 @@ func refuse(c *net.UnixConn) {
 
 func (l *peerListener) Accept() (net.Conn, error) {
 	for {
-		l.slots <- struct{}{}
+		l.limit.wait()
 		c, err := l.UnixListener.AcceptUnix()
 		if err != nil {
-			<-l.slots
+			<-l.limit.slots
 			return nil, err
 		}
 		p, _ := peerOf(c)
-		l.mu.Lock()
-		over := l.open[p.UID] >= l.perUID
-		if !over {
-			l.open[p.UID]++
-		}
-		l.mu.Unlock()
-		if over {
-			<-l.slots
+		if !l.limit.admit(p.UID) {
 			go refuse(c)
 			continue
 		}
-		return &peerConn{UnixConn: c, peer: p, release: func() {
-			l.mu.Lock()
-			if l.open[p.UID]--; l.open[p.UID] == 0 {
-				delete(l.open, p.UID)
-			}
-			l.mu.Unlock()
-			<-l.slots
-		}}, nil
+		return &peerConn{UnixConn: c, peer: p, release: func() { l.limit.release(p.UID) }}, nil
 	}
+}
+
+// ListenTCP wraps a TCP listener (before any TLS) so that at most max connections
+// are open at once (further clients wait in the backlog) and at most perIP of them
+// come from one client address (more are closed at once, unanswered: the bytes of
+// an HTTP answer would not be TLS): one client holding connections open cannot take
+// every slot from the others, the kubelet's probes included.
+func ListenTCP(l net.Listener, max, perIP int) net.Listener {
+	return &ipListener{Listener: l, limit: newConnLimit[netip.Addr](max, perIP)}
+}
+
+type ipListener struct {
+	net.Listener
+	limit *connLimit[netip.Addr]
+}
+
+func (l *ipListener) Accept() (net.Conn, error) {
+	for {
+		l.limit.wait()
+		c, err := l.Listener.Accept()
+		if err != nil {
+			<-l.limit.slots
+			return nil, err
+		}
+		var ip netip.Addr
+		if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+			ip = a.AddrPort().Addr().Unmap()
+		}
+		if !l.limit.admit(ip) {
+			c.Close()
+			continue
+		}
+		return &ipConn{Conn: c, release: func() { l.limit.release(ip) }}, nil
+	}
+}
+
+type ipConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *ipConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.release)
+	return err
 }
 
 type peerConn struct {

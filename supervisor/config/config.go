@@ -133,7 +133,8 @@ type Runs struct {
 	MaxRetainedOutputBytes int64 `toml:"max_retained_output_bytes" env:"MAX_RETAINED_OUTPUT_BYTES"`
 	// MaxConnections bounds the API's open connections.
 	MaxConnections int `toml:"max_connections" env:"MAX_CONNECTIONS"`
-	// MaxConnectionsPerUID bounds the open connections of one uid (429 beyond).
+	// MaxConnectionsPerUID bounds the open connections of one uid on the Unix socket
+	// (429 beyond), and of one client address on the TCP listener (closed beyond).
 	MaxConnectionsPerUID int `toml:"max_connections_per_uid" env:"MAX_CONNECTIONS_PER_UID"`
 }
 
