@@ -164,6 +164,7 @@ image-root: bundle ## Stage the image's files in dist/image (static binary, bund
 	  dpkg-query -W -f='$${Package} $${Version} (Debian source package $${source:Package} $${source:Version}), linked statically into /usr/bin/sandcell\n' \
 	    libc6-dev libseccomp-dev > STATIC-LIBRARIES
 	chmod -R u=rwX,go=rX $(IMAGE_ROOT)
+	install -d -m 1777 $(IMAGE_ROOT)/tmp
 	find dist/image -exec touch -h -d @$(SOURCE_DATE_EPOCH) {} +
 
 image: image-root $(PODMAN_DIR)/storage.conf ## Build the OCI image (FROM scratch) with podman and write dist/sandcell-image.tar (docker format)
@@ -172,6 +173,7 @@ image: image-root $(PODMAN_DIR)/storage.conf ## Build the OCI image (FROM scratc
 	  --build-arg CREATED=$$(date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ) dist/image
 	rm -f $(IMAGE_TAR)
 	podman save --format docker-archive -o $(IMAGE_TAR) $(IMAGE)
+	podman image prune -f >/dev/null
 	@echo "$(IMAGE_TAR): $$(du -m --apparent-size $(IMAGE_TAR) | cut -f1) MiB ($(IMAGE))"
 
 test-image: image ## Load dist/sandcell-image.tar into podman and test it read-only, without capabilities (root)

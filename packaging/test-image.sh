@@ -134,9 +134,9 @@ podman rm -f "$name" >/dev/null 2>&1
 # file (the Secret), state and /run on empty world-writable directories (emptyDir),
 # probes over HTTP without a token; and a seccomp profile like Docker's and
 # containerd's RuntimeDefault, which podman's does not match: clone with namespace
-# flags refused (EPERM), clone3 ENOSYS, no unshare. The daemon must be ready with the
-# image's required layers and no namespaces.
-jq '(.syscalls[] | select(.action == "SCMP_ACT_ALLOW" and (.names | index("clone")))).names |=
+# flags and unshare refused with EPERM (their default errno), clone3 ENOSYS. The
+# daemon must be ready with the image's required layers and no namespaces.
+jq '.defaultErrnoRet = 1 | (.syscalls[] | select(.action == "SCMP_ACT_ALLOW" and (.names | index("clone")))).names |=
 	map(select(. != "clone" and . != "clone3" and . != "unshare"))
   | .syscalls += [{names: ["clone"], action: "SCMP_ACT_ALLOW",
 	args: [{index: 0, value: 2114060288, valueTwo: 0, op: "SCMP_CMP_MASKED_EQ"}]},

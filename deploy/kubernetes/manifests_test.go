@@ -107,10 +107,21 @@ func TestDeployment(t *testing.T) {
 		t.Error("container: seccompProfile RuntimeDefault")
 	case sc.ProcMount != nil && *sc.ProcMount != corev1.DefaultProcMount:
 		t.Error("container: procMount must be Default under the restricted standard")
+	case sc.RunAsNonRoot != nil && !*sc.RunAsNonRoot, sc.RunAsUser != nil && *sc.RunAsUser == 0:
+		t.Error("container: runAsNonRoot false or runAsUser 0 overrides the pod's non-root user")
+	}
+	for _, p := range c.Ports {
+		if p.HostPort != 0 {
+			t.Errorf("port %s: hostPort is forbidden", p.Name)
+		}
 	}
 	for _, v := range pod.Volumes {
 		if v.HostPath != nil {
 			t.Errorf("volume %s: hostPath is forbidden", v.Name)
+		}
+		// The daemon refuses a tokens file writable by group or others.
+		if v.Secret != nil && (v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o022 != 0) {
+			t.Errorf("volume %s: defaultMode must leave the files writable by no one but the owner", v.Name)
 		}
 	}
 
@@ -147,8 +158,28 @@ func TestDeployment(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if pod.TerminationGracePeriodSeconds == nil || cfg.Runs.ShutdownGrace.Seconds()+5 > float64(*pod.TerminationGracePeriodSeconds) {
-		t.Errorf("terminationGracePeriodSeconds must exceed runs.shutdown_grace (%v) by 5 s", cfg.Runs.ShutdownGrace)
+	var preStop float64
+	if l := c.Lifecycle; l == nil || l.PreStop == nil || l.PreStop.Sleep == nil || l.PreStop.Sleep.Seconds < 1 {
+		t.Error("no preStop sleep: connections the Service still sends after SIGTERM would be refused")
+	} else {
+		preStop = float64(l.PreStop.Sleep.Seconds)
+	}
+	if pod.TerminationGracePeriodSeconds == nil || preStop+cfg.Runs.ShutdownGrace.Seconds()+5 > float64(*pod.TerminationGracePeriodSeconds) {
+		t.Errorf("terminationGracePeriodSeconds must exceed the preStop sleep and runs.shutdown_grace (%v) by 5 s", cfg.Runs.ShutdownGrace)
+	}
+	// Memory: every run at once at its largest, its worker, and the daemon.
+	concurrent, maxMiB := 1, cfg.Limits.Max.MemoryMiB
+	fmt.Sscan(env["SANDCELL_RUNS_MAX_CONCURRENT"], &concurrent)
+	fmt.Sscan(env["SANDCELL_LIMITS_MAX_MEMORY_MIB"], &maxMiB)
+	if concurrent < 1 || maxMiB < 1 {
+		t.Fatal("SANDCELL_RUNS_MAX_CONCURRENT and SANDCELL_LIMITS_MAX_MEMORY_MIB must be set (the defaults follow the node's CPUs and allow 4 GiB per run)")
+	}
+	need := int64(concurrent)*(maxMiB+64)<<20 + 384<<20
+	if lim := c.Resources.Limits[corev1.ResourceMemory]; lim.Value() < need {
+		t.Errorf("memory limit %s < %d MiB: %d runs of %d MiB, their workers and the daemon", lim.String(), need>>20, concurrent, maxMiB)
+	}
+	if cpu := c.Resources.Limits[corev1.ResourceCPU]; cpu.Value() < int64(concurrent) {
+		t.Errorf("CPU limit %s below runs.max_concurrent %d", cpu.String(), concurrent)
 	}
 	mounts := map[string]corev1.VolumeMount{}
 	for _, m := range c.VolumeMounts {
@@ -160,7 +191,7 @@ func TestDeployment(t *testing.T) {
 	} else if !secretVolume(pod, m.Name, "sandcell-tokens") {
 		t.Errorf("%s is not the Secret sandcell-tokens", tokens)
 	}
-	for _, dir := range []string{cfg.State.Dir, "/run"} {
+	for _, dir := range []string{cfg.State.Dir, "/run", "/tmp"} {
 		if _, ok := mounts[dir]; !ok {
 			t.Errorf("%s needs a writable volume (the root filesystem is read-only)", dir)
 		}
@@ -194,14 +225,39 @@ func TestService(t *testing.T) {
 	}
 }
 
+// TestPodDisruptionBudget: the budget selects the pods and lets at least one go at
+// the fewest replicas there can be (a budget that allows none blocks every drain).
 func TestPodDisruptionBudget(t *testing.T) {
 	var p policyv1.PodDisruptionBudget
 	decode(t, "pdb.yaml", "policy/v1", "PodDisruptionBudget", &p)
+	var h autoscalingv2.HorizontalPodAutoscaler
+	decode(t, "hpa.yaml", "autoscaling/v2", "HorizontalPodAutoscaler", &h)
 	if p.Spec.Selector == nil || p.Spec.Selector.MatchLabels["app.kubernetes.io/name"] != "sandcell" {
 		t.Error("the budget does not select the pods")
 	}
-	if p.Spec.MaxUnavailable == nil && p.Spec.MinAvailable == nil {
-		t.Error("neither maxUnavailable nor minAvailable")
+	fewest := 1
+	if h.Spec.MinReplicas != nil {
+		fewest = int(*h.Spec.MinReplicas)
+	}
+	var allowed int
+	switch {
+	case p.Spec.MaxUnavailable != nil && p.Spec.MinAvailable == nil:
+		v, err := intstr.GetScaledValueFromIntOrPercent(p.Spec.MaxUnavailable, fewest, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allowed = v
+	case p.Spec.MinAvailable != nil && p.Spec.MaxUnavailable == nil:
+		v, err := intstr.GetScaledValueFromIntOrPercent(p.Spec.MinAvailable, fewest, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		allowed = fewest - v
+	default:
+		t.Fatal("exactly one of maxUnavailable and minAvailable")
+	}
+	if allowed < 1 {
+		t.Errorf("at %d replicas the budget allows %d disruptions: node drains would block", fewest, allowed)
 	}
 }
 
