@@ -148,6 +148,9 @@ type daemon struct {
 }
 
 func serve(f *serveFlags) error {
+	// The audit log, results and workspaces are the daemon's alone, whatever umask
+	// it was started with (the unit sets UMask=0077 too; a container runtime 0022).
+	syscall.Umask(0o077)
 	d := &daemon{flags: f, log: newLogger(), health: healthz.New()}
 	err := d.run()
 	if err != nil {
