@@ -291,7 +291,16 @@ func (m *Manager) execute(ctx context.Context, r *Run, req protocol.Request) {
 	}
 	m.mu.Lock()
 	m.queued--
+	stopping := m.stopping
 	m.mu.Unlock()
+	if stopping {
+		// Queued when the daemon began to stop: it would only be cancelled at the
+		// end of the grace period, so it never starts.
+		<-m.slots
+		m.finish(r, protocol.Result{ExitCode: -1, Reason: protocol.Cancelled,
+			Diagnostics: []string{"the daemon is stopping; the run did not start"}}, nil)
+		return
+	}
 	r.mu.Lock()
 	r.state = Running
 	r.deadline = time.Now().Add(time.Duration(req.Limits.TimeoutMS)*time.Millisecond + m.wedgeSlack)

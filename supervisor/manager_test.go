@@ -145,3 +145,34 @@ func TestWedged(t *testing.T) {
 	}
 	m.Shutdown(time.Second)
 }
+
+// Runs still queued when the daemon begins to stop never start: they end cancelled
+// at once, while the running one finishes within the grace period.
+func TestShutdownCancelsQueued(t *testing.T) {
+	s := stuck{release: make(chan struct{})}
+	m, err := NewManager(s, Options{Concurrency: 1, QueueLength: 4, Retention: time.Minute, WorkDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	running, _ := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 60_000}}, Caller{})
+	for running.View().State != Running {
+		time.Sleep(time.Millisecond)
+	}
+	queued, _ := m.Start(protocol.Request{Code: "2", Limits: protocol.Limits{TimeoutMS: 60_000}}, Caller{})
+	done := make(chan struct{})
+	go func() { m.Shutdown(time.Minute); close(done) }()
+	time.Sleep(20 * time.Millisecond)
+	close(s.release) // the running run ends; its slot goes to the queued one
+	select {
+	case <-queued.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the queued run waited for the grace period")
+	}
+	if v := queued.View(); v.Result == nil || v.Result.Reason != protocol.Cancelled || !strings.Contains(strings.Join(v.Result.Diagnostics, " "), "stopping") {
+		t.Fatalf("queued run: %+v", v.Result)
+	}
+	if v := running.View(); v.Result == nil || v.Result.Reason != protocol.Exited {
+		t.Fatalf("running run: %+v", v.Result)
+	}
+	<-done
+}
