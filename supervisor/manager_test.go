@@ -171,6 +171,7 @@ func TestShutdownCancelsQueued(t *testing.T) {
 	if v := queued.View(); v.Result == nil || v.Result.Reason != protocol.Cancelled || !strings.Contains(strings.Join(v.Result.Diagnostics, " "), "stopping") {
 		t.Fatalf("queued run: %+v", v.Result)
 	}
+	<-running.Done() // its slot is given back before its final state is visible
 	if v := running.View(); v.Result == nil || v.Result.Reason != protocol.Exited {
 		t.Fatalf("running run: %+v", v.Result)
 	}
