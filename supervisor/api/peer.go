@@ -206,7 +206,7 @@ func (l *peerListener) Accept() (net.Conn, error) {
 			go refuse(c)
 			continue
 		}
-		return &peerConn{UnixConn: c, peer: p, release: func() { l.limit.release(p.UID) }}, nil
+		return &peerConn{limitedConn: limitedConn{Conn: c, release: func() { l.limit.release(p.UID) }}, peer: p}, nil
 	}
 }
 
@@ -240,33 +240,27 @@ func (l *ipListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		return &ipConn{Conn: c, release: func() { l.limit.release(ip) }}, nil
+		return &limitedConn{Conn: c, release: func() { l.limit.release(ip) }}, nil
 	}
 }
 
-type ipConn struct {
+// limitedConn gives its connLimit slot back on its first Close.
+type limitedConn struct {
 	net.Conn
 	once    sync.Once
 	release func()
 }
 
-func (c *ipConn) Close() error {
+func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.release)
 	return err
 }
 
+// peerConn is a socket connection with its peer's credentials, read at accept.
 type peerConn struct {
-	*net.UnixConn
-	peer    Peer
-	once    sync.Once
-	release func()
-}
-
-func (c *peerConn) Close() error {
-	err := c.UnixConn.Close()
-	c.once.Do(c.release)
-	return err
+	limitedConn
+	peer Peer
 }
 
 // supplementaryGroups reads the Groups line of /proc/PID/status (proc(5)).
