@@ -526,6 +526,9 @@ func check(req *protocol.Request) error {
 	if req.Code != "" && req.Path != "" {
 		return fmt.Errorf("%w: give code or path, not both", ErrBadRequest)
 	}
+	if req.Isolated && req.Path != "" {
+		return fmt.Errorf("%w: an isolated program is code, not a path in the workspace", ErrBadRequest)
+	}
 	if req.Path != "" {
 		clean := path.Clean(req.Path)
 		if path.IsAbs(req.Path) || clean == ".." || strings.HasPrefix(clean, "../") || clean == "." {

@@ -201,6 +201,35 @@ func TestWorkspaceScript(t *testing.T) {
 	}
 }
 
+// A guest's `-c` program imports from its working directory, as `python -c` does; an
+// isolated one (the daemon's own) imports only from the standard library, whatever
+// the workspace holds.
+func TestIsolatedProgramImportsNothingFromTheWorkspace(t *testing.T) {
+	t.Parallel()
+	// urllib is a package of the standard library that is not frozen into the
+	// interpreter, so a directory of that name in /ws would shadow it.
+	code := "import sys, urllib, helper\nprint(urllib.__file__, helper.NAME, sys.argv, [p for p in sys.path if not p.startswith('/usr/local/lib/')])"
+	plant := func(r *protocol.Request) {
+		os.WriteFile(filepath.Join(r.Workspace, "helper.py"), []byte("NAME = 'planted'\n"), 0o644)
+		os.Mkdir(filepath.Join(r.Workspace, "urllib"), 0o755)
+		os.WriteFile(filepath.Join(r.Workspace, "urllib", "__init__.py"), []byte(""), 0o644)
+	}
+	res, _ := run(t, code, plant)
+	wantExit(t, res, 0)
+	if string(res.Stdout) != "/ws/urllib/__init__.py planted ['-c'] ['']\n" {
+		t.Fatalf("guest program: stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+	res, _ = run(t, code, func(r *protocol.Request) { plant(r); r.Isolated, r.Filename = true, "<daemon>" })
+	if res.Reason != protocol.Exited || res.ExitCode != 1 || !strings.Contains(string(res.Stderr), "No module named 'helper'") {
+		t.Fatalf("isolated program imported from the workspace: %s %d stdout %q stderr %q", res.Reason, res.ExitCode, res.Stdout, res.Stderr)
+	}
+	res, _ = run(t, "import sys, urllib.parse; print(urllib.__file__, sys.argv, sys.path)", func(r *protocol.Request) { plant(r); r.Isolated = true })
+	wantExit(t, res, 0)
+	if out := string(res.Stdout); !strings.HasPrefix(out, "/usr/local/lib/") || strings.Contains(out, "'/ws") || strings.Contains(out, "''") {
+		t.Fatalf("isolated program: stdout %q", res.Stdout)
+	}
+}
+
 // Everything outside /ws is out of reach, however it is named, and error messages
 // never show the host path of the workspace.
 func TestNoHostFilesystem(t *testing.T) {

@@ -292,3 +292,49 @@ func TestWithoutPidNamespace(t *testing.T) {
 		})
 	}
 }
+
+// A run's monotonic clock starts near 0 however long its worker waited in the pool
+// (a clock that counted from the worker's start would tell a run when the pool was
+// last refilled, by whose run), and it starts near 0 in a cold worker too.
+func TestWarmClockStartsAtTheRun(t *testing.T) {
+	const code = "import time; print(time.monotonic(), time.perf_counter(), time.monotonic_ns() // 10**6, time.clock_gettime(time.CLOCK_MONOTONIC), time.time())"
+	check := func(name string, res protocol.Result) {
+		t.Helper()
+		wantExit(t, res, 0)
+		f := strings.Fields(string(res.Stdout))
+		if len(f) != 5 {
+			t.Fatalf("%s: %q", name, res.Stdout)
+		}
+		for i, v := range f[:4] {
+			x, err := strconv.ParseFloat(v, 64)
+			if i == 2 {
+				x /= 1000
+			}
+			if err != nil || x < 0 || x > 1.5 {
+				t.Errorf("%s: clock %d reads %s s at the start of the run", name, i, v)
+			}
+		}
+		if wall, err := strconv.ParseFloat(f[4], 64); err != nil || wall < float64(time.Now().Add(-time.Minute).Unix()) {
+			t.Errorf("%s: time.time() is %s", name, f[4])
+		}
+	}
+	sp := sandbox.SelfSpawner()
+	req := defaultRequest(t, code)
+	waitWarm(t, sp, sandbox.PoolOptions{Template: req, Roots: []string{tempRoot(t)}, Size: 1}, 1)
+	defer sp.Warm(sandbox.PoolOptions{})
+	time.Sleep(3 * time.Second)
+	res, err := sp.Run(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := sp.PoolStats(); st.Hits != 1 {
+		t.Fatalf("not served warm: %+v", st)
+	}
+	check("warm", res)
+	cold := sandbox.SelfSpawner()
+	res, err = cold.Run(context.Background(), defaultRequest(t, code))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("cold", res)
+}

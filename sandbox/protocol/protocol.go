@@ -131,6 +131,12 @@ type Request struct {
 	Filename string `json:"filename,omitempty"`
 	// Path is a script path relative to the workspace, run as /ws/Path.
 	Path string `json:"path,omitempty"`
+	// Isolated marks Code as a program of the daemon's own (the SQL tool, the
+	// self-test's canary and probes), which the workspace must not be able to change:
+	// its sys.path is the read-only standard library alone, with no entry for the
+	// workspace or the working directory (where `python -c` puts ""), so a module
+	// file planted in /ws is never imported. It requires Code, not Path.
+	Isolated bool `json:"isolated,omitempty"`
 	// Args are the program's arguments (sys.argv[1:]).
 	Args []string `json:"args,omitempty"`
 	// Stdin is the guest's whole standard input; empty means end of file at once.

@@ -7,6 +7,9 @@
 #   MODE, SOURCE-OR-PATH, NAME, N, ARG1..ARGN, KEY1, VALUE1, ...
 # MODE "code": SOURCE is the program, NAME its file name ("<string>" for -c);
 # MODE "path": PATH is the script (/ws/...), NAME is empty.
+# MODE "isolated": as "code", for a program of the daemon's own (the SQL tool, the
+# self-test): sys.path stays the read-only standard library alone, so nothing the
+# workspace holds is ever imported by it.
 # Whatever follows the header is the program's own stdin.
 # It makes /ws the working directory and runs the program in __main__ so that it
 # behaves as under `python -c CODE ARGS` or `python /ws/PATH ARGS`: same sys.argv, same
@@ -47,7 +50,14 @@ def _sandcell_boot():
     os.chdir("/ws")
     g = globals()
     del g["_sandcell_boot"]
-    if mode == "code":
+    if mode == "isolated":
+        # -I already left the script's directory out; keep only the library's
+        # entries, whatever else may have put one there.
+        sys.path[:] = [p for p in sys.path if p.startswith("/usr/local/lib/")]
+        sys.argv[:] = [name] + args
+        g["__file__"] = name
+        mode = "code"
+    elif mode == "code":
         if name == "<string>":
             sys.argv[:] = ["-c"] + args
         else:

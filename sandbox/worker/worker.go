@@ -378,6 +378,7 @@ func warm(r *reply, tmpl *protocol.Request, body func(*protocol.Request, *Env) p
 	var ended atomic.Bool
 	arm := make(chan time.Duration, 1)
 	claimed := make(chan struct{})
+	clock := engine.NewClock()
 	go func() {
 		// Narrowing ends with no_new_privs on this thread, which the seccomp filter's
 		// TSYNC then gives every thread: it must all happen on one thread.
@@ -392,10 +393,13 @@ func warm(r *reply, tmpl *protocol.Request, body func(*protocol.Request, *Env) p
 			os.Exit(0) // dropped, or refused and reported: nothing ran
 		}
 		close(claimed)
+		// The run starts now: its CPU limit and its monotonic clock count from here.
+		clock.Restart()
 		arm <- time.Duration(c.Limits.CPUMS) * time.Millisecond
 		feedStdin(c, w)
 	}()
 	spec := guestSpec(tmpl, st.env(eng, mod, r), arm)
+	spec.Clock = clock
 	// The bootstrap's sign that it is warm (it removes the variable before the
 	// program's own environment is set).
 	spec.Env = map[string]string{warmVariable: "1"}
@@ -565,8 +569,16 @@ func Program(req *protocol.Request) ([]byte, error) {
 	switch {
 	case req.Code != "" && req.Path != "":
 		return nil, fmt.Errorf("request sets both code and path")
+	case req.Isolated && req.Path != "":
+		return nil, fmt.Errorf("an isolated request runs code, not a path")
 	case req.Path != "":
 		fields = []string{"path", GuestWorkdir + "/" + req.Path, ""}
+	case req.Isolated:
+		name := req.Filename
+		if name == "" {
+			name = "<string>"
+		}
+		fields = []string{"isolated", req.Code, name}
 	default:
 		name := req.Filename
 		if name == "" {

@@ -235,7 +235,7 @@ func runCanary(ctx context.Context, o Options, module, lib, program string) (pro
 		return protocol.Result{}, err
 	}
 	defer os.RemoveAll(ws)
-	return o.Spawner.Run(ctx, protocol.Request{Code: program, Workspace: ws, Limits: limits,
+	return o.Spawner.Run(ctx, protocol.Request{Code: program, Isolated: true, Workspace: ws, Limits: limits,
 		Hardening: o.Policy.Hardening(limits), ModulePath: module, LibDir: lib})
 }
 

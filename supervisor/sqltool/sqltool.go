@@ -153,6 +153,8 @@ func Run(ctx context.Context, r Runner, dir string, req Request, base protocol.R
 	}
 	w := base
 	w.Code, w.Filename, w.Stdin, w.Workspace, w.Args, w.Env = program, "<sandcell-sql>", in, dir, nil, nil
+	// The program runs with the workspace as /ws: it must import nothing from there.
+	w.Path, w.Isolated = "", true
 	// The statement's own limit acts first; the worker's wall clock is the backstop.
 	w.Limits.TimeoutMS = req.TimeoutMS + 5_000
 	w.Limits.CPUMS = 0

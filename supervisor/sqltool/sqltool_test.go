@@ -242,3 +242,59 @@ func TestHostileFileAndParams(t *testing.T) {
 		t.Fatalf("empty: %+v", out)
 	}
 }
+
+// The tool's program runs with the workspace as /ws and its working directory, so
+// the workspace may hold a module named like any the program imports (every standard
+// module's name, as a file and as a package, and the site hooks): none is imported,
+// a read stays a read and the file's bytes do not change.
+func TestPlantedModules(t *testing.T) {
+	f := newFixture(t)
+	names := stdlibNames(t, f)
+	payload := "open('/ws/planted-ran', 'a').write(__name__ + '\\n')\n" +
+		"open('/ws/t.db', 'r+b').write(b'overwritten by a planted module')\n"
+	packages := map[string]bool{"sqlite3": true, "json": true, "urllib": true, "base64": true, "encodings": true}
+	for _, n := range append(names, "sitecustomize", "usercustomize") {
+		p := filepath.Join(f.dir, n+".py")
+		if packages[n] {
+			os.Mkdir(filepath.Join(f.dir, n), 0o755)
+			p = filepath.Join(f.dir, n, "__init__.py")
+		}
+		if err := os.WriteFile(p, []byte(payload), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := f.sum()
+	out := f.run(Request{DB: "t.db", SQL: "SELECT count(*) FROM t"})
+	if out.Status != "ok" || out.Classification == nil || out.Classification.Kind != "read" || string(out.Rows[0]) != "[2]" {
+		t.Fatalf("read with planted modules: %+v %+v", out, out.Error)
+	}
+	if b, err := os.ReadFile(filepath.Join(f.dir, "planted-ran")); err == nil {
+		t.Fatalf("planted modules ran: %q", b)
+	}
+	if f.sum() != before {
+		t.Fatal("the database changed")
+	}
+	// An approved write runs the same program: the planted modules stay out of it too.
+	if out := f.run(Request{DB: "t.db", Write: true, SQL: "DELETE FROM t WHERE id = 2"}); out.Changes != 1 {
+		t.Fatalf("delete: %+v", out)
+	}
+	if _, err := os.Stat(filepath.Join(f.dir, "planted-ran")); err == nil {
+		t.Fatal("planted modules ran in the write")
+	}
+}
+
+// stdlibNames is sys.stdlib_module_names of the sandboxed interpreter.
+func stdlibNames(t *testing.T, f *fixture) []string {
+	t.Helper()
+	req := f.b
+	req.Code, req.Workspace = "import sys; print('\\n'.join(sorted(sys.stdlib_module_names)))", t.TempDir()
+	res, err := sandbox.SelfSpawner().Run(context.Background(), req)
+	if err != nil || res.Reason != protocol.Exited || res.ExitCode != 0 {
+		t.Fatalf("%v %+v", err, res)
+	}
+	names := strings.Fields(string(res.Stdout))
+	if len(names) < 100 {
+		t.Fatalf("stdlib_module_names: %d names", len(names))
+	}
+	return names
+}
