@@ -26,8 +26,11 @@ import (
 // Errors of admission and lookup, mapped by the API to stable codes.
 var (
 	ErrQueueFull = errors.New("supervisor: every worker is busy and the queue is full")
-	ErrStopping  = errors.New("supervisor: shutting down")
-	ErrNotFound  = errors.New("supervisor: no such run")
+	// ErrCallerLimit: the caller already has Options.MaxPerCaller runs running or
+	// queued; other callers' runs are still admitted.
+	ErrCallerLimit = errors.New("supervisor: this caller has as many runs running or queued as one caller may")
+	ErrStopping    = errors.New("supervisor: shutting down")
+	ErrNotFound    = errors.New("supervisor: no such run")
 )
 
 // State is where a run is in its life.
@@ -51,8 +54,9 @@ type Manager struct {
 	runner    Runner
 	workDir   string // private workspaces of runs that name none
 	retention time.Duration
-	slots     chan struct{} // one token per concurrent worker
+	workers   int // how many runs may run at once
 	maxQueued int
+	perCaller int // most runs (running plus queued) of one caller; 0: no bound
 
 	wedgeSlack  time.Duration
 	maxRetained int64    // bytes of output kept over all finished runs
@@ -63,9 +67,17 @@ type Manager struct {
 
 	mu       sync.Mutex
 	runs     map[string]*Run
-	queued   int
+	running  int               // runs holding a worker
+	queued   int               // runs waiting for one
+	callers  map[Caller]*share // callers with runs running or queued
 	stopping bool
 	wg       sync.WaitGroup
+}
+
+// share is one caller's part of the workers and the queue (under Manager.mu).
+type share struct {
+	running int
+	waiting []*Run // queued, oldest first
 }
 
 // Options configure a Manager.
@@ -86,6 +98,11 @@ type Options struct {
 	// WedgeSlack is how long past its wall-clock limit a run may take to end (the
 	// kill, the reaping, the result) before Wedged reports it; 0 means 30 s.
 	WedgeSlack time.Duration
+	// MaxPerCaller bounds the runs one caller has running plus queued (0: no
+	// bound); past it Start fails with ErrCallerLimit. Whatever it is, a free worker
+	// goes to the queued run of the caller with the fewest runs running (the oldest
+	// such run), so one caller's queue never keeps another's run waiting behind it.
+	MaxPerCaller int
 }
 
 // NewManager returns a manager running requests with runner.
@@ -115,8 +132,8 @@ func NewManager(runner Runner, o Options) (*Manager, error) {
 		o.WedgeSlack = 30 * time.Second
 	}
 	return &Manager{runner: runner, workDir: o.WorkDir, retention: o.Retention, maxRetained: o.MaxRetainedOutputBytes,
-		wedgeSlack: o.WedgeSlack,
-		slots:      make(chan struct{}, o.Concurrency), maxQueued: o.QueueLength, runs: map[string]*Run{}}, nil
+		wedgeSlack: o.WedgeSlack, workers: o.Concurrency, maxQueued: o.QueueLength, perCaller: max(o.MaxPerCaller, 0),
+		runs: map[string]*Run{}, callers: map[Caller]*share{}}, nil
 }
 
 // Caller is who starts a run: a local process's uid (SO_PEERCRED), or, over TCP, the
@@ -134,8 +151,9 @@ type Run struct {
 	// Caller started the run.
 	Caller Caller
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	cancel  context.CancelFunc
+	done    chan struct{}
+	granted chan struct{} // closed when a worker is the run's (under Manager.mu)
 
 	mu       sync.Mutex
 	state    State
@@ -260,43 +278,113 @@ func (m *Manager) Start(req protocol.Request, caller Caller) (*Run, error) {
 	if m.stopping {
 		return nil, ErrStopping
 	}
-	// Admitted while a worker is free or the queue has room: runs waiting for a
-	// slot (queued) may use the free slots and the queue.
-	if m.queued >= cap(m.slots)-len(m.slots)+m.maxQueued {
+	// Admitted while a worker is free or the queue has room.
+	if m.running+m.queued >= m.workers+m.maxQueued {
 		return nil, ErrQueueFull
 	}
+	sh := m.callers[caller]
+	if sh == nil {
+		sh = &share{}
+	}
+	if m.perCaller > 0 && sh.running+len(sh.waiting) >= m.perCaller {
+		return nil, fmt.Errorf("%w (%d)", ErrCallerLimit, m.perCaller)
+	}
+	m.callers[caller] = sh
 	m.sweep()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Run{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Created: time.Now().UTC(), Caller: caller,
-		cancel: cancel, done: make(chan struct{}), state: Queued, live: map[string][]byte{}, changed: make(chan struct{})}
+		cancel: cancel, done: make(chan struct{}), granted: make(chan struct{}), state: Queued,
+		live: map[string][]byte{}, changed: make(chan struct{})}
 	m.runs[r.ID] = r
 	m.queued++
+	sh.waiting = append(sh.waiting, r)
+	m.dispatch()
 	m.wg.Add(1)
 	go m.execute(ctx, r, req)
 	return r, nil
+}
+
+// dispatch gives free workers to queued runs, each to the oldest queued run of the
+// caller with the fewest runs running; m.mu is held.
+func (m *Manager) dispatch() {
+	for m.running < m.workers && m.queued > 0 {
+		var next *share
+		for _, sh := range m.callers {
+			if len(sh.waiting) == 0 {
+				continue
+			}
+			if next == nil || sh.running < next.running ||
+				(sh.running == next.running && sh.waiting[0].Created.Before(next.waiting[0].Created)) {
+				next = sh
+			}
+		}
+		r := next.waiting[0]
+		next.waiting = next.waiting[1:]
+		next.running++
+		m.queued--
+		m.running++
+		close(r.granted)
+	}
+}
+
+// dequeue removes r, not yet given a worker, from the queue; m.mu is held.
+func (m *Manager) dequeue(r *Run) {
+	sh := m.callers[r.Caller]
+	for i, q := range sh.waiting {
+		if q == r {
+			sh.waiting = append(sh.waiting[:i], sh.waiting[i+1:]...)
+			m.queued--
+			break
+		}
+	}
+	m.forget(r.Caller, sh)
+}
+
+// release gives r's worker back and hands it to the next queued run.
+func (m *Manager) release(r *Run) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	sh := m.callers[r.Caller]
+	sh.running--
+	m.running--
+	m.forget(r.Caller, sh)
+	m.dispatch()
+}
+
+// forget drops a caller's share once it has nothing running or queued; m.mu is held.
+func (m *Manager) forget(c Caller, sh *share) {
+	if sh.running == 0 && len(sh.waiting) == 0 {
+		delete(m.callers, c)
+	}
 }
 
 func (m *Manager) execute(ctx context.Context, r *Run, req protocol.Request) {
 	defer m.wg.Done()
 	defer r.cancel()
 	select {
-	case m.slots <- struct{}{}:
+	case <-r.granted:
 	case <-ctx.Done():
 		m.mu.Lock()
-		m.queued--
-		m.mu.Unlock()
+		select {
+		case <-r.granted:
+			// Given a worker as it was cancelled: give it back.
+			m.mu.Unlock()
+			m.release(r)
+		default:
+			m.dequeue(r)
+			m.mu.Unlock()
+		}
 		m.finish(r, protocol.Result{ExitCode: -1, Reason: protocol.Cancelled,
 			Diagnostics: []string{"cancelled before a worker was free"}}, nil)
 		return
 	}
 	m.mu.Lock()
-	m.queued--
 	stopping := m.stopping
 	m.mu.Unlock()
 	if stopping {
 		// Queued when the daemon began to stop: it would only be cancelled at the
 		// end of the grace period, so it never starts.
-		<-m.slots
+		m.release(r)
 		m.finish(r, protocol.Result{ExitCode: -1, Reason: protocol.Cancelled,
 			Diagnostics: []string{"the daemon is stopping; the run did not start"}}, nil)
 		return
@@ -306,9 +394,9 @@ func (m *Manager) execute(ctx context.Context, r *Run, req protocol.Request) {
 	r.deadline = time.Now().Add(time.Duration(req.Limits.TimeoutMS)*time.Millisecond + m.wedgeSlack)
 	r.mu.Unlock()
 	res, err := m.work(ctx, r, req)
-	// The slot is free before the final state is visible, so a caller who saw the
+	// The worker is free before the final state is visible, so a caller who saw the
 	// run end never sees its worker still counted busy.
-	<-m.slots
+	m.release(r)
 	if err != nil {
 		reason := protocol.InternalError
 		if errors.Is(err, sandbox.ErrBadRequest) {
@@ -435,7 +523,7 @@ func (m *Manager) Wedged() error {
 func (m *Manager) Busy() (running, queued int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return len(m.slots), m.queued
+	return m.running, m.queued
 }
 
 // sweep forgets finished runs older than the retention; m.mu is held.

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -176,4 +177,63 @@ func TestShutdownCancelsQueued(t *testing.T) {
 		t.Fatalf("running run: %+v", v.Result)
 	}
 	<-done
+}
+
+// One caller holds at most MaxPerCaller runs, running plus queued; another caller is
+// still admitted, and a freed worker goes to the caller with the fewest runs running
+// before the first caller's older queued runs.
+func TestFairShare(t *testing.T) {
+	s := stuck{release: make(chan struct{})}
+	m, err := NewManager(s, Options{Concurrency: 2, QueueLength: 8, MaxPerCaller: 4, Retention: time.Minute, WorkDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := Caller{UID: -1, Token: "a"}, Caller{UID: -1, Token: "b"}
+	var mine []*Run
+	for i := 0; i < 4; i++ {
+		r, err := m.Start(protocol.Request{Code: "a", Limits: protocol.Limits{TimeoutMS: 60_000}}, a)
+		if err != nil {
+			t.Fatalf("a's run %d: %v", i, err)
+		}
+		mine = append(mine, r)
+	}
+	if _, err := m.Start(protocol.Request{Code: "a"}, a); !errors.Is(err, ErrCallerLimit) {
+		t.Fatalf("a's fifth run: %v", err)
+	}
+	if running, queued := m.Busy(); running != 2 || queued != 2 {
+		t.Fatalf("busy: %d running, %d queued", running, queued)
+	}
+	theirs, err := m.Start(protocol.Request{Code: "b", Limits: protocol.Limits{TimeoutMS: 60_000}}, b)
+	if err != nil {
+		t.Fatalf("b's run: %v", err)
+	}
+	// One worker frees: b's run (b has none running) goes before a's queued ones.
+	s.release <- struct{}{}
+	deadline := time.Now().Add(5 * time.Second)
+	for theirs.View().State != Running {
+		if time.Now().After(deadline) {
+			t.Fatal("b's run did not get the free worker")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	queuedA := 0
+	for _, r := range mine {
+		if r.View().State == Queued {
+			queuedA++
+		}
+	}
+	if queuedA != 2 {
+		t.Fatalf("%d of a's runs queued, want 2", queuedA)
+	}
+	close(s.release)
+	for _, r := range append(mine, theirs) {
+		<-r.Done()
+	}
+	m.mu.Lock()
+	left := len(m.callers)
+	m.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d callers' shares kept after their runs ended", left)
+	}
+	m.Shutdown(time.Second)
 }

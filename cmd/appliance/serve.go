@@ -186,7 +186,7 @@ func (d *daemon) run() error {
 	d.canaryW = filepath.Join(cfg.State.Dir, "canary")
 	workspace.RemoveTree(d.canaryW) // left by a daemon that died during a canary
 	if d.mgr, err = supervisor.NewManager(d.sp, supervisor.Options{Concurrency: cfg.Concurrency(),
-		QueueLength: cfg.Runs.QueueLength, Retention: cfg.Runs.ResultRetention.Duration,
+		QueueLength: cfg.Runs.QueueLength, MaxPerCaller: cfg.PerCaller(), Retention: cfg.Runs.ResultRetention.Duration,
 		WorkDir: filepath.Join(cfg.State.Dir, "work"), MaxRetainedOutputBytes: cfg.Runs.MaxRetainedOutputBytes}); err != nil {
 		return err
 	}
@@ -385,7 +385,7 @@ func (d *daemon) info() any {
 		"limits":  map[string]any{"default": pol.Default, "max": pol.Max},
 		"require": pol.Require,
 		"pool":    d.sp.PoolStats(),
-		"runs":    map[string]int{"max_concurrent": cfg.Concurrency(), "queue_length": cfg.Runs.QueueLength},
+		"runs":    map[string]int{"max_concurrent": cfg.Concurrency(), "queue_length": cfg.Runs.QueueLength, "max_per_caller": cfg.PerCaller()},
 	}
 	if r := d.report.Load(); r != nil {
 		info["enforcement"] = r.Enforcement

@@ -49,6 +49,7 @@ const (
 	CodeMethod         = "method_not_allowed"
 	CodeBodyTooLarge   = "body_too_large"         // 413: the body is over runs.max_request_bytes
 	CodeQueueFull      = "queue_full"             // 429: every worker busy and the queue full (Retry-After)
+	CodeCallerLimit    = "caller_limit"           // 429: this caller has runs.max_per_caller runs running or queued (Retry-After)
 	CodeDisabled       = "disabled"               // 503: the kill switch is on
 	CodeNotReady       = "not_ready"              // 503: the sandbox has not been verified (or a check fails)
 	CodeNotAlive       = "not_alive"              // 503 on /livez: a liveness check fails (restart the daemon)
@@ -72,7 +73,7 @@ const (
 
 // Codes lists every problem code (TestOpenAPI keeps the document's list equal).
 var Codes = []string{CodeInvalidJSON, CodeUnknownField, CodeBadRequest, CodeLimitExceeded, CodeForbidden,
-	CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeDisabled, CodeNotReady, CodeNotAlive, CodeStopping,
+	CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeCallerLimit, CodeDisabled, CodeNotReady, CodeNotAlive, CodeStopping,
 	CodeInternal, CodeUnsupportedMed, CodeUnauthorized, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota,
 	CodeStatementRefused, CodeApprovalRequired, CodeApprovalUnavailable, CodeApprovalInvalid, CodeSQLError,
 	CodeTooManyPending, CodeWorkspaceBusy}
@@ -243,6 +244,7 @@ func New(o Options) *Server {
 	s.SetPolicy(o.Policy)
 	e.HTTPErrorHandler = s.errorHandler
 	e.Server.ConnContext = ConnContext
+	e.Server.ConnState = ConnState
 	// Slow clients cannot hold a connection: headers within 5 s, a body within 30 s.
 	// No write timeout: a synchronous run answers when it ends (at most the maximum
 	// timeout).
@@ -349,6 +351,7 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 					return problem(c, http.StatusUnauthorized, CodeUnauthorized, "present a configured bearer token")
 				}
 				peer, ok = Peer{PID: -1, UID: -1, GID: -1, Token: t.Name}, true
+				authenticated(ctx)
 				c.SetRequest(c.Request().WithContext(context.WithValue(ctx, peerKey{}, peer)))
 			}
 			allowed := false
@@ -472,6 +475,9 @@ func (s *Server) createRun(c echo.Context) error {
 	case errors.Is(err, supervisor.ErrQueueFull):
 		c.Response().Header().Set("Retry-After", "1")
 		return refuse(http.StatusTooManyRequests, CodeQueueFull, err.Error())
+	case errors.Is(err, supervisor.ErrCallerLimit):
+		c.Response().Header().Set("Retry-After", "1")
+		return refuse(http.StatusTooManyRequests, CodeCallerLimit, err.Error())
 	case errors.Is(err, supervisor.ErrStopping):
 		return refuse(http.StatusServiceUnavailable, CodeStopping, err.Error())
 	case err != nil:

@@ -59,6 +59,7 @@ type daemon struct {
 
 type setup struct {
 	concurrency, queue int
+	perCaller          int // runs of one caller, running plus queued; 0: no bound
 	access             *api.Access
 	quota              workspace.Quota // of every workspace; zero: 1 MiB and 100 names
 	readTimeout        time.Duration
@@ -74,7 +75,7 @@ func start(t *testing.T, s setup) *daemon {
 	}
 	dir := t.TempDir()
 	mgr, err := supervisor.NewManager(sandbox.SelfSpawner(), supervisor.Options{Concurrency: s.concurrency,
-		QueueLength: s.queue, Retention: time.Minute, WorkDir: filepath.Join(dir, "work")})
+		QueueLength: s.queue, MaxPerCaller: s.perCaller, Retention: time.Minute, WorkDir: filepath.Join(dir, "work")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -571,8 +572,10 @@ func TestOpenAPI(t *testing.T) {
 	}
 }
 
-// At most max connections are served at once; the next waits in the backlog and is
-// served when one closes (slow clients cannot take descriptors without bound).
+// At most max connections are served at once. At the bound, a new connection takes
+// the slot of the one idle the longest (closed for it); when every connection is in
+// the middle of a request, it waits a second and is refused (slow clients cannot take
+// descriptors without bound, and idle ones cannot keep others out).
 func TestConnectionLimit(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "s.sock")
@@ -580,38 +583,68 @@ func TestConnectionLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	unblock := make(chan struct{})
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/block" {
+			<-unblock
+		}
 		p, ok := api.PeerFrom(r.Context())
 		fmt.Fprintf(w, "%v %d", ok, p.UID)
-	}), ConnContext: api.ConnContext}
+	}), ConnContext: api.ConnContext, ConnState: api.ConnState}
 	go srv.Serve(api.Listen(l, 2, 2))
 	defer srv.Close()
-	var idle []net.Conn
+	var busy []net.Conn
 	for i := 0; i < 2; i++ {
 		c, err := net.Dial("unix", sock)
 		if err != nil {
 			t.Fatal(err)
 		}
-		idle = append(idle, c)
+		c.Write([]byte("GET /block HTTP/1.1\r\nHost: x\r\n\r\n")) // a request being served
+		busy = append(busy, c)
 	}
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond)
 	client := client.HTTP(sock)
-	client.Timeout = 300 * time.Millisecond
-	if _, err := client.Get("http://x/"); err == nil {
-		t.Fatal("a third connection was served while two were open")
+	client.Timeout = 3 * time.Second
+	if resp, err := client.Get("http://x/"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == 200 {
+			t.Fatal("a third connection was served while two requests were in progress")
+		}
 	}
-	idle[0].Close()
+	// The two requests end; their connections stay open, idle.
+	close(unblock)
+	time.Sleep(100 * time.Millisecond)
 	client.Timeout = 5 * time.Second
-	resp, err := client.Get("http://x/")
+	get := func() {
+		t.Helper()
+		resp, err := client.Get("http://x/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(b) != fmt.Sprintf("true %d", os.Getuid()) {
+			t.Fatalf("peer: %s", b)
+		}
+	}
+	get()
+	// The bound is full of idle connections again (one of the first two and the
+	// client's): a new one is served by closing the one idle the longest.
+	other := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}, Timeout: 5 * time.Second}
+	defer other.CloseIdleConnections()
+	resp, err := other.Get("http://x/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ := io.ReadAll(resp.Body)
+	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if string(b) != fmt.Sprintf("true %d", os.Getuid()) {
-		t.Fatalf("peer: %s", b)
+	for _, c := range busy {
+		c.Close()
 	}
-	idle[1].Close()
+	client.CloseIdleConnections()
+	get()
 }
 
 // One uid cannot hold every connection: past its own limit it is answered 429 at

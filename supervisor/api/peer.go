@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/user"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -51,10 +53,24 @@ func (p Peer) Caller() supervisor.Caller { return supervisor.Caller{UID: p.UID, 
 
 type peerKey struct{}
 
+// connKey holds a request's *limitedConn, so that presenting a valid token marks it.
+type connKey struct{}
+
+// authenticated marks the connection of ctx's request as carrying a known caller: it
+// keeps the ordinary idle timeout from then on.
+func authenticated(ctx context.Context) {
+	if lc, ok := ctx.Value(connKey{}).(*limitedConn); ok {
+		lc.authenticated.Store(true)
+	}
+}
+
 // ConnContext stores the peer's credentials in the context of every request on c;
 // it is http.Server.ConnContext of the API's server. c is a connection from Listen,
 // or a *net.UnixConn.
 func ConnContext(ctx context.Context, c net.Conn) context.Context {
+	if lc := connOf(c); lc != nil {
+		ctx = context.WithValue(ctx, connKey{}, lc)
+	}
 	if pc, ok := c.(*peerConn); ok {
 		return context.WithValue(ctx, peerKey{}, pc.peer)
 	}
@@ -115,10 +131,11 @@ func peerGroups(fd int) ([]int, error) {
 	}
 }
 
-// Listen wraps l so that at most max connections are open at once (further clients
-// wait in the socket's backlog), at most perUID of them from one uid (more are
-// answered 429 connection_limit and closed, so one user cannot take every slot), and
-// each carries its peer's credentials, read once at accept.
+// Listen wraps l so that at most max connections are open at once, at most perUID of
+// them from one uid (more are answered 429 connection_limit and closed, so one user
+// cannot take every slot), and each carries its peer's credentials, read once at
+// accept. At the bound, the connection idle the longest is closed to make room (see
+// connLimit.take).
 func Listen(l *net.UnixListener, max, perUID int) net.Listener {
 	return &peerListener{UnixListener: l, limit: newConnLimit[int](max, perUID)}
 }
@@ -128,30 +145,75 @@ type peerListener struct {
 	limit *connLimit[int]
 }
 
-// connLimit counts open connections: at most max in all (acquire waits for a slot),
-// at most per from one key (a uid, a client address).
+// Connection bounds that hold whatever other clients do.
+const (
+	// unauthenticatedIdle is how long a TCP connection that has not presented a
+	// valid bearer token may stay idle (a probe's, or a stranger's): such
+	// connections cannot pile up and hold the slots the probes need.
+	unauthenticatedIdle = 5 * time.Second
+	// slotWait is how long a new connection waits for a slot at the bound when no
+	// connection is idle to be closed for it; then it is closed.
+	slotWait = time.Second
+)
+
+// connLimit counts open connections: at most max in all, at most per from one key
+// (a uid, a client address). It knows which are idle (ConnState), so a new
+// connection at the bound is never kept waiting behind idle keep-alive connections:
+// the one idle the longest is closed for it (an HTTP client reopens an idle
+// connection the server closed, RFC 9112 section 9.5).
 type connLimit[K comparable] struct {
 	slots chan struct{}
 	per   int
 
-	mu   sync.Mutex
-	open map[K]int
+	mu    sync.Mutex
+	open  map[K]int
+	conns map[*limitedConn]struct{}
 }
 
 func newConnLimit[K comparable](max, per int) *connLimit[K] {
-	return &connLimit[K]{slots: make(chan struct{}, max), per: per, open: map[K]int{}}
+	return &connLimit[K]{slots: make(chan struct{}, max), per: per, open: map[K]int{}, conns: map[*limitedConn]struct{}{}}
 }
 
-// wait takes a slot, blocking while max connections are open.
-func (l *connLimit[K]) wait() { l.slots <- struct{}{} }
+// take takes a slot: at once when one is free; at the bound, by closing the
+// connection idle the longest and waiting up to slotWait for its slot. It reports
+// false when no slot came.
+func (l *connLimit[K]) take() bool {
+	select {
+	case l.slots <- struct{}{}:
+		return true
+	default:
+	}
+	l.mu.Lock()
+	var oldest *limitedConn
+	var since int64
+	for c := range l.conns {
+		if t := c.idleSince.Load(); t != 0 && (oldest == nil || t < since) {
+			oldest, since = c, t
+		}
+	}
+	l.mu.Unlock()
+	if oldest != nil {
+		oldest.Close()
+	}
+	t := time.NewTimer(slotWait)
+	defer t.Stop()
+	select {
+	case l.slots <- struct{}{}:
+		return true
+	case <-t.C:
+		return false
+	}
+}
 
-// admit counts a connection from key in the slot taken by wait, or gives the slot
-// back and reports false when key already has per open.
-func (l *connLimit[K]) admit(key K) bool {
+// admit counts c, from key, in the slot taken by take, or gives the slot back and
+// reports false when key already has per open.
+func (l *connLimit[K]) admit(key K, c *limitedConn) bool {
 	l.mu.Lock()
 	over := l.open[key] >= l.per
 	if !over {
 		l.open[key]++
+		l.conns[c] = struct{}{}
+		c.release = func() { l.release(key, c) }
 	}
 	l.mu.Unlock()
 	if over {
@@ -160,26 +222,28 @@ func (l *connLimit[K]) admit(key K) bool {
 	return !over
 }
 
-// release ends a connection admitted for key.
-func (l *connLimit[K]) release(key K) {
+// release ends c, admitted for key.
+func (l *connLimit[K]) release(key K, c *limitedConn) {
 	l.mu.Lock()
 	if l.open[key]--; l.open[key] == 0 {
 		delete(l.open, key)
 	}
+	delete(l.conns, c)
 	l.mu.Unlock()
 	<-l.slots
 }
 
-// tooManyConnections is the whole answer to a connection over the per-uid limit,
+// tooManyConnections is the whole answer to a connection over the per-uid limit (or
+// over the global one with no connection idle),
 // sent before its request is read (RFC 9110 lets a server answer early) and closed.
 var tooManyConnections = func() []byte {
 	body := `{"type":"urn:sandcell:problem:` + CodeConnLimit + `","title":"Too Many Requests","status":429,` +
-		`"detail":"this uid has too many connections open to the daemon","code":"` + CodeConnLimit + `"}`
+		`"detail":"too many connections are open to the daemon, from this uid or in all","code":"` + CodeConnLimit + `"}`
 	return []byte("HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/problem+json\r\n" +
 		"Retry-After: 1\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 }()
 
-// refuse answers a connection over the per-uid limit and closes it gracefully: the
+// refuse answers a connection over a limit and closes it gracefully: the
 // answer, then the end of our side, then whatever the client still sends is read
 // (for at most a second), so its request does not meet a reset before it reads
 // the answer.
@@ -195,26 +259,31 @@ func refuse(c *net.UnixConn) {
 
 func (l *peerListener) Accept() (net.Conn, error) {
 	for {
-		l.limit.wait()
 		c, err := l.UnixListener.AcceptUnix()
 		if err != nil {
-			<-l.limit.slots
 			return nil, err
 		}
-		p, _ := peerOf(c)
-		if !l.limit.admit(p.UID) {
+		if !l.limit.take() {
 			go refuse(c)
 			continue
 		}
-		return &peerConn{limitedConn: limitedConn{Conn: c, release: func() { l.limit.release(p.UID) }}, peer: p}, nil
+		p, _ := peerOf(c)
+		pc := &peerConn{limitedConn: newLimitedConn(c, true), peer: p}
+		if !l.limit.admit(p.UID, pc.limitedConn) {
+			go refuse(c)
+			continue
+		}
+		return pc, nil
 	}
 }
 
 // ListenTCP wraps a TCP listener (before any TLS) so that at most max connections
-// are open at once (further clients wait in the backlog) and at most perIP of them
-// come from one client address (more are closed at once, unanswered: the bytes of
-// an HTTP answer would not be TLS): one client holding connections open cannot take
-// every slot from the others, the kubelet's probes included.
+// are open at once and at most perIP of them come from one client address (more are
+// closed at once, unanswered: the bytes of an HTTP answer would not be TLS). A
+// connection that has not presented a valid bearer token is closed after
+// unauthenticatedIdle idle, and at the bound the connection idle the longest is
+// closed for a new one: whatever connections other clients hold, the kubelet's
+// probes are answered.
 func ListenTCP(l net.Listener, max, perIP int) net.Listener {
 	return &ipListener{Listener: l, limit: newConnLimit[netip.Addr](max, perIP)}
 }
@@ -226,40 +295,113 @@ type ipListener struct {
 
 func (l *ipListener) Accept() (net.Conn, error) {
 	for {
-		l.limit.wait()
 		c, err := l.Listener.Accept()
 		if err != nil {
-			<-l.limit.slots
 			return nil, err
+		}
+		if !l.limit.take() {
+			c.Close()
+			continue
 		}
 		var ip netip.Addr
 		if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 			ip = a.AddrPort().Addr().Unmap()
 		}
-		if !l.limit.admit(ip) {
+		lc := newLimitedConn(c, false)
+		if !l.limit.admit(ip, lc) {
 			c.Close()
 			continue
 		}
-		return &limitedConn{Conn: c, release: func() { l.limit.release(ip) }}, nil
+		return lc, nil
 	}
 }
 
-// limitedConn gives its connLimit slot back on its first Close.
+// limitedConn gives its connLimit slot back on its first Close, and knows whether it
+// is idle (idleSince, Unix nanoseconds; 0 while a request is being served) and
+// whether its caller is known (a Unix peer, or a TCP caller that presented a valid
+// bearer token).
 type limitedConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	once          sync.Once
+	release       func()
+	idleSince     atomic.Int64
+	authenticated atomic.Bool
+
+	mu   sync.Mutex
+	idle *time.Timer // closes an unauthenticated connection left idle
+}
+
+func newLimitedConn(c net.Conn, authenticated bool) *limitedConn {
+	lc := &limitedConn{Conn: c, release: func() {}}
+	lc.idleSince.Store(time.Now().UnixNano())
+	lc.authenticated.Store(authenticated)
+	return lc
 }
 
 func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.once.Do(func() {
+		c.mu.Lock()
+		if c.idle != nil {
+			c.idle.Stop()
+		}
+		c.mu.Unlock()
+		c.release()
+	})
 	return err
+}
+
+// state follows the HTTP server's view of c (http.Server.ConnState).
+func (c *limitedConn) state(st http.ConnState) {
+	switch st {
+	case http.StateActive:
+		c.idleSince.Store(0)
+	case http.StateNew, http.StateIdle:
+		now := time.Now()
+		c.idleSince.Store(now.UnixNano())
+		if c.authenticated.Load() {
+			return
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.idle != nil {
+			c.idle.Stop()
+		}
+		c.idle = time.AfterFunc(unauthenticatedIdle, func() {
+			if c.idleSince.Load() == now.UnixNano() && !c.authenticated.Load() {
+				c.Close()
+			}
+		})
+	}
+}
+
+// connOf is the limitedConn beneath c (a TLS connection's included), or nil.
+func connOf(c net.Conn) *limitedConn {
+	for {
+		switch v := c.(type) {
+		case *limitedConn:
+			return v
+		case *peerConn:
+			return v.limitedConn
+		case interface{ NetConn() net.Conn }:
+			c = v.NetConn()
+		default:
+			return nil
+		}
+	}
+}
+
+// ConnState is http.Server.ConnState of the API's server: it tells each connection
+// from Listen or ListenTCP when it is idle.
+func ConnState(c net.Conn, st http.ConnState) {
+	if lc := connOf(c); lc != nil {
+		lc.state(st)
+	}
 }
 
 // peerConn is a socket connection with its peer's credentials, read at accept.
 type peerConn struct {
-	limitedConn
+	*limitedConn
 	peer Peer
 }
 

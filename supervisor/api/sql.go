@@ -88,13 +88,8 @@ type managerRunner struct {
 	caller supervisor.Caller
 }
 
-var errQueueFull = errors.New("queue full")
-
 func (m managerRunner) Run(ctx context.Context, req protocol.Request) (protocol.Result, error) {
 	run, err := m.s.o.Service.Start(req, m.caller)
-	if errors.Is(err, supervisor.ErrQueueFull) {
-		return protocol.Result{}, errQueueFull
-	}
 	if err != nil {
 		return protocol.Result{}, err
 	}
@@ -235,9 +230,12 @@ func (s *Server) runSQL(c echo.Context, w *workspace.Workspace, req sqltool.Requ
 		problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
 	case errors.Is(err, workspace.ErrBadPath), errors.Is(err, workspace.ErrNotFound), errors.Is(err, workspace.ErrUnsafe):
 		workspaceError(c, err)
-	case errors.Is(err, errQueueFull):
+	case errors.Is(err, supervisor.ErrQueueFull):
 		c.Response().Header().Set("Retry-After", "1")
 		problem(c, http.StatusTooManyRequests, CodeQueueFull, "every worker is busy")
+	case errors.Is(err, supervisor.ErrCallerLimit):
+		c.Response().Header().Set("Retry-After", "1")
+		problem(c, http.StatusTooManyRequests, CodeCallerLimit, err.Error())
 	case errors.Is(err, supervisor.ErrStopping):
 		problem(c, http.StatusServiceUnavailable, CodeStopping, err.Error())
 	default:

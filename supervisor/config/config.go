@@ -119,6 +119,11 @@ type Runs struct {
 	MaxConcurrent int `toml:"max_concurrent" env:"MAX_CONCURRENT"`
 	// QueueLength is how many runs may wait for a worker before 429.
 	QueueLength int `toml:"queue_length" env:"QUEUE_LENGTH"`
+	// MaxPerCaller bounds the runs (code and SQL, running plus queued, wait:false
+	// included) of one caller: a uid on the socket, a token on TCP (429
+	// caller_limit beyond). 0 means a quarter of the workers and queue places
+	// together, rounded up (PerCaller).
+	MaxPerCaller int `toml:"max_per_caller" env:"MAX_PER_CALLER"`
 	// ResultRetention is how long a finished run's result stays readable.
 	ResultRetention Duration `toml:"result_retention" env:"RESULT_RETENTION"`
 	// ShutdownGrace is how long a stopping daemon lets running runs finish before it
@@ -131,7 +136,8 @@ type Runs struct {
 	// MaxRetainedOutputBytes bounds the output kept over all finished runs; past it
 	// the oldest results lose their stdout and stderr.
 	MaxRetainedOutputBytes int64 `toml:"max_retained_output_bytes" env:"MAX_RETAINED_OUTPUT_BYTES"`
-	// MaxConnections bounds the API's open connections.
+	// MaxConnections bounds the API's open connections; at the bound a new one
+	// replaces the one idle the longest.
 	MaxConnections int `toml:"max_connections" env:"MAX_CONNECTIONS"`
 	// MaxConnectionsPerUID bounds the open connections of one uid on the Unix socket
 	// (429 beyond), and of one client address on the TCP listener (closed beyond).
@@ -337,6 +343,9 @@ func (c Config) Validate() error {
 	if c.Runs.QueueLength < 0 {
 		add("runs.queue_length", "must not be negative, is %d", c.Runs.QueueLength)
 	}
+	if c.Runs.MaxPerCaller < 0 {
+		add("runs.max_per_caller", "must be 0 (a quarter of the workers and queue places) or positive, is %d", c.Runs.MaxPerCaller)
+	}
 	if c.Runs.ShutdownGrace.Duration < 0 {
 		add("runs.shutdown_grace", "must not be negative")
 	}
@@ -464,6 +473,16 @@ func (c Config) Concurrency() int {
 		return c.Runs.MaxConcurrent
 	}
 	return runtime.NumCPU()
+}
+
+// PerCaller is Runs.MaxPerCaller with 0 resolved to a quarter of the workers and
+// queue places together, rounded up (17 with 2 workers and a queue of 64): four
+// callers at their bound fill the daemon, and no one caller can.
+func (c Config) PerCaller() int {
+	if c.Runs.MaxPerCaller > 0 {
+		return c.Runs.MaxPerCaller
+	}
+	return max(1, (c.Concurrency()+c.Runs.QueueLength+3)/4)
 }
 
 // Encode writes c as TOML (what `sandcell config dump` prints).

@@ -1,0 +1,197 @@
+package api_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/supervisor/api"
+)
+
+var (
+	aliceSecret, aliceToken = api.NewToken("alice", []api.Role{api.RoleRunner})
+	bobSecret, bobToken     = api.NewToken("bob", []api.Role{api.RoleRunner})
+)
+
+// tcpDo sends one request over TCP with a bearer token and returns the status and
+// the answer's members.
+func tcpDo(t *testing.T, base, secret, method, path, body string) (int, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+secret)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Error(err)
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	json.NewDecoder(resp.Body).Decode(&m)
+	return resp.StatusCode, m
+}
+
+// One token cannot take every worker and queue place: past its share (running plus
+// queued, wait:false included) it gets 429 caller_limit, and another token's run is
+// still admitted and gets the next free worker before the first token's queued runs.
+func TestFairShareBetweenTokens(t *testing.T) {
+	d := start(t, setup{concurrency: 2, queue: 8, perCaller: 4,
+		access: &api.Access{Tokens: api.Tokens{aliceToken, bobToken}}})
+	base := d.listenTCP(t)
+	slow := `{"code": "import time; time.sleep(30)", "wait": false, "limits": {"timeout_ms": 30000}}`
+	var ids []string
+	for i := 0; i < 4; i++ {
+		status, m := tcpDo(t, base, aliceSecret, "POST", "/v1/runs", slow)
+		if status != 202 {
+			t.Fatalf("alice's run %d: %d %v", i, status, m)
+		}
+		ids = append(ids, m["id"].(string))
+	}
+	defer func() {
+		for _, id := range ids {
+			tcpDo(t, base, aliceSecret, "DELETE", "/v1/runs/"+id, "")
+		}
+	}()
+	if status, m := tcpDo(t, base, aliceSecret, "POST", "/v1/runs", slow); status != 429 || m["code"] != api.CodeCallerLimit {
+		t.Fatalf("alice's fifth run: %d %v", status, m)
+	}
+	// Bob's run is admitted, and waits for a worker.
+	status, m := tcpDo(t, base, bobSecret, "POST", "/v1/runs", slow)
+	if status != 202 {
+		t.Fatalf("bob's run: %d %v", status, m)
+	}
+	bob := m["id"].(string)
+	defer tcpDo(t, base, bobSecret, "DELETE", "/v1/runs/"+bob, "")
+	state := func(secret, id string) any {
+		_, m := tcpDo(t, base, secret, "GET", "/v1/runs/"+id, "")
+		return m["state"]
+	}
+	if st := state(bobSecret, bob); st != "queued" {
+		t.Fatalf("bob's run is %v", st)
+	}
+	// One of alice's running runs ends: the worker goes to bob, not to her queued runs.
+	for _, id := range ids {
+		if state(aliceSecret, id) == "running" {
+			tcpDo(t, base, aliceSecret, "DELETE", "/v1/runs/"+id, "")
+			break
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for state(bobSecret, bob) != "running" {
+		if time.Now().After(deadline) {
+			t.Fatal("bob's run did not get the freed worker")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	queued := 0
+	for _, id := range ids {
+		if state(aliceSecret, id) == "queued" {
+			queued++
+		}
+	}
+	if queued != 2 {
+		t.Fatalf("%d of alice's runs queued, want 2 (bob's run went first)", queued)
+	}
+}
+
+// Four client addresses holding 64 idle keep-alive connections each (after one
+// unauthenticated /livez each) leave no slot free; a probe from a fifth address is
+// still answered at once (the longest-idle connection is closed for it), the
+// unauthenticated idle connections are closed within seconds, and a connection that
+// presented a valid token keeps the ordinary idle timeout.
+func TestProbesWithIdleConnections(t *testing.T) {
+	d := start(t, setup{access: &api.Access{Tokens: api.Tokens{aliceToken}}})
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go d.server.Serve(api.ListenTCP(raw, 256, 64))
+	addr := raw.Addr().String()
+	type kept struct {
+		c net.Conn
+		r *bufio.Reader
+	}
+	request := func(k kept, path, secret string) (int, error) {
+		auth := ""
+		if secret != "" {
+			auth = "Authorization: Bearer " + secret + "\r\n"
+		}
+		if _, err := fmt.Fprintf(k.c, "GET %s HTTP/1.1\r\nHost: sandcell\r\n%s\r\n", path, auth); err != nil {
+			return 0, err
+		}
+		resp, err := http.ReadResponse(k.r, nil)
+		if err != nil {
+			return 0, err
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	dial := func(from string) kept {
+		dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+		c, err := dl.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return kept{c, bufio.NewReader(c)}
+	}
+	var mu sync.Mutex
+	var idle []kept
+	var wg sync.WaitGroup
+	for a := 2; a <= 5; a++ {
+		for i := 0; i < 64; i++ {
+			wg.Add(1)
+			go func(from string) {
+				defer wg.Done()
+				k := dial(from)
+				if status, err := request(k, "/livez", ""); err != nil || status != 200 {
+					t.Errorf("/livez from %s: %d %v", from, status, err)
+					return
+				}
+				mu.Lock()
+				idle = append(idle, k)
+				mu.Unlock()
+			}(fmt.Sprintf("127.0.0.%d", a))
+		}
+	}
+	wg.Wait()
+	if len(idle) != 256 {
+		t.Fatalf("%d idle connections", len(idle))
+	}
+	authed := dial("127.0.0.6") // 257th: it takes the longest-idle one's slot
+	if status, err := request(authed, "/v1/info", aliceSecret); err != nil || status != 200 {
+		t.Fatalf("/v1/info with a token: %d %v", status, err)
+	}
+	start := time.Now()
+	probe := dial("127.0.0.1")
+	probe.c.SetDeadline(time.Now().Add(3 * time.Second))
+	if status, err := request(probe, "/readyz", ""); err != nil || status != 200 {
+		t.Fatalf("/readyz with every slot held: %d %v after %s", status, err, time.Since(start))
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("/readyz took %s", took)
+	}
+	// The unauthenticated idle connections are closed by the daemon within seconds.
+	time.Sleep(7 * time.Second)
+	open := 0
+	for _, k := range idle {
+		k.c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		if _, err := k.r.ReadByte(); err != io.EOF && !strings.Contains(fmt.Sprint(err), "reset") {
+			open++
+		}
+	}
+	if open > 0 {
+		t.Fatalf("%d unauthenticated idle connections still open after 7 s", open)
+	}
+	if status, err := request(authed, "/v1/info", aliceSecret); err != nil || status != 200 {
+		t.Fatalf("the authenticated connection was closed when idle: %d %v", status, err)
+	}
+}
