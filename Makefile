@@ -96,7 +96,7 @@ stage: bundle ## Stage the package contents in dist/stage (PIE binary, its preco
 	cp packaging/copyright dist/stage/copyright
 	cp LICENSE dist/stage/licenses/sandcell
 	cp "$$(go env GOROOT)/LICENSE" dist/stage/licenses/go
-	cp "$$(go list -m -f '{{.Dir}}' github.com/bytecodealliance/wasmtime-go/v39)/LICENSE" dist/stage/licenses/wasmtime
+	cp "$$(go list -m -f '{{.Dir}}' github.com/bytecodealliance/wasmtime-go/v44)/LICENSE" dist/stage/licenses/wasmtime
 	chmod 0644 dist/stage/licenses/*
 	{ printf 'sandcell ($(PKG_VERSION)-1) unstable; urgency=medium\n\n  * Built from revision $(REVISION).\n\n'; \
 	  printf ' -- Sandcell developers <sandcell@example.org>  %s\n' "$$(date -u -R -d @$(SOURCE_DATE_EPOCH))"; } \
@@ -159,7 +159,7 @@ image-root: bundle ## Stage the image's files in dist/image (static binary, bund
 	cd $(IMAGE_ROOT)/usr/share/licenses/sandcell && \
 	  cp $(CURDIR)/LICENSE sandcell && cp $(CURDIR)/packaging/copyright copyright && \
 	  cp "$$(go env GOROOT)/LICENSE" go && \
-	  cp "$$(go list -m -f '{{.Dir}}' github.com/bytecodealliance/wasmtime-go/v39)/LICENSE" wasmtime && \
+	  cp "$$(go list -m -f '{{.Dir}}' github.com/bytecodealliance/wasmtime-go/v44)/LICENSE" wasmtime && \
 	  cp /usr/share/doc/libc6/copyright glibc && cp /usr/share/doc/libseccomp2/copyright libseccomp && \
 	  dpkg-query -W -f='$${Package} $${Version} (Debian source package $${source:Package} $${source:Version}), linked statically into /usr/bin/sandcell\n' \
 	    libc6-dev libseccomp-dev > STATIC-LIBRARIES

@@ -4,7 +4,7 @@ go 1.27.3
 
 require (
 	github.com/BurntSushi/toml v1.6.0
-	github.com/bytecodealliance/wasmtime-go/v39 v39.0.1
+	github.com/bytecodealliance/wasmtime-go/v44 v44.0.0
 	github.com/caarlos0/env/v11 v11.4.2
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/hashicorp/go-multierror v1.1.1

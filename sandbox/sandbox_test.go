@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -227,6 +228,52 @@ func TestIsolatedProgramImportsNothingFromTheWorkspace(t *testing.T) {
 	wantExit(t, res, 0)
 	if out := string(res.Stdout); !strings.HasPrefix(out, "/usr/local/lib/") || strings.Contains(out, "'/ws") || strings.Contains(out, "''") {
 		t.Fatalf("isolated program: stdout %q", res.Stdout)
+	}
+}
+
+// The read-only library stays unchanged whatever the guest tries through WASI,
+// including the ways wasmtime 44.0.0's own permission checks miss (GHSA-2r75-cxrj-cmph:
+// path_open with only TRUNCATE; GHSA-4ch3-9j33-3pmj: a hard link or rename from a
+// read-only preopen into a writable one): the worker's read-only mount of the
+// library and Landlock refuse them (see docs/advisories.md).
+func TestLibraryCannotBeChanged(t *testing.T) {
+	t.Parallel()
+	zip := filepath.Join(bundletest.LibDir(t), "python313.zip")
+	before, err := os.ReadFile(zip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code := `import os
+lib = "/usr/local/lib/python313.zip"
+for name, f in [
+    ("truncate", lambda: os.close(os.open(lib, os.O_RDONLY | os.O_TRUNC))),
+    ("write", lambda: os.close(os.open(lib, os.O_WRONLY))),
+    ("link", lambda: os.link(lib, "/ws/linked")),
+    ("rename", lambda: os.rename(lib, "/ws/renamed")),
+    ("remove", lambda: os.remove(lib)),
+    ("utime", lambda: os.utime(lib, (0, 0))),
+]:
+    try:
+        f()
+        print(name, "done")
+    except OSError as e:
+        print(name, "refused")
+for p in ("/ws/linked", "/ws/renamed"):
+    if os.path.exists(p):
+        with open(p, "r+b") as f:
+            f.write(b"changed")
+        print(p, "written")
+print(os.path.getsize(lib))
+`
+	res, _ := run(t, code, nil)
+	wantExit(t, res, 0)
+	want := fmt.Sprintf("truncate refused\nwrite refused\nlink refused\nrename refused\nremove refused\nutime refused\n%d\n", len(before))
+	if string(res.Stdout) != want {
+		t.Errorf("stdout %q, want %q (stderr %q)", res.Stdout, want, res.Stderr)
+	}
+	after, err := os.ReadFile(zip)
+	if err != nil || !bytes.Equal(before, after) {
+		t.Fatalf("the library changed: %v", err)
 	}
 }
 

@@ -14,7 +14,9 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/oklog/ulid/v2"
 
@@ -59,9 +61,10 @@ type Manager struct {
 	perCaller int // most runs (running plus queued) of one caller; 0: no bound
 
 	wedgeSlack  time.Duration
-	maxRetained int64    // bytes of output kept over all finished runs
-	retained    int64    // bytes of output kept now (under mu)
-	finishedIDs []string // finished runs, oldest first (under mu)
+	maxRetained int64        // bytes kept for finished runs at most (their output and records)
+	retained    int64        // bytes kept for finished runs now (under mu)
+	inflight    atomic.Int64 // bytes kept for runs not yet finished (their output so far and records)
+	finishedIDs []string     // finished runs, oldest first (under mu)
 
 	onFinish []func(*Run, View) // called once per run, after its final state
 
@@ -91,9 +94,10 @@ type Options struct {
 	// WorkDir holds the private workspace of each run (created and removed per run).
 	// Whatever it holds at start is left from a daemon that died, and is removed.
 	WorkDir string
-	// MaxRetainedOutputBytes bounds the stdout and stderr kept, over all finished
-	// runs; past it the oldest results lose their output (they keep the rest).
-	// 0 means 256 MiB.
+	// MaxRetainedOutputBytes bounds what the manager keeps for callers: the stdout,
+	// stderr and event records of finished runs and of runs still going. Past it the
+	// oldest finished results lose their output (they keep the rest); what running
+	// runs hold is bounded by their own output limits. 0 means 256 MiB.
 	MaxRetainedOutputBytes int64
 	// WedgeSlack is how long past its wall-clock limit a run may take to end (the
 	// kill, the reaping, the result) before Wedged reports it; 0 means 30 s.
@@ -162,18 +166,31 @@ type Run struct {
 	finished time.Time
 	deadline time.Time // while running: when its worker must have been reaped
 
-	// The output as it was produced: while the run is going, live holds each
-	// stream's bytes so far; once done, the result's Stdout and Stderr hold the
-	// same bytes, and live is dropped. chunks index into them.
+	// The output as it was produced, held once: while the run is going, live holds
+	// each stream's bytes so far (the runner keeps no copy); once done, the result's
+	// Stdout and Stderr are those same bytes, and live is dropped. chunks index into
+	// them, in the order written: a write of the stream the last chunk is of, while
+	// no reader has been given that chunk, extends it, so records grow with reads
+	// and with switches between the streams, not with the number of writes.
 	live    map[string][]byte
 	chunks  []chunkRef
+	read    int           // chunks before this index have been given to a reader
+	held    int64         // bytes counted in Manager.inflight for this run
+	counter *atomic.Int64 // Manager.inflight
 	changed chan struct{} // closed (and replaced) when chunks grow or the run ends
 }
 
 type chunkRef struct {
-	stream   string
 	off, end int
+	stderr   bool
 }
+
+// chunkRecordBytes is what one chunk record costs, counted with the output.
+const chunkRecordBytes = int64(unsafe.Sizeof(chunkRef{}))
+
+// outputBytes is the memory a result's output holds (capacity, not length: the
+// buffers grew by appending).
+func outputBytes(res *protocol.Result) int64 { return int64(cap(res.Stdout) + cap(res.Stderr)) }
 
 // Chunk is a piece of a run's output, in the order it was produced.
 type Chunk struct {
@@ -189,9 +206,20 @@ func (r *Run) observe(stream string, b []byte) {
 	if r.state == Done {
 		return
 	}
-	off := len(r.live[stream])
-	r.live[stream] = append(r.live[stream], b...)
-	r.chunks = append(r.chunks, chunkRef{stream, off, off + len(b)})
+	buf := r.live[stream]
+	before := int64(cap(buf))
+	off := len(buf)
+	r.live[stream] = append(buf, b...)
+	delta := int64(cap(r.live[stream])) - before
+	stderr := stream == "stderr"
+	if n := len(r.chunks); n > r.read && r.chunks[n-1].stderr == stderr {
+		r.chunks[n-1].end = off + len(b)
+	} else {
+		r.chunks = append(r.chunks, chunkRef{off, off + len(b), stderr})
+		delta += chunkRecordBytes
+	}
+	r.held += delta
+	r.counter.Add(delta)
 	close(r.changed)
 	r.changed = make(chan struct{})
 }
@@ -209,10 +237,15 @@ func (r *Run) Output(from int) (chunks []Chunk, next int, done bool, changed <-c
 	}
 	for i := max(from, 0); i < len(r.chunks); i++ {
 		c := r.chunks[i]
-		if b := src[c.stream]; c.end <= len(b) {
-			chunks = append(chunks, Chunk{Stream: c.stream, Data: b[c.off:c.end]})
+		stream := "stdout"
+		if c.stderr {
+			stream = "stderr"
+		}
+		if b := src[stream]; c.end <= len(b) {
+			chunks = append(chunks, Chunk{Stream: stream, Data: b[c.off:c.end]})
 		}
 	}
+	r.read = max(r.read, len(r.chunks))
 	return chunks, max(from, len(r.chunks)), r.state == Done, r.changed
 }
 
@@ -294,7 +327,7 @@ func (m *Manager) Start(req protocol.Request, caller Caller) (*Run, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Run{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Created: time.Now().UTC(), Caller: caller,
 		cancel: cancel, done: make(chan struct{}), granted: make(chan struct{}), state: Queued,
-		live: map[string][]byte{}, changed: make(chan struct{})}
+		live: map[string][]byte{}, counter: &m.inflight, changed: make(chan struct{})}
 	m.runs[r.ID] = r
 	m.queued++
 	sh.waiting = append(sh.waiting, r)
@@ -428,8 +461,15 @@ func (m *Manager) finish(r *Run, res protocol.Result, err error) {
 		r.mu.Unlock()
 		return
 	}
+	if res.Stdout == nil && res.Stderr == nil {
+		// The runner gave the output to observe and kept none itself.
+		res.Stdout, res.Stderr = r.live["stdout"], r.live["stderr"]
+	}
 	r.state, r.result, r.err, r.finished = Done, res, err, time.Now().UTC()
 	r.live = nil
+	r.counter.Add(-r.held)
+	r.held = 0
+	kept := r.keptLocked()
 	close(r.changed)
 	r.mu.Unlock()
 	// The hooks (the audit record, the metrics) run before Done is closed, so whoever
@@ -439,19 +479,20 @@ func (m *Manager) finish(r *Run, res protocol.Result, err error) {
 	for _, f := range m.onFinish {
 		f(r, v)
 	}
+	m.retain(r, kept)
 	close(r.done)
-	m.retain(r, int64(len(res.Stdout)+len(res.Stderr)))
 }
 
-// retain accounts for r's output and drops the output of the oldest finished runs
-// while the total is over the budget: the daemon's memory stays bounded however
-// large the outputs and however many results are kept.
+// retain accounts for what finished run r keeps (n bytes) and drops the output of
+// the oldest finished runs while everything kept, running runs' output included,
+// is over the budget: the daemon's memory stays bounded however large the outputs,
+// however many results are kept, and however many tiny writes made them.
 func (m *Manager) retain(r *Run, n int64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.retained += n
 	m.finishedIDs = append(m.finishedIDs, r.ID)
-	for len(m.finishedIDs) > 0 && m.retained > m.maxRetained {
+	for len(m.finishedIDs) > 0 && m.retained+m.inflight.Load() > m.maxRetained {
 		old, ok := m.runs[m.finishedIDs[0]]
 		m.finishedIDs = m.finishedIDs[1:]
 		if ok {
@@ -460,11 +501,18 @@ func (m *Manager) retain(r *Run, n int64) {
 	}
 }
 
-// dropOutput forgets the run's stdout and stderr and returns how many bytes they were.
+// keptLocked is what a finished run holds: its output and its chunk records; r.mu
+// is held.
+func (r *Run) keptLocked() int64 {
+	return outputBytes(&r.result) + int64(cap(r.chunks))*chunkRecordBytes
+}
+
+// dropOutput forgets the run's stdout and stderr (and so its chunks) and returns
+// how many bytes they held.
 func (r *Run) dropOutput() int64 {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := int64(len(r.result.Stdout) + len(r.result.Stderr))
+	n := r.keptLocked()
 	if n > 0 {
 		r.result.Stdout, r.result.Stderr, r.chunks = nil, nil, nil
 		r.result.Diagnostics = append(r.result.Diagnostics,
@@ -486,6 +534,26 @@ func (m *Manager) Get(id string) (*Run, error) {
 		return nil, ErrNotFound
 	}
 	return r, nil
+}
+
+// Forget drops finished run id and its output at once, for runs whose result only
+// its starter reads, once (the SQL tool's: the answer is the HTTP response). A run
+// that has not finished, or is unknown, is left as it is.
+func (m *Manager) Forget(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.runs[id]
+	if !ok {
+		return
+	}
+	r.mu.Lock()
+	done := r.state == Done
+	size := r.keptLocked()
+	r.mu.Unlock()
+	if done {
+		m.retained -= size
+		delete(m.runs, id)
+	}
 }
 
 // Cancel asks run id to stop: a queued run ends cancelled at once, a running one when
@@ -519,6 +587,15 @@ func (m *Manager) Wedged() error {
 	return nil
 }
 
+// Kept returns the bytes the manager holds for callers: for finished runs (their
+// output and chunk records, at most max, the oldest dropped first) and for runs not
+// yet finished (their output so far, bounded by each run's output limits).
+func (m *Manager) Kept() (finished, running, max int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.retained, m.inflight.Load(), m.maxRetained
+}
+
 // Busy returns the number of running and queued runs.
 func (m *Manager) Busy() (running, queued int) {
 	m.mu.Lock()
@@ -532,7 +609,7 @@ func (m *Manager) sweep() {
 	for id, r := range m.runs {
 		r.mu.Lock()
 		old := r.state == Done && r.finished.Before(cut)
-		size := int64(len(r.result.Stdout) + len(r.result.Stderr))
+		size := r.keptLocked()
 		r.mu.Unlock()
 		if old {
 			m.retained -= size

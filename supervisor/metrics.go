@@ -14,6 +14,8 @@ import (
 //	sandcell_run_duration_seconds      histogram: wall time of finished runs, queueing included
 //	sandcell_queue_depth               gauge: runs waiting for a worker
 //	sandcell_workers_busy              gauge: workers running now
+//	sandcell_kept_bytes{runs}          gauge: bytes kept for callers (output, event records) of "finished" and "running" runs
+//	sandcell_kept_bytes_max            gauge: the budget of what is kept (runs.max_retained_output_bytes)
 //	sandcell_build_info{version,revision} gauge, always 1
 //
 // plus the Go runtime's and the process's standard collectors.
@@ -44,6 +46,12 @@ func NewMetrics(m *Manager, version, revision string) *Metrics {
 			func() float64 { _, q := m.Busy(); return float64(q) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_workers_busy", Help: "Workers running now."},
 			func() float64 { r, _ := m.Busy(); return float64(r) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_kept_bytes", Help: "Bytes kept for callers (output and event records), of finished or running runs.",
+			ConstLabels: prometheus.Labels{"runs": "finished"}}, func() float64 { f, _, _ := m.Kept(); return float64(f) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_kept_bytes", Help: "Bytes kept for callers (output and event records), of finished or running runs.",
+			ConstLabels: prometheus.Labels{"runs": "running"}}, func() float64 { _, r, _ := m.Kept(); return float64(r) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_kept_bytes_max", Help: "The budget of bytes kept for callers (runs.max_retained_output_bytes)."},
+			func() float64 { _, _, x := m.Kept(); return float64(x) }),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.OnFinish(x.observe)
 	return x

@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/bytecodealliance/wasmtime-go/v39"
+	"github.com/bytecodealliance/wasmtime-go/v44"
 )
 
 // Clock is the guest's monotonic clock: the nanoseconds since its zero, which is when

@@ -19,14 +19,14 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/bytecodealliance/wasmtime-go/v39"
+	"github.com/bytecodealliance/wasmtime-go/v44"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
 
 // WasmtimeVersion is the wasmtime release linked through wasmtime-go. It is part of
 // every Fingerprint; a test checks it against the module version in go.mod.
-const WasmtimeVersion = "39.0.1"
+const WasmtimeVersion = "44.0.0"
 
 // DefaultWasmStack is the wasm stack limit in bytes when Options.WasmStack is zero
 // (wasmtime's default, made explicit). The wasm stack lives on the native stack of the
@@ -75,13 +75,14 @@ func New(opts Options) *Engine {
 	if stack <= 0 {
 		stack = DefaultWasmStack
 	}
+	setAsyncStackSize(cfg, stack)
 	cfg.SetMaxWasmStack(stack)
 	cfg.SetParallelCompilation(true)
 	return &Engine{opts: opts, we: wasmtime.NewEngineWithConfig(cfg)}
 }
 
 // Fingerprint names the engine configuration that compiled code depends on, e.g.
-// "wasmtime=39.0.1 cranelift opt=speed epoch=1 fuel=0 cow=1 target=amd64-linux".
+// "wasmtime=44.0.0 cranelift opt=speed epoch=1 fuel=0 cow=1 target=amd64-linux".
 // Two engines with equal fingerprints accept each other's .cwasm files (the host CPU
 // features are checked by wasmtime itself when a module is loaded).
 func (e *Engine) Fingerprint() string {

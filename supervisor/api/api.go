@@ -150,6 +150,8 @@ type Service interface {
 	// Get returns the run, whose Output and Done the event stream follows.
 	Get(id string) (*supervisor.Run, error)
 	Cancel(id string) (*supervisor.Run, error)
+	// Forget drops a finished run whose result was read once and is not kept.
+	Forget(id string)
 }
 
 // Options configure a Server.

@@ -29,6 +29,9 @@ type outputEvent struct {
 // output from the start of the run, as it is produced, each with an id (its index,
 // so a client reconnecting with Last-Event-ID resumes after it), then one "result"
 // event with the run as GET /v1/runs/{id} shows it, after which the stream ends.
+// sseCoalesce is how long the event stream lets output gather before it reads more.
+const sseCoalesce = 20 * time.Millisecond
+
 func (s *Server) runEvents(c echo.Context) error {
 	run, err := s.o.Service.Get(c.Param("id"))
 	if err != nil || !s.visible(c, run) {
@@ -78,6 +81,12 @@ func (s *Server) runEvents(c echo.Context) error {
 		w.Flush()
 		select {
 		case <-changed:
+			// Let more output gather into the same chunks (a chunk not yet read
+			// grows), unless the run has ended: events follow bytes, not writes.
+			select {
+			case <-run.Done():
+			case <-time.After(sseCoalesce):
+			}
 		case <-keepAlive.C:
 			if _, err := fmt.Fprint(w, ": keep-alive\n\n"); err != nil {
 				return nil

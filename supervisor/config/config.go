@@ -133,8 +133,9 @@ type Runs struct {
 	ShutdownGrace Duration `toml:"shutdown_grace" env:"SHUTDOWN_GRACE"`
 	// MaxRequestBytes bounds a request body (413 above it).
 	MaxRequestBytes int64 `toml:"max_request_bytes" env:"MAX_REQUEST_BYTES"`
-	// MaxRetainedOutputBytes bounds the output kept over all finished runs; past it
-	// the oldest results lose their stdout and stderr.
+	// MaxRetainedOutputBytes bounds what the daemon keeps for callers: the output and
+	// event records of finished and running runs; past it the oldest finished
+	// results lose their stdout and stderr.
 	MaxRetainedOutputBytes int64 `toml:"max_retained_output_bytes" env:"MAX_RETAINED_OUTPUT_BYTES"`
 	// MaxConnections bounds the API's open connections; at the bound a new one
 	// replaces the one idle the longest.

@@ -2,13 +2,14 @@
 # untrusted database file are parsed only here, inside WebAssembly.
 #
 # stdin: {"db": "/ws/PATH", "sql": ..., "params": [...] or {...}, "max_rows": N,
-#         "write": false, "timeout_ms": N}
+#         "write": false, "timeout_ms": N, "db_sha256": "" or the file's SHA-256 an
+#         approved write was approved on}
 # stdout: one JSON object (see sqltool.go, Outcome).
 #
 # Classification is SQLite's own: the statement is compiled with EXPLAIN on a
 # read-only connection under an authorizer, and the bytecode says whether it writes
 # (a write transaction, VACUUM, a schema cookie ...), never a keyword match.
-import base64, json, sqlite3, sys, time, urllib.parse
+import base64, hashlib, json, sqlite3, sys, time, urllib.parse
 
 req = json.load(sys.stdin)
 out = {"classification": None}
@@ -78,6 +79,20 @@ def error(e):
     elif "syntax error" in msg or "incomplete input" in msg or "unrecognized token" in msg:
         code = "sql_syntax_error"
     finish(status="error", error={"code": code, "message": msg, "sqlite": name})
+
+
+def file_sha256():
+    """The database file's SHA-256, hashed here, inside the worker's limits: the
+    daemon never reads a file the guest controls (a sparse file is gigabytes that
+    cost nothing on disk), and only a write, held for approval, is hashed."""
+    h = hashlib.sha256()
+    try:
+        with open(req["db"], "rb") as f:
+            while b := f.read(1 << 20):
+                h.update(b)
+    except OSError as e:
+        finish(status="error", error={"code": "sql_cannot_open", "message": "cannot read the database file: " + e.strerror})
+    return h.hexdigest()
 
 
 def connect(write):
@@ -152,6 +167,10 @@ else:
 # statement stops (the worker's output cap is larger).
 MAX_RESULT = 24 << 20
 
+if req["write"] and req.get("db_sha256") and file_sha256() != req["db_sha256"]:
+    # The approver approved the statement on the bytes they could inspect.
+    finish(status="stale", reason="the database file changed since the approval was requested")
+
 try:
     conn = connect(False)
     conn.set_authorizer(authorizer)
@@ -181,7 +200,7 @@ try:
     kind = "write" if writes or actions else "read"
     out["classification"] = {"kind": kind, "bytecode": writes, "pragmas": actions}
     if kind == "write" and not req["write"]:
-        finish(status="approval_required")
+        finish(status="approval_required", db_sha256=file_sha256())
     if kind == "write":
         conn.close()
         conn = connect(True)

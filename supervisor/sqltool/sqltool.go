@@ -50,6 +50,10 @@ type Request struct {
 	MaxRows int `json:"max_rows,omitempty"`
 	// Write runs a statement that writes, read-write (only with an approval).
 	Write bool `json:"-"`
+	// DBSHA256, with Write, is the hex SHA-256 of the database file the write was
+	// approved on: the worker hashes the file before it writes and answers "stale"
+	// when it differs.
+	DBSHA256 string `json:"-"`
 	// TimeoutMS bounds the statement (0: DefaultTimeoutMS).
 	TimeoutMS int64 `json:"-"`
 }
@@ -79,7 +83,9 @@ type Error struct {
 }
 
 // Outcome is the worker's answer. Status is "ok", "approval_required" (a write
-// without Write), "refused" (Reason says why) or "error".
+// without Write; DBSHA256 is then the database file's hex SHA-256, hashed in the
+// worker), "refused" (Reason says why), "stale" (an approved write whose file no
+// longer has the DBSHA256 it was approved on; nothing ran) or "error".
 type Outcome struct {
 	Status         string            `json:"status"`
 	Reason         string            `json:"reason,omitempty"`
@@ -88,6 +94,7 @@ type Outcome struct {
 	Rows           []json.RawMessage `json:"rows"`
 	Truncated      bool              `json:"truncated,omitempty"`
 	Changes        int64             `json:"changes,omitempty"`
+	DBSHA256       string            `json:"db_sha256,omitempty"`
 	ElapsedMS      float64           `json:"elapsed_ms"`
 	Error          *Error            `json:"error,omitempty"`
 }
@@ -147,7 +154,7 @@ func Run(ctx context.Context, r Runner, dir string, req Request, base protocol.R
 		params = json.RawMessage("null")
 	}
 	in, err := json.Marshal(map[string]any{"db": "/ws/" + req.DB, "sql": req.SQL, "params": params,
-		"max_rows": req.MaxRows, "write": req.Write, "timeout_ms": req.TimeoutMS})
+		"max_rows": req.MaxRows, "write": req.Write, "timeout_ms": req.TimeoutMS, "db_sha256": req.DBSHA256})
 	if err != nil {
 		return Outcome{}, err
 	}
