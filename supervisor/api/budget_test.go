@@ -123,3 +123,50 @@ func TestTinyWritesMerge(t *testing.T) {
 		t.Fatalf("%d events for 300000 one-byte writes", events)
 	}
 }
+
+// A workspace a run filled with 20,000 names, past its quota, is listed a page at a
+// time and counted only up to the quota (one request had listed all 20,015 names:
+// 57 MiB of JSON, 375 MiB allocated), and the next run is refused for the quota.
+func TestListingBounded(t *testing.T) {
+	d := start(t, setup{})
+	id := d.newWorkspace(t)
+	v := d.run(t, `{"workspace":"`+id+`","code":"import os\nfor i in range(20000):\n    open('/ws/f%05d' % i, 'w').close()"}`)
+	if v.Result.ExitCode != 0 {
+		t.Fatalf("run: %+v", v.Result)
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	resp, body := d.do(t, "GET", "/v1/workspaces/"+id, "")
+	runtime.ReadMemStats(&after)
+	var w struct {
+		Files []struct{ Path string } `json:"files"`
+		Next  string                  `json:"next"`
+		Usage struct {
+			Files   int  `json:"files"`
+			AtLeast bool `json:"at_least"`
+		} `json:"usage"`
+		OverQuota bool `json:"over_quota"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal(body, &w) != nil {
+		t.Fatalf("get: %d %.300s", resp.StatusCode, body)
+	}
+	allocated := after.TotalAlloc - before.TotalAlloc
+	t.Logf("20,000 names: a page of %d, %d bytes of JSON, %d KiB allocated", len(w.Files), len(body), allocated>>10)
+	if len(w.Files) != 1000 || w.Next != "f00999" || !w.OverQuota || !w.Usage.AtLeast || w.Usage.Files != 101 {
+		t.Fatalf("page: %d names, next %q, usage %+v, over %v", len(w.Files), w.Next, w.Usage, w.OverQuota)
+	}
+	if allocated > 32<<20 {
+		t.Errorf("one listing allocated %d MiB", allocated>>20)
+	}
+	resp, body = d.do(t, "GET", "/v1/workspaces/"+id+"?after=f19990&limit=100", "")
+	w.Files, w.Next = nil, ""
+	if resp.StatusCode != 200 || json.Unmarshal(body, &w) != nil || len(w.Files) != 9 || w.Next != "" {
+		t.Fatalf("last page: %d %d names, next %q", resp.StatusCode, len(w.Files), w.Next)
+	}
+	if resp, _ := d.do(t, "GET", "/v1/workspaces/"+id+"?limit=0", ""); resp.StatusCode != 400 {
+		t.Fatalf("limit=0: %d", resp.StatusCode)
+	}
+	if resp, body := d.do(t, "POST", "/v1/runs", `{"workspace":"`+id+`","code":"print(1)"}`); resp.StatusCode != 507 {
+		t.Fatalf("a run in the full workspace: %d %s", resp.StatusCode, body)
+	}
+}

@@ -21,6 +21,8 @@ type workspaceInfo struct {
 	Usage     *workspace.Usage `json:"usage,omitempty"`
 	OverQuota bool             `json:"over_quota"`
 	Files     []workspace.File `json:"files,omitempty"`
+	// Next, when more names follow, is the after= of the next page.
+	Next string `json:"next,omitempty"`
 }
 
 // workspace returns the workspace id if the caller may use it (its owner or an
@@ -127,13 +129,24 @@ func (s *Server) getWorkspace(c echo.Context) error {
 	if w == nil {
 		return nil
 	}
-	files, u, err := w.List()
+	limit := 0
+	if v := c.QueryParam("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > workspace.MaxPage {
+			return problem(c, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("limit: a number of names from 1 to %d", workspace.MaxPage))
+		}
+		limit = n
+	}
+	files, next, err := w.List(c.QueryParam("after"), limit)
 	if err != nil {
 		return workspaceError(c, err)
 	}
-	q := s.o.Workspaces.Quota()
-	return c.JSON(http.StatusOK, workspaceInfo{Workspace: w, Quota: q, Usage: &u, Files: files,
-		OverQuota: u.Bytes > q.Bytes || u.Files > q.Files})
+	over, u, err := w.OverQuota()
+	if err != nil {
+		return workspaceError(c, err)
+	}
+	return c.JSON(http.StatusOK, workspaceInfo{Workspace: w, Quota: s.o.Workspaces.Quota(), Usage: &u, Files: files,
+		Next: next, OverQuota: over})
 }
 
 func (s *Server) deleteWorkspace(c echo.Context) error {

@@ -567,24 +567,80 @@ type File struct {
 type Usage struct {
 	Bytes int64 `json:"bytes"`
 	Files int   `json:"files"`
+	// AtLeast says the walk stopped once the workspace was over its quota of names:
+	// it holds at least Bytes in at least Files names.
+	AtLeast bool `json:"at_least,omitempty"`
 }
 
-// maxListed bounds a listing and a usage walk, whatever guest code created.
-const maxListed = 1 << 20
+// maxDirNames bounds the names of one directory a listing reads (it sorts them),
+// whatever guest code created; a usage walk reads directories in batches and stops
+// past the quota instead.
+const maxDirNames = 100_000
 
 // maxDepth bounds the directory nesting a walk descends (each level holds an fd).
 const maxDepth = 128
 
-// List returns every name in the workspace (depth first, sorted per directory) and
-// the usage. Nothing is followed: links are listed as links.
-func (w *Workspace) List() ([]File, Usage, error) {
-	var files []File
-	u, err := w.walk(func(f File) { files = append(files, f) })
-	return files, u, err
+// Listing bounds: a page has DefaultPage names unless asked for fewer or more, and
+// at most MaxPage.
+const (
+	DefaultPage = 1000
+	MaxPage     = 10_000
+)
+
+// errStop ends a walk early; callers never see it.
+var errStop = errors.New("workspace: walk stopped")
+
+// List returns a page of the names in the workspace, in walk order (depth first,
+// sorted per directory): at most limit (0: DefaultPage; at most MaxPage) of those
+// that come after the name after ("" for the first page), and next, the name to
+// pass as after for the following page ("" when there is none). Nothing is
+// followed: links are listed as links. A page's cost is bounded by limit and by
+// the directories on the way to after, never by everything a run created.
+func (w *Workspace) List(after string, limit int) (files []File, next string, err error) {
+	if limit <= 0 {
+		limit = DefaultPage
+	}
+	limit = min(limit, MaxPage)
+	var from []string
+	if after != "" {
+		if err := CleanPath(after); err != nil {
+			return nil, "", err
+		}
+		from = strings.Split(after, "/")
+	}
+	root, err := w.root()
+	if err != nil {
+		return nil, "", err
+	}
+	err = listDir(root, "", from, func(f File) error {
+		if len(files) == limit {
+			next = files[len(files)-1].Path
+			return errStop
+		}
+		files = append(files, f)
+		return nil
+	})
+	if errors.Is(err, errStop) {
+		err = nil
+	}
+	return files, next, err
 }
 
-// Usage walks the workspace and returns what it holds.
-func (w *Workspace) Usage() (Usage, error) { return w.walk(nil) }
+// Usage walks the workspace and returns what it holds, stopping (AtLeast) once it
+// has counted more names than the quota allows: the walk before every run and
+// upload costs at most the quota's names, whatever a run created.
+func (w *Workspace) Usage() (Usage, error) {
+	root, err := w.root()
+	if err != nil {
+		return Usage{}, err
+	}
+	var u Usage
+	err = countDir(root, "", &u, w.s.quota.Files)
+	if errors.Is(err, errStop) {
+		u.AtLeast, err = true, nil
+	}
+	return u, err
+}
 
 // OverQuota reports whether the workspace holds more than its quota (guest code may
 // write past it: the quota is checked on uploads and before each run, and a run's
@@ -594,52 +650,100 @@ func (w *Workspace) OverQuota() (bool, Usage, error) {
 	return err == nil && (u.Bytes > w.s.quota.Bytes || u.Files > w.s.quota.Files), u, err
 }
 
-func (w *Workspace) walk(visit func(File)) (Usage, error) {
-	root, err := w.root()
-	if err != nil {
-		return Usage{}, err
-	}
-	var u Usage
-	err = walkDir(root, "", &u, visit)
-	return u, err
-}
-
-// walkDir lists the directory dirfd (closing it), recursing through directories
-// opened beneath it.
-func walkDir(dirfd int, prefix string, u *Usage, visit func(File)) error {
+// countDir adds what the directory dirfd holds to u (closing it), reading it in
+// batches, and stops with errStop past max names.
+func countDir(dirfd int, prefix string, u *Usage, max int) error {
 	d := os.NewFile(uintptr(dirfd), prefix)
 	defer d.Close()
 	if strings.Count(prefix, "/") >= maxDepth {
 		return fmt.Errorf("%w: directories nested deeper than %d", ErrUnsafe, maxDepth)
 	}
-	names, err := d.Readdirnames(-1)
-	if err != nil {
-		return fmt.Errorf("workspace: list %s: %w", prefix, err)
+	for {
+		names, err := d.Readdirnames(1024)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("workspace: list %s: %w", prefix, err)
+		}
+		for _, name := range names {
+			var st unix.Stat_t
+			if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				continue // removed meanwhile
+			}
+			if u.Files++; u.Files > max {
+				return errStop
+			}
+			switch typeName(st.Mode) {
+			case "file":
+				u.Bytes += st.Size
+			case "dir":
+				sub, err := openat2(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY)
+				if err != nil {
+					continue // replaced meanwhile by something that is not a directory
+				}
+				if err := countDir(sub, prefix+name+"/", u, max); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+// listDir calls visit for each name beneath the directory dirfd (closing it), depth
+// first and sorted per directory, from the name after the path whose remaining
+// components are from (nil: from the start).
+func listDir(dirfd int, prefix string, from []string, visit func(File) error) error {
+	d := os.NewFile(uintptr(dirfd), prefix)
+	defer d.Close()
+	if strings.Count(prefix, "/") >= maxDepth {
+		return fmt.Errorf("%w: directories nested deeper than %d", ErrUnsafe, maxDepth)
+	}
+	var names []string
+	for {
+		batch, err := d.Readdirnames(1024)
+		names = append(names, batch...)
+		if len(names) > maxDirNames {
+			return fmt.Errorf("%w: %s holds more than %d names", ErrQuota, strings.TrimSuffix(prefix, "/"), maxDirNames)
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("workspace: list %s: %w", prefix, err)
+		}
 	}
 	slices.Sort(names)
+	if len(from) > 0 {
+		// Names before from[0] were on earlier pages, with all beneath them.
+		i, _ := slices.BinarySearch(names, from[0])
+		names = names[i:]
+	}
 	for _, name := range names {
-		if u.Files >= maxListed {
-			return fmt.Errorf("%w: more than %d names", ErrQuota, maxListed)
-		}
 		var st unix.Stat_t
 		if err := unix.Fstatat(dirfd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			continue // removed meanwhile
 		}
 		f := File{Path: prefix + name, Type: typeName(st.Mode)}
-		u.Files++
-		if f.Type == "file" {
-			f.Size = st.Size
-			u.Bytes += st.Size
+		var rest []string
+		if len(from) > 0 && name == from[0] {
+			// The page's start is this name (given already) or beneath it.
+			rest = from[1:]
+		} else {
+			if f.Type == "file" {
+				f.Size = st.Size
+			}
+			if err := visit(f); err != nil {
+				return err
+			}
 		}
-		if visit != nil {
-			visit(f)
-		}
+		from = nil
 		if f.Type == "dir" {
 			sub, err := openat2(dirfd, name, unix.O_RDONLY|unix.O_DIRECTORY)
 			if err != nil {
 				continue // replaced meanwhile by something that is not a directory
 			}
-			if err := walkDir(sub, f.Path+"/", u, visit); err != nil {
+			if err := listDir(sub, f.Path+"/", rest, visit); err != nil {
 				return err
 			}
 		}

@@ -2,9 +2,12 @@ package workspace
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -43,7 +46,7 @@ func TestRoundTrip(t *testing.T) {
 	if got, err := read(t, w, "a/b/c.txt"); err != nil || got != "hello" {
 		t.Fatalf("read %q, %v", got, err)
 	}
-	files, u, err := w.List()
+	files, u, err := listAll(w)
 	if err != nil || len(files) != 3 || u.Bytes != 5 || u.Files != 3 {
 		t.Fatalf("list %+v %+v %v", files, u, err)
 	}
@@ -155,7 +158,7 @@ func TestPlantedNamesAreNotFollowed(t *testing.T) {
 		t.Fatalf("the file outside changed: %q %v", b, err)
 	}
 	// Listing names links as links and does not descend through them.
-	files, _, err := w.List()
+	files, _, err := listAll(w)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +188,7 @@ func TestQuota(t *testing.T) {
 		t.Fatalf("over files: %v", err)
 	}
 	// A refused upload leaves nothing behind.
-	files, u, err := w.List()
+	files, u, err := listAll(w)
 	if err != nil || u.Files != 3 || u.Bytes != 10 {
 		t.Fatalf("after refusals: %+v %+v %v", files, u, err)
 	}
@@ -233,7 +236,7 @@ func TestQuotaEdges(t *testing.T) {
 	if _, err := w.Write("a/b", strings.NewReader(strings.Repeat("x", 2<<20))); !errors.Is(err, ErrQuota) {
 		t.Fatalf("large upload: %v", err)
 	}
-	if files, u, _ := w.List(); u.Files != 0 {
+	if files, u, _ := listAll(w); u.Files != 0 {
 		t.Fatalf("a refused upload left %+v", files)
 	}
 	if _, err := w.Write(strings.Repeat("n/", maxDepth)+"f", strings.NewReader("x")); !errors.Is(err, ErrBadPath) {
@@ -247,8 +250,13 @@ func TestQuotaEdges(t *testing.T) {
 	os.Remove(filepath.Join(w.Dir(), "db2"))
 	os.Remove(filepath.Join(w.Dir(), "db"))
 	os.MkdirAll(filepath.Join(w.Dir(), strings.Repeat("n/", maxDepth+2)), 0o755)
-	if _, err := w.Usage(); !errors.Is(err, ErrUnsafe) {
-		t.Fatalf("too deep: %v", err)
+	// The usage walk stops first at the quota of names (130 directories), or at the
+	// depth; the listing reaches the depth.
+	if u, err := w.Usage(); !errors.Is(err, ErrUnsafe) && !(err == nil && u.AtLeast) {
+		t.Fatalf("too deep: %+v %v", u, err)
+	}
+	if _, _, err := w.List("", 0); !errors.Is(err, ErrUnsafe) {
+		t.Fatalf("listing too deep: %v", err)
 	}
 	for i := 1; i < MaxPerOwner; i++ {
 		if _, err := s.Create(1000, ""); err != nil {
@@ -276,4 +284,95 @@ func TestWithoutOpenat2(t *testing.T) {
 		{"RemoveAndDeleteDoNotFollowLinks", TestRemoveAndDeleteDoNotFollowLinks}, {"QuotaEdges", TestQuotaEdges}} {
 		t.Run(tc.name, tc.f)
 	}
+}
+
+// listAll is every name (one page as large as allowed) and the usage.
+func listAll(w *Workspace) ([]File, Usage, error) {
+	files, _, err := w.List("", MaxPage)
+	if err != nil {
+		return nil, Usage{}, err
+	}
+	u, err := w.Usage()
+	return files, u, err
+}
+
+// A listing comes in pages that together are the whole walk, in order; a usage walk
+// stops past the quota of names, whatever a run created, and says so.
+func TestListPagesAndBoundedUsage(t *testing.T) {
+	_, w := newWorkspace(t, Quota{Bytes: 1 << 30, Files: 50})
+	dir := w.Dir()
+	var want []string
+	for _, d := range []string{"a", "a/x", "b", "c"} {
+		os.MkdirAll(filepath.Join(dir, d), 0o755)
+	}
+	// Made as a run would (past the quota), not through Write.
+	for i := 0; i < 40; i++ {
+		for _, d := range []string{"a", "a/x", "c"} {
+			os.WriteFile(filepath.Join(dir, d, fmt.Sprintf("f%02d", i)), []byte("x"), 0o644)
+		}
+	}
+	all, err := walkAll(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = all
+	var got []string
+	after := ""
+	pages := 0
+	for {
+		files, next, err := w.List(after, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(files) > 7 {
+			t.Fatalf("a page of %d names", len(files))
+		}
+		for _, f := range files {
+			got = append(got, f.Path)
+		}
+		pages++
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("pages gave %d names, the walk %d:\n%v\n%v", len(got), len(want), got, want)
+	}
+	if pages != (len(want)+6)/7 {
+		t.Errorf("%d pages for %d names", pages, len(want))
+	}
+	u, err := w.Usage()
+	if err != nil || !u.AtLeast || u.Files != 51 {
+		t.Fatalf("usage past the quota: %+v %v", u, err)
+	}
+	if over, _, _ := w.OverQuota(); !over {
+		t.Fatal("not over quota")
+	}
+	if _, _, err := w.List("../x", 0); err == nil {
+		t.Fatal("after=../x accepted")
+	}
+}
+
+// walkAll is the walk order of dir: depth first, sorted per directory.
+func walkAll(dir string) ([]string, error) {
+	var out []string
+	var rec func(prefix string) error
+	rec = func(prefix string) error {
+		ents, err := os.ReadDir(filepath.Join(dir, prefix))
+		if err != nil {
+			return err
+		}
+		for _, e := range ents { // os.ReadDir sorts by name
+			p := path.Join(prefix, e.Name())
+			out = append(out, p)
+			if e.IsDir() {
+				if err := rec(p); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return out, rec("")
 }
