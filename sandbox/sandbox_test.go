@@ -277,6 +277,42 @@ print(os.path.getsize(lib))
 	}
 }
 
+// hostCopyMargin is how far a worker's RSS may exceed its guest's memory limit: the
+// engine and module (about 32 MiB) and the one host buffer wasmtime 44 copies a WASI
+// read or write through (at most 128 MiB; a larger single call fails with ENOMEM).
+const hostCopyMargin = 176 << 20
+
+// One huge write or read cannot make the host copy a guest-sized buffer beyond the
+// margin (with wasmtime 39, one 230 MiB os.write made a worker of 491 MiB RSS against
+// a 256 MiB limit).
+func TestHostCopyBounded(t *testing.T) {
+	t.Parallel()
+	code := `import os
+b = bytearray(230 << 20)
+fd = os.open("/ws/f", os.O_RDWR | os.O_CREAT)
+for name, f in [("write", lambda: os.write(fd, b)), ("append", lambda: os.write(os.open("/ws/g", os.O_WRONLY | os.O_CREAT | os.O_APPEND), b)),
+                ("stdout", lambda: os.write(1, b)), ("part", lambda: os.write(fd, memoryview(b)[:100 << 20]))]:
+    try:
+        print(name, f() >> 20)
+    except OSError as e:
+        print(name, e.errno)
+del b
+try:
+    print("read", len(os.pread(fd, 230 << 20, 0)) >> 20)
+except OSError as e:
+    print("read", e.errno)
+`
+	res, _ := run(t, code, func(r *protocol.Request) { r.Limits.MemoryBytes = 256 << 20 })
+	wantExit(t, res, 0)
+	t.Logf("worker RSS %d MiB, guest memory %d MiB: %q", res.WorkerMaxRSSBytes>>20, res.PeakMemoryBytes>>20, res.Stdout)
+	if !strings.Contains(string(res.Stdout), "part 100\n") {
+		t.Errorf("a 100 MiB write: %q %q", res.Stdout, res.Stderr)
+	}
+	if res.WorkerMaxRSSBytes > 256<<20+hostCopyMargin {
+		t.Fatalf("worker RSS %d MiB, over the 256 MiB limit plus %d MiB", res.WorkerMaxRSSBytes>>20, hostCopyMargin>>20)
+	}
+}
+
 // Everything outside /ws is out of reach, however it is named, and error messages
 // never show the host path of the workspace.
 func TestNoHostFilesystem(t *testing.T) {
