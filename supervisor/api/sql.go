@@ -153,6 +153,10 @@ func (s *Server) sql(c echo.Context) error {
 				map[string]any{"approval": ap})
 		case err != nil:
 			return problemWith(c, http.StatusConflict, CodeApprovalInvalid, err.Error(), map[string]any{"approval": ap})
+		case approvedFile(ap) == "":
+			// Every sql.write approval names the file's bytes; one that does not binds
+			// nothing, and nothing runs on it.
+			return problemWith(c, http.StatusConflict, CodeApprovalInvalid, "the approval names no database file", map[string]any{"approval": ap})
 		}
 		req.Write, req.DBSHA256 = true, approvedFile(ap)
 	}

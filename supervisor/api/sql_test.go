@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -244,5 +245,57 @@ func TestSQLApprovalVoidWhenFileChanges(t *testing.T) {
 	code, m = d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "CREATE TABLE t (x)", "approval": id})
 	if code != 409 || m["code"] != api.CodeApprovalInvalid {
 		t.Fatalf("redeem after the file changed: %d %v", code, m)
+	}
+}
+
+// The approved write runs on the bytes the approver saw: a guest run that changes the
+// database (as a valid database) between approval and redemption voids it, and
+// nothing of the write runs; the approval request named the file's SHA-256, hashed in
+// the worker.
+func TestSQLApprovalBindsTheBytes(t *testing.T) {
+	d, ws, dbPath := sqlDaemon(t, setup{})
+	tcp := d.listenTCP(t)
+	approve := func(id string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", tcp+"/v1/approvals/"+id, strings.NewReader(`{"decision":"approve"}`))
+		req.Header.Set("Authorization", "Bearer "+approverSecret)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("approve: %d", resp.StatusCode)
+		}
+	}
+	guest := func(code string) {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"workspace": ws, "code": code})
+		if v := d.run(t, string(b)); v.Result.ExitCode != 0 {
+			t.Fatalf("guest: %s", v.Result.Stderr)
+		}
+	}
+	guest("import sqlite3\nc = sqlite3.connect('t.db')\nc.execute('CREATE TABLE t (x)')\nc.execute('INSERT INTO t VALUES (1)')\nc.commit()")
+	stmt := map[string]any{"workspace": ws, "db": "t.db", "sql": "DELETE FROM t"}
+	code, m := d.sql(t, stmt)
+	if code != 403 || m["code"] != api.CodeApprovalRequired {
+		t.Fatalf("delete: %d %v", code, m)
+	}
+	id := m["approval_id"].(string)
+	_, raw := d.do(t, "GET", "/v1/approvals/"+id, "")
+	sum := fileSum(t, dbPath)
+	if !bytes.Contains(raw, []byte(fmt.Sprintf(`"db_sha256":"%x"`, sum))) {
+		t.Fatalf("the approval does not name the file's SHA-256 %x: %s", sum, raw)
+	}
+	approve(id)
+	guest("import sqlite3\nc = sqlite3.connect('t.db')\nc.execute('INSERT INTO t VALUES (2)')\nc.commit()")
+	stmt["approval"] = id
+	if code, m := d.sql(t, stmt); code != 409 || m["code"] != api.CodeApprovalInvalid || !strings.Contains(fmt.Sprint(m["detail"]), "changed") {
+		t.Fatalf("redeem after a guest changed the file: %d %v", code, m)
+	}
+	delete(stmt, "approval")
+	if code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "SELECT count(*) FROM t"}); code != 200 || fmt.Sprint(m["rows"]) != "[[2]]" {
+		t.Fatalf("the write ran: %d %v", code, m)
 	}
 }
