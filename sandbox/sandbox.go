@@ -644,12 +644,15 @@ type capture struct {
 	truncated bool
 }
 
-// smallRead and coalesce: after a read shorter than smallRead, a streaming capture
-// waits coalesce before reading again, so a guest's tiny writes reach the observer
-// as a few larger pieces (300,000 one-byte writes had made up to 149,000 pieces).
+// smallRead, smallReads and coalesce: after smallReads reads in a row shorter than
+// smallRead, a streaming capture waits coalesce before each further read, so a
+// guest's flood of tiny writes reaches the observer as a few larger pieces (300,000
+// one-byte writes had made up to 149,000), while a program that prints a line or
+// two is not delayed at all.
 const (
-	smallRead = 4 << 10
-	coalesce  = 2 * time.Millisecond
+	smallRead  = 4 << 10
+	smallReads = 8
+	coalesce   = 2 * time.Millisecond
 )
 
 // read copies r into c.buf, or to c.observe when there is one (which then holds the
@@ -658,6 +661,7 @@ const (
 func (c *capture) read(r io.ReadCloser, max int64, kill func(protocol.Reason)) {
 	defer r.Close()
 	chunk := make([]byte, 32<<10)
+	small := 0
 	for {
 		n, err := r.Read(chunk)
 		if n > 0 && !c.truncated {
@@ -678,7 +682,10 @@ func (c *capture) read(r io.ReadCloser, max int64, kill func(protocol.Reason)) {
 		if err != nil {
 			return
 		}
-		if c.observe != nil && n < smallRead {
+		if small = small + 1; n >= smallRead {
+			small = 0
+		}
+		if c.observe != nil && small >= smallReads {
 			time.Sleep(coalesce)
 		}
 	}
