@@ -247,6 +247,26 @@ func New(o Options) *Server {
 	e.HTTPErrorHandler = s.errorHandler
 	e.Server.ConnContext = ConnContext
 	e.Server.ConnState = ConnState
+	// A connection that has presented no valid token (a probe's, a stranger's) is
+	// closed after its answer, and its request's unread body is never waited for:
+	// a client that announces a body and sends none cannot hold a slot for the read
+	// timeout (a valid token removes the header; see require).
+	e.Pre(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			lc, ok := c.Request().Context().Value(connKey{}).(*limitedConn)
+			if !ok || lc.authenticated.Load() {
+				return next(c)
+			}
+			c.Response().Header().Set("Connection", "close")
+			err := next(c)
+			if !lc.authenticated.Load() {
+				// The server would read up to 256 KiB of an unread body before
+				// closing, for as long as the read timeout allows.
+				lc.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+			}
+			return err
+		}
+	})
 	// Slow clients cannot hold a connection: headers within 5 s, a body within 30 s.
 	// No write timeout: a synchronous run answers when it ends (at most the maximum
 	// timeout).
@@ -354,6 +374,7 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 				}
 				peer, ok = Peer{PID: -1, UID: -1, GID: -1, Token: t.Name}, true
 				authenticated(ctx)
+				c.Response().Header().Del("Connection")
 				c.SetRequest(c.Request().WithContext(context.WithValue(ctx, peerKey{}, peer)))
 			}
 			allowed := false
@@ -367,6 +388,7 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 					d["token"], who = peer.Token, fmt.Sprintf("token %q", peer.Token)
 				}
 				s.o.Audit.Record(ctx, "access.denied", peer.UID, "", d)
+				c.Response().Header().Set("Connection", "close") // nor wait for its body
 				return problem(c, http.StatusForbidden, CodeForbidden, fmt.Sprintf("%s is not allowed the %s role", who, role))
 			}
 			return next(c)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/json"
 	"fmt"
+	"io"
 	"runtime"
 	"strings"
 	"testing"
@@ -168,5 +169,31 @@ func TestListingBounded(t *testing.T) {
 	}
 	if resp, body := d.do(t, "POST", "/v1/runs", `{"workspace":"`+id+`","code":"print(1)"}`); resp.StatusCode != 507 {
 		t.Fatalf("a run in the full workspace: %d %s", resp.StatusCode, body)
+	}
+}
+
+// A reader that stops reading an event stream holds one event's worth of the
+// output, not copies of it (8 MiB of control bytes had become 48 MiB of JSON per
+// reader, held while the write blocked).
+func TestStalledEventReaders(t *testing.T) {
+	d := start(t, setup{})
+	v := d.run(t, `{"code": "import os\nos.write(1, b'\\x01' * (8 << 20))", "limits": {"max_output_bytes": 16777216}}`)
+	if len(v.Result.Stdout) != 8<<20 {
+		t.Fatalf("run: %d bytes", len(v.Result.Stdout))
+	}
+	before := heap()
+	var streams []io.Closer
+	for i := 0; i < 3; i++ {
+		resp := d.events(t, v.ID) // never read
+		streams = append(streams, resp.Body)
+	}
+	time.Sleep(time.Second)
+	grew := heap() - before
+	for _, s := range streams {
+		s.Close()
+	}
+	t.Logf("3 stalled readers of 8 MiB of output: heap grew %d KiB", grew>>10)
+	if grew > 8<<20 {
+		t.Fatalf("3 stalled readers grew the heap by %d MiB", grew>>20)
 	}
 }

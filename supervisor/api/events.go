@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 	"time"
@@ -24,14 +25,48 @@ type outputEvent struct {
 	Encoding string `json:"encoding,omitempty"`
 }
 
-// runEvents answers GET /v1/runs/{id}/events with server-sent events (the WHATWG
-// HTML "Server-sent events" format): "stdout" and "stderr" events carrying the
-// output from the start of the run, as it is produced, each with an id (its index,
-// so a client reconnecting with Last-Event-ID resumes after it), then one "result"
-// event with the run as GET /v1/runs/{id} shows it, after which the stream ends.
+// eventPiece bounds the output one event carries, in bytes: a larger chunk goes as
+// several events, of which only the last has the chunk's id, so what encoding an
+// event costs (a control byte is six in JSON) is bounded per event, not per chunk,
+// and a reader that stops reading holds one piece, not copies of the whole output.
+const eventPiece = 16 << 10
+
+// writeChunk writes chunk id of stream as events of at most eventPiece bytes each
+// (split at character boundaries where the text is UTF-8); false when the client
+// is gone.
+func writeChunk(w io.Writer, id int, stream string, data []byte) bool {
+	for len(data) > 0 {
+		n := min(len(data), eventPiece)
+		for n < len(data) && n > eventPiece-utf8.UTFMax && !utf8.RuneStart(data[n]) {
+			n--
+		}
+		piece := data[:n]
+		data = data[n:]
+		ev := outputEvent{Data: string(piece)}
+		if !utf8.Valid(piece) {
+			ev = outputEvent{Data: base64.StdEncoding.EncodeToString(piece), Encoding: "base64"}
+		}
+		b, _ := json.Marshal(ev)
+		idLine := ""
+		if len(data) == 0 {
+			idLine = "id: " + strconv.Itoa(id) + "\n"
+		}
+		if _, err := fmt.Fprintf(w, "%sevent: %s\ndata: %s\n\n", idLine, stream, b); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // sseCoalesce is how long the event stream lets output gather before it reads more.
 const sseCoalesce = 20 * time.Millisecond
 
+// runEvents answers GET /v1/runs/{id}/events with server-sent events (the WHATWG
+// HTML "Server-sent events" format): "stdout" and "stderr" events carrying the
+// output from the start of the run, as it is produced, each chunk's last event with
+// an id (its index, so a client reconnecting with Last-Event-ID resumes after it; a
+// chunk over eventPiece bytes is several events), then one "result"
+// event with the run as GET /v1/runs/{id} shows it, after which the stream ends.
 func (s *Server) runEvents(c echo.Context) error {
 	run, err := s.o.Service.Get(c.Param("id"))
 	if err != nil || !s.visible(c, run) {
@@ -60,12 +95,7 @@ func (s *Server) runEvents(c echo.Context) error {
 	for {
 		chunks, after, done, changed := run.Output(next)
 		for i, ch := range chunks {
-			ev := outputEvent{Data: string(ch.Data)}
-			if !utf8.Valid(ch.Data) {
-				ev = outputEvent{Data: base64.StdEncoding.EncodeToString(ch.Data), Encoding: "base64"}
-			}
-			b, _ := json.Marshal(ev)
-			if _, err := fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", next+i, ch.Stream, b); err != nil {
+			if !writeChunk(w, next+i, ch.Stream, ch.Data) {
 				return nil
 			}
 		}

@@ -195,3 +195,49 @@ func TestProbesWithIdleConnections(t *testing.T) {
 		t.Fatalf("the authenticated connection was closed when idle: %d %v", status, err)
 	}
 }
+
+// Connections that announce a body and never send it (4 addresses, 64 each, no
+// token) are answered 401 and closed at once, not held for the read timeout: a probe
+// is answered at once.
+func TestProbesWithSlowBodies(t *testing.T) {
+	d := start(t, setup{access: &api.Access{Tokens: api.Tokens{aliceToken}}})
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go d.server.Serve(api.ListenTCP(raw, 256, 64))
+	addr := raw.Addr().String()
+	var wg sync.WaitGroup
+	for a := 2; a <= 5; a++ {
+		for i := 0; i < 64; i++ {
+			wg.Add(1)
+			go func(from string) {
+				defer wg.Done()
+				dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+				c, err := dl.Dial("tcp", addr)
+				if err != nil {
+					return
+				}
+				t.Cleanup(func() { c.Close() })
+				fmt.Fprintf(c, "POST /v1/runs HTTP/1.1\r\nHost: sandcell\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n")
+			}(fmt.Sprintf("127.0.0.%d", a))
+		}
+	}
+	wg.Wait()
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	fmt.Fprintf(c, "GET /readyz HTTP/1.1\r\nHost: sandcell\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("/readyz behind 256 slow bodies: %v %v after %s", resp, err, time.Since(start))
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Fatalf("/readyz took %s", took)
+	}
+}

@@ -160,19 +160,26 @@ func (s *Server) sql(c echo.Context) error {
 		}
 		req.Write, req.DBSHA256 = true, approvedFile(ap)
 	}
-	out, ok := s.runSQL(c, w, req, caller)
-	if !ok {
-		if body.Approval != "" {
-			// Nothing ran (queue full, stopping, an internal error): the approval stays.
+	failed := func(err error) error {
+		// Every accepted statement has one final record, whatever became of it.
+		audit("sql.failed", map[string]any{"workspace": w.ID, "db": body.DB, "sql_sha256": digest,
+			"approval": body.Approval, "error": errString(err)})
+		if body.Approval != "" && !started(err) {
+			// No worker ran the statement: the approval stays usable. Once one ran,
+			// it is spent whatever the client saw (it may have committed).
 			s.o.Approvals.Restore(body.Approval)
 		}
 		return nil
 	}
+	out, err := s.runSQL(c, w, req, caller)
+	if err != nil {
+		return failed(err)
+	}
 	if out.Status == "approval_required" && !s.approvalRequired(ActionSQLWrite) {
 		// Policy does not hold SQL writes for approval.
 		req.Write = true
-		if out, ok = s.runSQL(c, w, req, caller); !ok {
-			return nil
+		if out, err = s.runSQL(c, w, req, caller); err != nil {
+			return failed(err)
 		}
 	}
 	d := map[string]any{"workspace": w.ID, "db": body.DB, "sql_sha256": digest, "status": out.Status,
@@ -228,17 +235,32 @@ func (s *Server) sql(c echo.Context) error {
 	}
 }
 
-// runSQL runs the tool; when it could not, it answers the request and returns false.
-func (s *Server) runSQL(c echo.Context, w *workspace.Workspace, req sqltool.Request, caller supervisor.Caller) (sqltool.Outcome, bool) {
+// errNotRun: the statement's worker was never started (the request's limits).
+var errNotRun = errors.New("not run")
+
+// started reports whether a runSQL error came after a worker was given the
+// statement (it may have run to its end: a write may have committed).
+func started(err error) bool {
+	for _, e := range []error{errNotRun, sqltool.ErrBadRequest, workspace.ErrBadPath, workspace.ErrNotFound,
+		workspace.ErrUnsafe, supervisor.ErrQueueFull, supervisor.ErrCallerLimit, supervisor.ErrStopping} {
+		if errors.Is(err, e) {
+			return false
+		}
+	}
+	return true
+}
+
+// runSQL runs the tool; when it could not, it answers the request and returns why.
+func (s *Server) runSQL(c echo.Context, w *workspace.Workspace, req sqltool.Request, caller supervisor.Caller) (sqltool.Outcome, error) {
 	base, perr := s.request(RunRequest{Code: "pass"})
 	if perr != nil {
 		problem(c, perr.status, perr.code, perr.detail)
-		return sqltool.Outcome{}, false
+		return sqltool.Outcome{}, fmt.Errorf("%w: %s", errNotRun, perr.detail)
 	}
 	out, err := sqltool.Run(c.Request().Context(), managerRunner{s, caller}, w.Dir(), req, base)
 	switch {
 	case err == nil:
-		return out, true
+		return out, nil
 	case errors.Is(err, sqltool.ErrBadRequest):
 		problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
 	case errors.Is(err, workspace.ErrBadPath), errors.Is(err, workspace.ErrNotFound), errors.Is(err, workspace.ErrUnsafe):
@@ -254,7 +276,7 @@ func (s *Server) runSQL(c echo.Context, w *workspace.Workspace, req sqltool.Requ
 	default:
 		problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
 	}
-	return out, false
+	return out, err
 }
 
 func errString(err error) string {

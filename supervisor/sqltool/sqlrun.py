@@ -113,6 +113,9 @@ def connect(write):
                          (sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, 1000), (sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 1000),
                          (sqlite3.SQLITE_LIMIT_TRIGGER_DEPTH, 10)):
         c.setlimit(limit, value)
+    # Temporary tables and sort files stay in memory (bounded by the worker's): no
+    # temporary file is written into the workspace, not even by a read.
+    c.execute("PRAGMA temp_store = MEMORY")
     if not write:
         c.execute("PRAGMA query_only = ON")
     # The time limit: the progress handler stops the statement (SQLITE_INTERRUPT).

@@ -298,3 +298,18 @@ func stdlibNames(t *testing.T, f *fixture) []string {
 	}
 	return names
 }
+
+// A read that needs temporary storage (DISTINCT over large values) keeps it in
+// memory: it answers, and writes nothing into the workspace.
+func TestReadNeedsNoTemporaryFile(t *testing.T) {
+	f := newFixture(t)
+	before := f.sum()
+	out := f.run(Request{DB: "t.db", SQL: "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 20000) SELECT count(*) FROM (SELECT DISTINCT randomblob(1000) FROM c)"})
+	if out.Status != "ok" || string(out.Rows[0]) != "[20000]" {
+		t.Fatalf("%+v %+v", out, out.Error)
+	}
+	names, _ := os.ReadDir(f.dir)
+	if len(names) != 1 || f.sum() != before {
+		t.Fatalf("the workspace changed: %v", names)
+	}
+}

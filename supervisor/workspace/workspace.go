@@ -580,11 +580,13 @@ const maxDirNames = 100_000
 // maxDepth bounds the directory nesting a walk descends (each level holds an fd).
 const maxDepth = 128
 
-// Listing bounds: a page has DefaultPage names unless asked for fewer or more, and
-// at most MaxPage.
+// Listing bounds: a page has DefaultPage names unless asked for fewer or more, at
+// most MaxPage, and ends early once its paths add up to MaxPageBytes (a name may be
+// 32 KB long: 127 nested directories of 255 bytes).
 const (
-	DefaultPage = 1000
-	MaxPage     = 10_000
+	DefaultPage  = 1000
+	MaxPage      = 10_000
+	MaxPageBytes = 1 << 20
 )
 
 // errStop ends a walk early; callers never see it.
@@ -592,7 +594,8 @@ var errStop = errors.New("workspace: walk stopped")
 
 // List returns a page of the names in the workspace, in walk order (depth first,
 // sorted per directory): at most limit (0: DefaultPage; at most MaxPage) of those
-// that come after the name after ("" for the first page), and next, the name to
+// that come after the name after ("" for the first page), their paths at most
+// MaxPageBytes together, and next, the name to
 // pass as after for the following page ("" when there is none). Nothing is
 // followed: links are listed as links. A page's cost is bounded by limit and by
 // the directories on the way to after, never by everything a run created.
@@ -612,12 +615,14 @@ func (w *Workspace) List(after string, limit int) (files []File, next string, er
 	if err != nil {
 		return nil, "", err
 	}
+	size := 0
 	err = listDir(root, "", from, func(f File) error {
-		if len(files) == limit {
+		if len(files) == limit || (len(files) > 0 && size+len(f.Path) > MaxPageBytes) {
 			next = files[len(files)-1].Path
 			return errStop
 		}
 		files = append(files, f)
+		size += len(f.Path)
 		return nil
 	})
 	if errors.Is(err, errStop) {

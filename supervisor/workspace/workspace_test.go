@@ -376,3 +376,26 @@ func walkAll(dir string) ([]string, error) {
 	}
 	return out, rec("")
 }
+
+// A page ends once its paths add up to MaxPageBytes, however long the names.
+func TestListPageBytesBounded(t *testing.T) {
+	_, w := newWorkspace(t, Quota{Bytes: 1 << 30, Files: 100_000})
+	deep := filepath.Join(w.Dir(), strings.Repeat(strings.Repeat("d", 250)+"/", 12))
+	if err := os.MkdirAll(deep, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 1000; i++ {
+		os.WriteFile(filepath.Join(deep, fmt.Sprintf("f%04d", i)), nil, 0o644)
+	}
+	files, next, err := w.List("", MaxPage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := 0
+	for _, f := range files {
+		size += len(f.Path)
+	}
+	if size > MaxPageBytes || next == "" || len(files) >= 1012 {
+		t.Fatalf("a page of %d names, %d bytes, next %q", len(files), size, next)
+	}
+}
