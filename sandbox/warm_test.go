@@ -297,12 +297,13 @@ func TestWithoutPidNamespace(t *testing.T) {
 // (a clock that counted from the worker's start would tell a run when the pool was
 // last refilled, by whose run), and it starts near 0 in a cold worker too.
 func TestWarmClockStartsAtTheRun(t *testing.T) {
-	const code = "import time; print(time.monotonic(), time.perf_counter(), time.monotonic_ns() // 10**6, time.clock_gettime(time.CLOCK_MONOTONIC), time.time())"
+	const code = "import time; print(time.monotonic(), time.perf_counter(), time.monotonic_ns() // 10**6, time.clock_gettime(time.CLOCK_MONOTONIC), time.time())\n" +
+		"t = time.monotonic(); time.sleep(0.5); print(time.monotonic() - t)"
 	check := func(name string, res protocol.Result) {
 		t.Helper()
 		wantExit(t, res, 0)
 		f := strings.Fields(string(res.Stdout))
-		if len(f) != 5 {
+		if len(f) != 6 {
 			t.Fatalf("%s: %q", name, res.Stdout)
 		}
 		for i, v := range f[:4] {
@@ -316,6 +317,10 @@ func TestWarmClockStartsAtTheRun(t *testing.T) {
 		}
 		if wall, err := strconv.ParseFloat(f[4], 64); err != nil || wall < float64(time.Now().Add(-time.Minute).Unix()) {
 			t.Errorf("%s: time.time() is %s", name, f[4])
+		}
+		// time.sleep sleeps (its deadline is absolute on the guest's clock).
+		if slept, err := strconv.ParseFloat(f[5], 64); err != nil || slept < 0.5 || res.ElapsedMS < 500 {
+			t.Errorf("%s: time.sleep(0.5) slept %s s by the guest's clock, the run took %.0f ms", name, f[5], res.ElapsedMS)
 		}
 	}
 	sp := sandbox.SelfSpawner()
