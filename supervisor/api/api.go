@@ -68,7 +68,7 @@ const (
 	CodeApprovalInvalid     = "approval_invalid"     // 409: the approval is pending, denied, spent, expired or for another request
 	CodeSQLError            = "sql_error"            // 400/404/409/422: SQLite failed; sql_code says how
 	CodeTooManyPending      = "too_many_pending"     // 429: the caller has supervisor.MaxPending approvals waiting
-	CodeWorkspaceBusy       = "workspace_busy"       // 409: a run or statement is using the workspace
+	CodeWorkspaceBusy       = "workspace_busy"       // 409: a run or statement is using the workspace (or an approved SQL write holds it alone)
 )
 
 // Codes lists every problem code (TestOpenAPI keeps the document's list equal).
@@ -202,19 +202,54 @@ type Server struct {
 	// Workspaces in use by runs and statements, and those being deleted.
 	wsMu     sync.Mutex
 	inUse    map[string]int
+	alone    map[string]bool // in use by an approved SQL write only
 	deleting map[string]bool
 }
 
-// acquire marks workspace id in use (it cannot be deleted meanwhile); false when it
-// is being deleted.
-func (s *Server) acquire(id string) bool {
+// Why a workspace cannot be acquired.
+var (
+	errWorkspaceGone = errors.New("the workspace is being deleted")
+	errWorkspaceBusy = errors.New("an approved SQL write holds the workspace alone")
+)
+
+// acquire marks workspace id in use (it cannot be deleted meanwhile): errWorkspaceGone
+// when it is being deleted, errWorkspaceBusy while an approved write holds it alone.
+func (s *Server) acquire(id string) error {
 	s.wsMu.Lock()
 	defer s.wsMu.Unlock()
-	if s.deleting[id] {
-		return false
+	switch {
+	case s.deleting[id]:
+		return errWorkspaceGone
+	case s.alone[id]:
+		return errWorkspaceBusy
 	}
 	s.inUse[id]++
-	return true
+	return nil
+}
+
+// acquireAlone marks workspace id in use by nothing else (an approved SQL write: no
+// run or upload may change the file between the worker's check of its bytes and the
+// write); errWorkspaceBusy while anything else uses it.
+func (s *Server) acquireAlone(id string) error {
+	s.wsMu.Lock()
+	defer s.wsMu.Unlock()
+	switch {
+	case s.deleting[id]:
+		return errWorkspaceGone
+	case s.inUse[id] > 0:
+		return errWorkspaceBusy
+	}
+	s.inUse[id]++
+	s.alone[id] = true
+	return nil
+}
+
+// acquireError answers a failed acquire.
+func acquireError(c echo.Context, id string, err error) error {
+	if errors.Is(err, errWorkspaceBusy) {
+		return problem(c, http.StatusConflict, CodeWorkspaceBusy, fmt.Sprintf("workspace %s is in use: %v", id, err))
+	}
+	return problem(c, http.StatusNotFound, CodeNotFound, "no workspace "+id)
 }
 
 func (s *Server) release(id string) {
@@ -222,6 +257,7 @@ func (s *Server) release(id string) {
 	defer s.wsMu.Unlock()
 	if s.inUse[id]--; s.inUse[id] <= 0 {
 		delete(s.inUse, id)
+		delete(s.alone, id)
 	}
 }
 
@@ -240,7 +276,7 @@ func (s *Server) policy() *policy.Policy { return s.pol.Load() }
 func New(o Options) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	s := &Server{o: o, echo: e, inUse: map[string]int{}, deleting: map[string]bool{},
+	s := &Server{o: o, echo: e, inUse: map[string]int{}, alone: map[string]bool{}, deleting: map[string]bool{},
 		denials: rate.NewLimiter(10, 10)}
 	s.SetAccess(o.Access)
 	s.SetPolicy(o.Policy)
@@ -476,7 +512,9 @@ func (s *Server) createRun(c echo.Context) error {
 				w.ID, u.Bytes, u.Files, q.Bytes, q.Files))
 		}
 		req.Workspace = w.Dir()
-		if !s.acquire(w.ID) {
+		if err := s.acquire(w.ID); errors.Is(err, errWorkspaceBusy) {
+			return refuse(http.StatusConflict, CodeWorkspaceBusy, fmt.Sprintf("workspace %s is in use: %v", w.ID, err))
+		} else if err != nil {
 			return refuse(http.StatusNotFound, CodeNotFound, "no workspace "+w.ID)
 		}
 		acquired = w.ID
@@ -510,7 +548,7 @@ func (s *Server) createRun(c echo.Context) error {
 	if acquired != "" {
 		// The workspace stays in use until the run ends, not until this answer.
 		ws := acquired
-		s.acquire(ws)
+		s.acquire(ws) // cannot fail: the acquire above still holds it
 		go func() { <-run.Done(); s.release(ws) }()
 	}
 	s.o.Audit.Record(ctx, "run.admitted", uid, run.ID, map[string]any{"code_sha256": detail["code_sha256"]})

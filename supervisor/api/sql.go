@@ -128,8 +128,14 @@ func (s *Server) sql(c echo.Context) error {
 	if w == nil {
 		return nil
 	}
-	if !s.acquire(w.ID) {
-		return problem(c, http.StatusNotFound, CodeNotFound, "no workspace "+w.ID)
+	acquire := s.acquire
+	if body.Approval != "" {
+		// An approved write runs with nothing else in the workspace: no run or upload
+		// can swap the file between the worker's check of its bytes and the write.
+		acquire = s.acquireAlone
+	}
+	if err := acquire(w.ID); err != nil {
+		return acquireError(c, w.ID, err)
 	}
 	defer s.release(w.ID)
 	digest := sqlDigest(body)

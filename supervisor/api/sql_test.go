@@ -299,3 +299,85 @@ func TestSQLApprovalBindsTheBytes(t *testing.T) {
 		t.Fatalf("the write ran: %d %v", code, m)
 	}
 }
+
+// An approved write holds its workspace alone: it waits for no run (it is refused,
+// and the approval stays usable, while one is in the workspace), and while it runs,
+// no run or upload can swap the file it checked.
+func TestSQLApprovedWriteHoldsTheWorkspaceAlone(t *testing.T) {
+	d, ws, _ := sqlDaemon(t, setup{})
+	tcp := d.listenTCP(t)
+	approve := func(id string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", tcp+"/v1/approvals/"+id, strings.NewReader(`{"decision":"approve"}`))
+		req.Header.Set("Authorization", "Bearer "+approverSecret)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if v := d.run(t, `{"workspace":"`+ws+`","code":"import sqlite3\nc = sqlite3.connect('t.db')\nc.execute('CREATE TABLE t (x)')\nc.commit()"}`); v.Result.ExitCode != 0 {
+		t.Fatalf("guest: %s", v.Result.Stderr)
+	}
+	stmt := map[string]any{"workspace": ws, "db": "t.db",
+		"sql": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 400000) INSERT INTO t SELECT x FROM c"}
+	_, m := d.sql(t, stmt)
+	id, _ := m["approval_id"].(string)
+	if id == "" {
+		t.Fatalf("no approval: %v", m)
+	}
+	approve(id)
+	stmt["approval"] = id
+	resp, body := d.do(t, "POST", "/v1/runs", `{"workspace":"`+ws+`","code":"import time; time.sleep(2)","wait":false}`)
+	if resp.StatusCode != 202 {
+		t.Fatalf("run: %d %s", resp.StatusCode, body)
+	}
+	if code, m := d.sql(t, stmt); code != 409 || m["code"] != api.CodeWorkspaceBusy {
+		t.Fatalf("redeem during a run: %d %v", code, m)
+	}
+	done := make(chan map[string]any, 1)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		code, m := d.sql(t, stmt)
+		if code == 200 {
+			t.Fatalf("the write ran at once: %v", m)
+		}
+		if code != 409 || m["code"] != api.CodeWorkspaceBusy {
+			t.Fatalf("redeem: %d %v", code, m)
+		}
+		// Redeem once the run has ended, and meanwhile try to upload.
+		_, raw := d.do(t, "GET", "/v1/workspaces/"+ws, "")
+		if !strings.Contains(string(raw), `"over_quota"`) || time.Now().After(deadline) {
+			t.Fatalf("workspace: %s", raw)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if resp, _ := d.do(t, "POST", "/v1/runs", `{"workspace":"`+ws+`","code":"pass"}`); resp.StatusCode == 200 {
+			break // the sleeping run has ended: the workspace is free
+		}
+	}
+	go func() {
+		for {
+			code, m := d.sql(t, stmt)
+			if code != 409 || m["code"] != api.CodeWorkspaceBusy {
+				done <- m
+				return
+			}
+			time.Sleep(5 * time.Millisecond) // an upload held it for a moment
+		}
+	}()
+	sawBusy := false
+	for len(done) == 0 {
+		if resp, _ := d.do(t, "PUT", "/v1/workspaces/"+ws+"/files/other.txt", "x"); resp.StatusCode == 409 {
+			sawBusy = true
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	m = <-done
+	if m["status"] != "ok" {
+		t.Fatalf("the approved write: %v", m)
+	}
+	if !sawBusy {
+		t.Fatal("an upload was not refused while the approved write ran")
+	}
+}

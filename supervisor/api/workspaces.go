@@ -184,6 +184,10 @@ func (s *Server) putFile(c echo.Context) error {
 		return problem(c, http.StatusInsufficientStorage, CodeQuota,
 			fmt.Sprintf("a workspace holds at most %d bytes", q.Bytes))
 	}
+	if err := s.acquire(w.ID); err != nil {
+		return acquireError(c, w.ID, err)
+	}
+	defer s.release(w.ID)
 	n, err := w.Write(path, c.Request().Body)
 	s.auditWorkspace(c, "workspace.file_written", w.ID, map[string]any{"path": path, "bytes": n}, err)
 	if err != nil {
@@ -217,6 +221,10 @@ func (s *Server) deleteFile(c echo.Context) error {
 	if w == nil {
 		return nil
 	}
+	if err := s.acquire(w.ID); err != nil {
+		return acquireError(c, w.ID, err)
+	}
+	defer s.release(w.ID)
 	err := w.Remove(path)
 	s.auditWorkspace(c, "workspace.file_removed", w.ID, map[string]any{"path": path}, err)
 	if err != nil {
