@@ -8,7 +8,7 @@ import (
 
 const module = "github.com/sandcell/sandcell"
 
-// TestImportRules enforces the one-way imports of DESIGN.md section 2: framework
+// TestImportRules enforces the one-way imports between packages: framework
 // packages each stay inside one package, and the worker (which runs under the
 // tightest seccomp filter) links no HTTP server and no database.
 func TestImportRules(t *testing.T) {

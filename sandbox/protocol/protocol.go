@@ -64,7 +64,7 @@ var ErrFrameTooLarge = errors.New("protocol: frame too large")
 var ErrVersion = errors.New("protocol: version mismatch")
 
 // Reason says why a run ended. It is a closed set shared by the API, the CLI and the
-// audit log (DESIGN.md section 4).
+// audit log.
 type Reason string
 
 // The termination reasons.

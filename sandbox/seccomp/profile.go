@@ -18,7 +18,7 @@ import (
 //
 // Calls that C libraries probe and then fall back from answer ENOSYS, not EPERM:
 // glibc's pthread_create tries clone3 first and gives up on EPERM, but falls back to
-// clone on ENOSYS (CASES.md, "Errno policy in seccomp").
+// clone on ENOSYS, so an EPERM there would kill the first new thread.
 func Rules() specs.LinuxSeccomp {
 	eperm := uint(unix.EPERM)
 	return specs.LinuxSeccomp{

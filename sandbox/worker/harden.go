@@ -231,7 +231,7 @@ func setRlimits(h protocol.Hardening, st *hardened, fail func(string, error)) {
 			continue
 		}
 		if r.name == "NPROC" && !userns {
-			continue // would count every process of the parent's user (CASES.md)
+			continue // RLIMIT_NPROC counts per user: it would count every process of the parent's user, the daemon's own included
 		}
 		if err := unix.Setrlimit(r.resource, &unix.Rlimit{Cur: r.soft, Max: r.hard}); err != nil {
 			errs = append(errs, fmt.Sprintf("%s: %v", r.name, err))

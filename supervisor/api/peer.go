@@ -27,7 +27,8 @@ import (
 // Role is what a caller may do.
 type Role string
 
-// The roles, from DESIGN.md section 6. An admin may do everything.
+// The roles: runners start runs and statements, approvers decide approvals, and an
+// admin may do everything.
 const (
 	RoleRunner   Role = "runner"
 	RoleApprover Role = "approver"

@@ -1,5 +1,5 @@
 // Package selftest proves, on this host, that the sandbox holds before the daemon
-// accepts work (DESIGN.md section 7): the pinned interpreter's bytes, a usable
+// accepts work: the pinned interpreter's bytes, a usable
 // precompiled module (rebuilt if needed), then a canary worker under the configured
 // policy that must print the expected answer, report every required enforcement
 // layer active, and fail each escape probe: a socket, a host file, the daemon's

@@ -110,8 +110,9 @@ func TestMaxRows(t *testing.T) {
 	}
 }
 
-// Every kind of statement from CASES.md that would write or reach beyond the
-// database: refused, or held for approval; the file's bytes never change.
+// Every kind of statement that has defeated "read-only" SQL tools, writing or
+// reaching beyond the database: refused, or held for approval; the file's bytes
+// never change.
 func TestRefusedAndHeld(t *testing.T) {
 	f := newFixture(t)
 	before := f.sum()

@@ -3,8 +3,8 @@
 //
 // Everything here touches files that guest code may have planted: any name in a
 // workspace may be a symbolic link, a hard link to another file, a FIFO or a
-// directory, and may change while the daemon looks at it (../shared/CASES.md, "Host
-// code that touches the workspace"). So no path is ever resolved by the host's usual
+// directory, and may change while the daemon looks at it (host code touching such
+// files has been the weakest point of past sandbox escapes). So no path is ever resolved by the host's usual
 // rules: every lookup is openat2(2) beneath the workspace's directory fd with
 // RESOLVE_BENEATH|RESOLVE_NO_SYMLINKS|RESOLVE_NO_MAGICLINKS|RESOLVE_NO_XDEV, files are
 // first opened O_PATH and their type checked on the open fd (never check-then-open),
