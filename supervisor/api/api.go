@@ -214,33 +214,26 @@ var (
 
 // acquire marks workspace id in use (it cannot be deleted meanwhile): errWorkspaceGone
 // when it is being deleted, errWorkspaceBusy while an approved write holds it alone.
-func (s *Server) acquire(id string) error {
-	s.wsMu.Lock()
-	defer s.wsMu.Unlock()
-	switch {
-	case s.deleting[id]:
-		return errWorkspaceGone
-	case s.alone[id]:
-		return errWorkspaceBusy
-	}
-	s.inUse[id]++
-	return nil
-}
+func (s *Server) acquire(id string) error { return s.use(id, false) }
 
 // acquireAlone marks workspace id in use by nothing else (an approved SQL write: no
 // run or upload may change the file between the worker's check of its bytes and the
 // write); errWorkspaceBusy while anything else uses it.
-func (s *Server) acquireAlone(id string) error {
+func (s *Server) acquireAlone(id string) error { return s.use(id, true) }
+
+func (s *Server) use(id string, alone bool) error {
 	s.wsMu.Lock()
 	defer s.wsMu.Unlock()
 	switch {
 	case s.deleting[id]:
 		return errWorkspaceGone
-	case s.inUse[id] > 0:
+	case s.alone[id], alone && s.inUse[id] > 0:
 		return errWorkspaceBusy
 	}
 	s.inUse[id]++
-	s.alone[id] = true
+	if alone {
+		s.alone[id] = true
+	}
 	return nil
 }
 

@@ -108,12 +108,7 @@ func TestFairShareBetweenTokens(t *testing.T) {
 // presented a valid token keeps the ordinary idle timeout.
 func TestProbesWithIdleConnections(t *testing.T) {
 	d := start(t, setup{access: &api.Access{Tokens: api.Tokens{aliceToken}}})
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go d.server.Serve(api.ListenTCP(raw, 256, 64))
-	addr := raw.Addr().String()
+	addr := d.serveTCP(t)
 	type kept struct {
 		c net.Conn
 		r *bufio.Reader
@@ -201,12 +196,7 @@ func TestProbesWithIdleConnections(t *testing.T) {
 // is answered at once.
 func TestProbesWithSlowBodies(t *testing.T) {
 	d := start(t, setup{access: &api.Access{Tokens: api.Tokens{aliceToken}}})
-	raw, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go d.server.Serve(api.ListenTCP(raw, 256, 64))
-	addr := raw.Addr().String()
+	addr := d.serveTCP(t)
 	var wg sync.WaitGroup
 	for a := 2; a <= 5; a++ {
 		for i := 0; i < 64; i++ {
@@ -240,4 +230,16 @@ func TestProbesWithSlowBodies(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("/readyz took %s", took)
 	}
+}
+
+// serveTCP serves the daemon on a loopback port through ListenTCP as the daemon
+// does (256 connections, 64 per address) and returns the address.
+func (d *daemon) serveTCP(t *testing.T) string {
+	t.Helper()
+	raw, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go d.server.Serve(api.ListenTCP(raw, 256, 64))
+	return raw.Addr().String()
 }

@@ -257,16 +257,8 @@ func TestSQLApprovalBindsTheBytes(t *testing.T) {
 	tcp := d.listenTCP(t)
 	approve := func(id string) {
 		t.Helper()
-		req, _ := http.NewRequest("POST", tcp+"/v1/approvals/"+id, strings.NewReader(`{"decision":"approve"}`))
-		req.Header.Set("Authorization", "Bearer "+approverSecret)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("approve: %d", resp.StatusCode)
+		if status := approveOverTCP(t, tcp, id); status != 200 {
+			t.Fatalf("approve: %d", status)
 		}
 	}
 	guest := func(code string) {
@@ -306,17 +298,7 @@ func TestSQLApprovalBindsTheBytes(t *testing.T) {
 func TestSQLApprovedWriteHoldsTheWorkspaceAlone(t *testing.T) {
 	d, ws, _ := sqlDaemon(t, setup{})
 	tcp := d.listenTCP(t)
-	approve := func(id string) {
-		t.Helper()
-		req, _ := http.NewRequest("POST", tcp+"/v1/approvals/"+id, strings.NewReader(`{"decision":"approve"}`))
-		req.Header.Set("Authorization", "Bearer "+approverSecret)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-	}
+	approve := func(id string) { approveOverTCP(t, tcp, id) }
 	if v := d.run(t, `{"workspace":"`+ws+`","code":"import sqlite3\nc = sqlite3.connect('t.db')\nc.execute('CREATE TABLE t (x)')\nc.commit()"}`); v.Result.ExitCode != 0 {
 		t.Fatalf("guest: %s", v.Result.Stderr)
 	}
@@ -380,4 +362,19 @@ func TestSQLApprovedWriteHoldsTheWorkspaceAlone(t *testing.T) {
 	if !sawBusy {
 		t.Fatal("an upload was not refused while the approved write ran")
 	}
+}
+
+// approveOverTCP approves approval id as the approver token, over the daemon's TCP
+// listener at base, and returns the status.
+func approveOverTCP(t *testing.T, base, id string) int {
+	t.Helper()
+	req, _ := http.NewRequest("POST", base+"/v1/approvals/"+id, strings.NewReader(`{"decision":"approve"}`))
+	req.Header.Set("Authorization", "Bearer "+approverSecret)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
