@@ -573,18 +573,16 @@ func Program(req *protocol.Request) ([]byte, error) {
 		return nil, fmt.Errorf("an isolated request runs code, not a path")
 	case req.Path != "":
 		fields = []string{"path", GuestWorkdir + "/" + req.Path, ""}
-	case req.Isolated:
-		name := req.Filename
-		if name == "" {
-			name = "<string>"
-		}
-		fields = []string{"isolated", req.Code, name}
 	default:
 		name := req.Filename
 		if name == "" {
 			name = "<string>"
 		}
-		fields = []string{"code", req.Code, name}
+		mode := "code"
+		if req.Isolated {
+			mode = "isolated"
+		}
+		fields = []string{mode, req.Code, name}
 	}
 	fields = append(fields, strconv.Itoa(len(req.Args)))
 	fields = append(fields, req.Args...)
