@@ -209,7 +209,7 @@ type Server struct {
 // Why a workspace cannot be acquired.
 var (
 	errWorkspaceGone = errors.New("the workspace is being deleted")
-	errWorkspaceBusy = errors.New("an approved SQL write holds the workspace alone")
+	errWorkspaceBusy = errors.New("the workspace is busy")
 )
 
 // acquire marks workspace id in use (it cannot be deleted meanwhile): errWorkspaceGone
@@ -227,8 +227,10 @@ func (s *Server) use(id string, alone bool) error {
 	switch {
 	case s.deleting[id]:
 		return errWorkspaceGone
-	case s.alone[id], alone && s.inUse[id] > 0:
-		return errWorkspaceBusy
+	case s.alone[id]:
+		return fmt.Errorf("%w: an approved SQL write holds it alone", errWorkspaceBusy)
+	case alone && s.inUse[id] > 0:
+		return fmt.Errorf("%w: a run, statement or upload is using it, and an approved write waits for none", errWorkspaceBusy)
 	}
 	s.inUse[id]++
 	if alone {
@@ -240,7 +242,7 @@ func (s *Server) use(id string, alone bool) error {
 // acquireError answers a failed acquire.
 func acquireError(c echo.Context, id string, err error) error {
 	if errors.Is(err, errWorkspaceBusy) {
-		return problem(c, http.StatusConflict, CodeWorkspaceBusy, fmt.Sprintf("workspace %s is in use: %v", id, err))
+		return problem(c, http.StatusConflict, CodeWorkspaceBusy, fmt.Sprintf("workspace %s: %v", id, err))
 	}
 	return problem(c, http.StatusNotFound, CodeNotFound, "no workspace "+id)
 }
@@ -506,7 +508,7 @@ func (s *Server) createRun(c echo.Context) error {
 		}
 		req.Workspace = w.Dir()
 		if err := s.acquire(w.ID); errors.Is(err, errWorkspaceBusy) {
-			return refuse(http.StatusConflict, CodeWorkspaceBusy, fmt.Sprintf("workspace %s is in use: %v", w.ID, err))
+			return refuse(http.StatusConflict, CodeWorkspaceBusy, fmt.Sprintf("workspace %s: %v", w.ID, err))
 		} else if err != nil {
 			return refuse(http.StatusNotFound, CodeNotFound, "no workspace "+w.ID)
 		}
