@@ -295,15 +295,18 @@ func TestWithoutPidNamespace(t *testing.T) {
 
 // A run's monotonic clock starts near 0 however long its worker waited in the pool
 // (a clock that counted from the worker's start would tell a run when the pool was
-// last refilled, by whose run), and it starts near 0 in a cold worker too.
+// last refilled, by whose run), and it starts near 0 in a cold worker too. The
+// times of the guest's "/" say the same: the run's start, not the pool's refill
+// (its ctime, which WASI takes from the birth time, is 0: not recorded).
 func TestWarmClockStartsAtTheRun(t *testing.T) {
 	const code = "import time; print(time.monotonic(), time.perf_counter(), time.monotonic_ns() // 10**6, time.clock_gettime(time.CLOCK_MONOTONIC), time.time())\n" +
-		"t = time.monotonic(); time.sleep(0.5); print(time.monotonic() - t)"
+		"t = time.monotonic(); time.sleep(0.5); print(time.monotonic() - t)\n" +
+		"import os; s = os.stat('/'); print(time.time() - s.st_atime, time.time() - s.st_mtime, s.st_ctime and time.time() - s.st_ctime)"
 	check := func(name string, res protocol.Result) {
 		t.Helper()
 		wantExit(t, res, 0)
 		f := strings.Fields(string(res.Stdout))
-		if len(f) != 6 {
+		if len(f) != 9 {
 			t.Fatalf("%s: %q", name, res.Stdout)
 		}
 		for i, v := range f[:4] {
@@ -321,6 +324,11 @@ func TestWarmClockStartsAtTheRun(t *testing.T) {
 		// time.sleep sleeps (its deadline is absolute on the guest's clock).
 		if slept, err := strconv.ParseFloat(f[5], 64); err != nil || slept < 0.5 || res.ElapsedMS < 500 {
 			t.Errorf("%s: time.sleep(0.5) slept %s s by the guest's clock, the run took %.0f ms", name, f[5], res.ElapsedMS)
+		}
+		for i, v := range f[6:] {
+			if age, err := strconv.ParseFloat(v, 64); err != nil || age < -1 || age > 2 {
+				t.Errorf("%s: the guest's / has a time %d (atime, mtime, ctime or 0) %s s before the run's end", name, i, v)
+			}
 		}
 	}
 	sp := sandbox.SelfSpawner()

@@ -248,7 +248,7 @@ func setRlimits(h protocol.Hardening, st *hardened, fail func(string, error)) {
 	}
 }
 
-// pivot gives the worker a root of its own: a small read-only tmpfs holding
+// pivot gives the worker a root of its own: a small read-only ramfs holding
 // rootGuest (the guest's "/", holding only "ws"), the workspace at rootWorkspace (a
 // bind mount: read-write, nosuid, nodev, noexec) unless workspace is "", the
 // interpreter's library at rootLibrary (read-only), a procfs, and each of roots at
@@ -289,18 +289,19 @@ func pivot(workspace, library string, roots []string, ownPid bool) error {
 		return err
 	}
 
-	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	// ramfs, not tmpfs: ramfs records no birth time, which WASI reports as a file's
+	// ctime, and so a guest cannot learn from its "/" when a warm worker was made.
+	// (It is read-only before anything runs, so tmpfs's size bounds are not needed.)
+	fs, err := unix.Fsopen("ramfs", unix.FSOPEN_CLOEXEC)
 	if err != nil {
-		return fmt.Errorf("fsopen tmpfs: %w", err)
+		return fmt.Errorf("fsopen ramfs: %w", err)
 	}
 	defer unix.Close(fs)
-	for k, v := range map[string]string{"size": "64k", "nr_inodes": "24", "mode": "0755"} {
-		if err := unix.FsconfigSetString(fs, k, v); err != nil {
-			return fmt.Errorf("tmpfs %s: %w", k, err)
-		}
+	if err := unix.FsconfigSetString(fs, "mode", "0755"); err != nil {
+		return fmt.Errorf("ramfs mode: %w", err)
 	}
 	if err := unix.FsconfigCreate(fs); err != nil {
-		return fmt.Errorf("tmpfs: %w", err)
+		return fmt.Errorf("ramfs: %w", err)
 	}
 	root, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, 0)
 	if err != nil {
@@ -411,6 +412,26 @@ func attach(req *protocol.Request, mntns bool) error {
 		if err := unix.Unmount(fmt.Sprintf("%s/%d", rootRoots, i), unix.MNT_DETACH); err != nil {
 			return fmt.Errorf("detach workspace root %d: %w", i, err)
 		}
+	}
+	return stampGuestRoot()
+}
+
+// stampGuestRoot sets the access, modification and change times of the guest's "/"
+// to now. The directory was made when the worker was warmed, and a guest that reads
+// its times (os.stat("/")) would otherwise learn when the previous run in the pool
+// ended. The root is read-only while anything else runs, so it is made writable
+// for this one change (mount_setattr(2), utimensat(2)).
+func stampGuestRoot() error {
+	set := func(attr *unix.MountAttr) error { return unix.MountSetattr(unix.AT_FDCWD, "/", 0, attr) }
+	if err := set(&unix.MountAttr{Attr_clr: unix.MOUNT_ATTR_RDONLY}); err != nil {
+		return fmt.Errorf("root writable: %w", err)
+	}
+	err := unix.UtimesNanoAt(unix.AT_FDCWD, rootGuest, nil, unix.AT_SYMLINK_NOFOLLOW)
+	if e := set(&unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); e != nil {
+		return fmt.Errorf("root read-only again: %w", e)
+	}
+	if err != nil {
+		return fmt.Errorf("guest root times: %w", err)
 	}
 	return nil
 }
