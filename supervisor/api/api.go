@@ -239,6 +239,19 @@ func (s *Server) use(id string, alone bool) error {
 	return nil
 }
 
+// soleUse reports whether the one use of workspace id is the caller's own (its
+// acquire, shared or alone), and if so holds it alone until its release: nothing
+// else may start in it meanwhile.
+func (s *Server) soleUse(id string) bool {
+	s.wsMu.Lock()
+	defer s.wsMu.Unlock()
+	if s.inUse[id] != 1 {
+		return false
+	}
+	s.alone[id] = true
+	return true
+}
+
 // acquireError answers a failed acquire.
 func acquireError(c echo.Context, id string, err error) error {
 	if errors.Is(err, errWorkspaceBusy) {

@@ -178,6 +178,25 @@ func (s *Server) sql(c echo.Context) error {
 		return nil
 	}
 	out, err := s.runSQL(c, w, req, caller)
+	if err == nil && out.Error != nil && out.Error.Code == "sql_busy" && s.soleUse(w.ID) {
+		// Locked with nothing else in the workspace: a worker stopped while it held
+		// the database (a run past its time limit, a statement cancelled) left its
+		// lock, and maybe a hot journal. Undo both, then run the statement again.
+		rec, rerr := s.runSQL(c, w, sqltool.Request{DB: body.DB, Recover: true}, caller)
+		d := map[string]any{"workspace": w.ID, "db": body.DB, "error": errString(rerr)}
+		if rec.Recovered != nil {
+			d["lock_removed"], d["journal_rolled_back"] = rec.Recovered.LockRemoved, rec.Recovered.JournalRolledBack
+		} else if rec.Error != nil {
+			d["error"] = rec.Error.Message
+		}
+		audit("sql.recovered", d)
+		if rerr != nil {
+			return failed(rerr)
+		}
+		if rec.Recovered != nil {
+			out, err = s.runSQL(c, w, req, caller)
+		}
+	}
 	if err != nil {
 		return failed(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/store"
 )
 
 // sqlDaemon is a daemon whose Unix caller is a runner, an approver (and admin), with
@@ -377,4 +379,66 @@ func approveOverTCP(t *testing.T, base, id string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// A worker stopped while it held the database (here a run past its time limit in the
+// middle of a transaction) leaves SQLite's lock directory and a hot journal behind.
+// The next statement, with nothing else in the workspace, removes the lock, plays
+// the journal back and answers from the last committed state; while another run uses
+// the workspace, the lock may be live and the answer is 409 sql_busy.
+func TestSQLStoppedWriterRecovered(t *testing.T) {
+	d, ws, dbPath := sqlDaemon(t, setup{})
+	if v := d.run(t, `{"workspace":"`+ws+`","code":"import sqlite3\nc = sqlite3.connect('t.db')\nc.execute('CREATE TABLE t (x)')\nc.executemany('INSERT INTO t VALUES (?)', [(1,), (2,), (3,)])\nc.commit()"}`); v.Result.ExitCode != 0 {
+		t.Fatalf("guest: %s", v.Result.Stderr)
+	}
+	// A transaction that spills changed pages into the file, then hangs.
+	v := d.run(t, `{"workspace":"`+ws+`","limits":{"timeout_ms":3000},"code":"import sqlite3, time\nc = sqlite3.connect('t.db')\nc.execute('PRAGMA cache_size = 2')\nc.execute('BEGIN')\nc.execute('DELETE FROM t')\nc.executemany('INSERT INTO t VALUES (?)', ((i, ) for i in range(20000)))\nprint('spilled', flush=True)\ntime.sleep(60)"}`)
+	if v.Result.Reason != "timeout" || !strings.Contains(string(v.Result.Stdout), "spilled") {
+		t.Fatalf("the hanging writer: %+v", v.Result)
+	}
+	if _, err := os.Stat(dbPath + ".lock"); err != nil {
+		t.Fatalf("no lock left behind: %v", err)
+	}
+	if _, err := os.Stat(dbPath + "-journal"); err != nil {
+		t.Fatalf("no journal left behind: %v", err)
+	}
+	read := map[string]any{"workspace": ws, "db": "t.db", "sql": "SELECT count(*), sum(x) FROM t"}
+	// Another run in the workspace: the lock could be its own.
+	resp, body := d.do(t, "POST", "/v1/runs", `{"workspace":"`+ws+`","code":"import time; time.sleep(5)","wait":false}`)
+	if resp.StatusCode != 202 {
+		t.Fatalf("run: %d %s", resp.StatusCode, body)
+	}
+	if code, m := d.sql(t, read); code != 409 || m["sql_code"] != "sql_busy" {
+		t.Fatalf("read while another run uses the workspace: %d %v", code, m)
+	}
+	var code int
+	var m map[string]any
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if code, m = d.sql(t, read); code != 409 {
+			break
+		}
+	}
+	if code != 200 || fmt.Sprint(m["rows"]) != "[[3 6]]" {
+		t.Fatalf("read after the run: %d %v", code, m)
+	}
+	for _, p := range []string{dbPath + ".lock", dbPath + "-journal"} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s is still there: %v", p, err)
+		}
+	}
+	all, _ := d.store.Events(t.Context(), 0, "", 1000)
+	var evs []store.Event
+	for _, e := range all {
+		if e.Kind == "sql.recovered" {
+			evs = append(evs, e)
+		}
+	}
+	if len(evs) != 1 || !strings.Contains(string(evs[0].Detail), `"lock_removed":true`) ||
+		!strings.Contains(string(evs[0].Detail), `"journal_rolled_back":true`) {
+		t.Fatalf("sql.recovered records: %+v", evs)
+	}
+	// The guest's next transaction works too.
+	if v := d.run(t, `{"workspace":"`+ws+`","code":"import sqlite3\nc = sqlite3.connect('t.db')\nc.execute('INSERT INTO t VALUES (4)')\nc.commit()\nprint(c.execute('SELECT count(*) FROM t').fetchone()[0])"}`); strings.TrimSpace(string(v.Result.Stdout)) != "4" {
+		t.Fatalf("guest after recovery: %s %s", v.Result.Stdout, v.Result.Stderr)
+	}
 }

@@ -3,13 +3,14 @@
 #
 # stdin: {"db": "/ws/PATH", "sql": ..., "params": [...] or {...}, "max_rows": N,
 #         "write": false, "timeout_ms": N, "db_sha256": "" or the file's SHA-256 an
-#         approved write was approved on}
+#         approved write was approved on, "recover": true to only undo a stopped
+#         worker's lock and journal (see recover)}
 # stdout: one JSON object (see sqltool.go, Outcome).
 #
 # Classification is SQLite's own: the statement is compiled with EXPLAIN on a
 # read-only connection under an authorizer, and the bytecode says whether it writes
 # (a write transaction, VACUUM, a schema cookie ...), never a keyword match.
-import base64, hashlib, json, sqlite3, sys, time, urllib.parse
+import base64, hashlib, json, os, sqlite3, sys, time, urllib.parse
 
 req = json.load(sys.stdin)
 out = {"classification": None}
@@ -68,7 +69,9 @@ def error(e):
         finish(status="refused", reason="more than one statement")
     if name in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
         code = "sql_not_a_database"
-    elif name in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+    elif name in ("SQLITE_BUSY", "SQLITE_LOCKED", "SQLITE_READONLY_ROLLBACK"):
+        # (READONLY_ROLLBACK: a writer stopped mid-transaction left a hot journal,
+        # which a read-only connection cannot play back.)
         code = "sql_busy"
     elif name == "SQLITE_INTERRUPT" or "interrupted" in msg:
         code = "sql_interrupted"
@@ -95,10 +98,12 @@ def file_sha256():
     return h.hexdigest()
 
 
-def connect(write):
+def connect(write, vfs=""):
     mode = "rw" if write else "ro"
-    uri = "file:" + urllib.parse.quote(req["db"]) + "?mode=" + mode
-    c = sqlite3.connect(uri, uri=True, autocommit=True)
+    uri = "file:" + urllib.parse.quote(req["db"]) + "?mode=" + mode + ("&vfs=" + vfs if vfs else "")
+    # A lock held by a run is waited for a while (SQLite's busy handler), not for the
+    # whole statement's time.
+    c = sqlite3.connect(uri, uri=True, autocommit=True, timeout=2.0)
     # Hostile database files: no trusted schema, defensive mode, small limits.
     c.setconfig(sqlite3.SQLITE_DBCONFIG_DEFENSIVE, True)
     c.setconfig(sqlite3.SQLITE_DBCONFIG_TRUSTED_SCHEMA, False)
@@ -157,6 +162,37 @@ def param(p):
         finish(status="error", error={"code": "sql_error", "message": "a parameter cannot be an array"})
     return p
 
+
+def recover():
+    """Undoes what a worker stopped while it held the database leaves behind: SQLite's
+    lock here is a directory (the unix-dotfile VFS: WASI has no fcntl locks), which
+    outlives its holder, and a hot rollback journal. The journal is played back
+    through the unix-none VFS: under unix-dotfile a connection holding the lock
+    directory takes it for another's RESERVED lock and never finds a journal hot
+    (dotlockCheckReservedLock). The daemon asks for this only while nothing else
+    uses the workspace, so no live holder can own the lock, and none needs taking."""
+    lock, journal = req["db"] + ".lock", req["db"] + "-journal"
+    found = {"lock_removed": False, "journal_rolled_back": False}
+    try:
+        os.rmdir(lock)
+        found["lock_removed"] = True
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        finish(status="error", error={"code": "sql_busy", "message": "the lock %s cannot be removed: %s" % (lock[4:], e.strerror)})
+    hot = os.path.exists(journal) and os.path.getsize(journal) > 0
+    try:
+        c = connect(True, vfs="unix-none")
+        c.execute("SELECT 1 FROM sqlite_schema LIMIT 1").fetchall()  # plays a hot journal back
+        c.close()
+    except sqlite3.Error as e:
+        error(e)
+    found["journal_rolled_back"] = hot and not (os.path.exists(journal) and os.path.getsize(journal) > 0)
+    finish(status="ok", recovered=found)
+
+
+if req.get("recover"):
+    recover()
 
 params = req.get("params")
 if params is None:

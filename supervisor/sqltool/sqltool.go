@@ -56,6 +56,18 @@ type Request struct {
 	DBSHA256 string `json:"-"`
 	// TimeoutMS bounds the statement (0: DefaultTimeoutMS).
 	TimeoutMS int64 `json:"-"`
+	// Recover runs no statement (SQL is ignored): it removes the lock a stopped
+	// worker left on DB and plays back its hot journal, read-write. Only while
+	// nothing else uses the workspace: a live holder's lock would be broken.
+	Recover bool `json:"-"`
+}
+
+// Recovered says what a Recover request undid: the database's lock directory
+// (SQLite's unix-dotfile lock, which outlives a stopped holder) and a hot rollback
+// journal, played back (the file returns to its last committed state).
+type Recovered struct {
+	LockRemoved       bool `json:"lock_removed"`
+	JournalRolledBack bool `json:"journal_rolled_back"`
 }
 
 // Column is a result column: its name and, where SQLite knows it, declared type.
@@ -75,7 +87,8 @@ type Classification struct {
 }
 
 // Error is SQLite's failure, with a stable code: sql_syntax_error, sql_error,
-// sql_not_a_database, sql_busy, sql_interrupted, sql_cannot_open, sql_not_authorized.
+// sql_not_a_database, sql_busy (locked, or a stopped writer's journal waits to be
+// played back), sql_interrupted, sql_cannot_open, sql_not_authorized.
 type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
@@ -97,6 +110,7 @@ type Outcome struct {
 	DBSHA256       string            `json:"db_sha256,omitempty"`
 	ElapsedMS      float64           `json:"elapsed_ms"`
 	Error          *Error            `json:"error,omitempty"`
+	Recovered      *Recovered        `json:"recovered,omitempty"`
 }
 
 // ErrBadRequest wraps a request refused before a worker is spent on it.
@@ -111,7 +125,7 @@ type Runner interface {
 // workspace's ErrBadPath, ErrNotFound or ErrUnsafe for the database path.
 func Check(dir string, req *Request) error {
 	switch {
-	case strings.TrimSpace(req.SQL) == "":
+	case strings.TrimSpace(req.SQL) == "" && !req.Recover:
 		return fmt.Errorf("%w: sql is required", ErrBadRequest)
 	case strings.ContainsRune(req.SQL, 0):
 		return fmt.Errorf("%w: sql contains a NUL byte", ErrBadRequest)
@@ -154,7 +168,8 @@ func Run(ctx context.Context, r Runner, dir string, req Request, base protocol.R
 		params = json.RawMessage("null")
 	}
 	in, err := json.Marshal(map[string]any{"db": "/ws/" + req.DB, "sql": req.SQL, "params": params,
-		"max_rows": req.MaxRows, "write": req.Write, "timeout_ms": req.TimeoutMS, "db_sha256": req.DBSHA256})
+		"max_rows": req.MaxRows, "write": req.Write, "timeout_ms": req.TimeoutMS, "db_sha256": req.DBSHA256,
+		"recover": req.Recover})
 	if err != nil {
 		return Outcome{}, err
 	}
