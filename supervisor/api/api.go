@@ -206,6 +206,9 @@ type Server struct {
 	deleting map[string]bool
 }
 
+// healthPaths are the endpoints answered on a connection that holds a probe slot.
+var healthPaths = map[string]bool{"/livez": true, "/healthz": true, "/readyz": true}
+
 // Why a workspace cannot be acquired.
 var (
 	errWorkspaceGone = errors.New("the workspace is being deleted")
@@ -302,6 +305,12 @@ func New(o Options) *Server {
 				return next(c)
 			}
 			c.Response().Header().Set("Connection", "close")
+			if lc.probe && !healthPaths[c.Request().URL.Path] {
+				lc.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+				c.Response().Header().Set("Retry-After", "1")
+				return problem(c, http.StatusTooManyRequests, CodeConnLimit,
+					"every connection to the daemon is in the middle of a request: this one is kept for /livez, /healthz and /readyz")
+			}
 			err := next(c)
 			if !lc.authenticated.Load() {
 				// The server would read up to 256 KiB of an unread body before
@@ -322,7 +331,7 @@ func New(o Options) *Server {
 	e.Server.IdleTimeout = 2 * time.Minute
 	e.Server.MaxHeaderBytes = 16 << 10
 
-	live := echo.WrapHandler(healthz.Handler(o.Health.Live, CodeNotAlive))
+	live := echo.WrapHandler(healthz.Handler(o.Health.Live, CodeNotAlive)) // (healthPaths)
 	e.GET("/livez", live)
 	e.GET("/healthz", live)
 	e.GET("/readyz", echo.WrapHandler(healthz.Handler(o.Health.Ready, CodeNotReady)))

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"net"
 	"net/http"
 	"strings"
@@ -242,4 +243,65 @@ func (d *daemon) serveTCP(t *testing.T) string {
 	}
 	go d.server.Serve(api.ListenTCP(raw, 256, 64))
 	return raw.Addr().String()
+}
+
+// Callers with valid access who keep every connection in the middle of a slowly sent
+// body (a token's holder from four addresses over TCP; one uid on the Unix socket)
+// do not keep the probes waiting: a new connection takes a probe slot, where
+// /readyz is answered at once and anything else is 429 connection_limit.
+func TestProbesWhileCallersHoldEveryConnection(t *testing.T) {
+	d := start(t, setup{access: &api.Access{Admins: api.Principals{UIDs: map[int]bool{os.Getuid(): true}},
+		Tokens: api.Tokens{aliceToken}}})
+	addr := d.serveTCP(t)
+	hold := func(c net.Conn, token string) {
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprintf(c, "POST /v1/runs HTTP/1.1\r\nHost: sandcell\r\n%sContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n{", token)
+	}
+	var wg sync.WaitGroup
+	for a := 2; a <= 5; a++ {
+		for i := 0; i < 64; i++ {
+			wg.Add(1)
+			go func(from string) {
+				defer wg.Done()
+				dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+				if c, err := dl.Dial("tcp", addr); err == nil {
+					hold(c, "Authorization: Bearer "+aliceSecret+"\r\n")
+				}
+			}(fmt.Sprintf("127.0.0.%d", a))
+		}
+	}
+	for i := 0; i < 64; i++ {
+		if c, err := net.Dial("unix", d.socket); err == nil {
+			hold(c, "")
+		}
+	}
+	wg.Wait()
+	time.Sleep(300 * time.Millisecond)
+	ask := func(network, addr, path string) (*http.Response, []byte, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		c, err := net.DialTimeout(network, addr, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: sandcell\r\n\r\n", path)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%s %s behind every connection held: %v after %s", network, path, err, time.Since(start))
+		}
+		body, _ := io.ReadAll(resp.Body)
+		return resp, body, time.Since(start)
+	}
+	for _, l := range [][2]string{{"tcp", addr}, {"unix", d.socket}} {
+		for i := 0; i < 3; i++ { // each connection is closed after its answer: its slot is free again
+			resp, body, took := ask(l[0], l[1], "/readyz")
+			if resp.StatusCode != 200 || took > 2*time.Second || !resp.Close {
+				t.Fatalf("%s /readyz: %d %s after %s, closed: %v", l[0], resp.StatusCode, body, took, resp.Close)
+			}
+		}
+		resp, body, _ := ask(l[0], l[1], "/v1/runs")
+		wantProblem(t, resp, body, 429, api.CodeConnLimit)
+	}
 }

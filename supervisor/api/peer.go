@@ -60,7 +60,7 @@ type connKey struct{}
 // authenticated marks the connection of ctx's request as carrying a known caller: it
 // keeps the ordinary idle timeout from then on.
 func authenticated(ctx context.Context) {
-	if lc, ok := ctx.Value(connKey{}).(*limitedConn); ok {
+	if lc, ok := ctx.Value(connKey{}).(*limitedConn); ok && !lc.probe {
 		lc.authenticated.Store(true)
 	}
 }
@@ -155,6 +155,12 @@ const (
 	// slotWait is how long a new connection waits for a slot at the bound when no
 	// connection is idle to be closed for it; then it is closed.
 	slotWait = time.Second
+	// probeSlots are kept beyond the bound for the health endpoints: a connection
+	// that finds every other one in the middle of a request (callers with valid
+	// access sending bodies slowly on all of them, say) takes one of these, and on it
+	// only /livez, /healthz and /readyz are answered, each connection closed after
+	// its answer. So nothing any caller holds keeps the probes waiting.
+	probeSlots = 8
 )
 
 // connLimit counts open connections: at most max in all, at most per from one key
@@ -163,8 +169,9 @@ const (
 // the one idle the longest is closed for it (an HTTP client reopens an idle
 // connection the server closed, RFC 9112 section 9.5).
 type connLimit[K comparable] struct {
-	slots chan struct{}
-	per   int
+	slots  chan struct{}
+	probes chan struct{} // probeSlots more, for the health endpoints only
+	per    int
 
 	mu    sync.Mutex
 	open  map[K]int
@@ -172,66 +179,101 @@ type connLimit[K comparable] struct {
 }
 
 func newConnLimit[K comparable](max, per int) *connLimit[K] {
-	return &connLimit[K]{slots: make(chan struct{}, max), per: per, open: map[K]int{}, conns: map[*limitedConn]struct{}{}}
+	return &connLimit[K]{slots: make(chan struct{}, max), probes: make(chan struct{}, probeSlots), per: per,
+		open: map[K]int{}, conns: map[*limitedConn]struct{}{}}
 }
 
 // take takes a slot: at once when one is free; at the bound, by closing the
-// connection idle the longest and waiting up to slotWait for its slot. It reports
-// false when no slot came.
-func (l *connLimit[K]) take() bool {
+// connection idle the longest. When every connection is in the middle of a request
+// it takes a probe slot (probe true), closing the probe connection idle the longest
+// if need be, and else waits up to slotWait for either. It reports false when no
+// slot came.
+func (l *connLimit[K]) take() (probe, ok bool) {
 	select {
 	case l.slots <- struct{}{}:
-		return true
+		return false, true
 	default:
 	}
-	l.mu.Lock()
-	var oldest *limitedConn
-	var since int64
-	for c := range l.conns {
-		if t := c.idleSince.Load(); t != 0 && (oldest == nil || t < since) {
-			oldest, since = c, t
+	if oldest := l.oldestIdle(false); oldest != nil {
+		oldest.Close() // gives its slot back (or another taker has it: wait below)
+	} else {
+		select {
+		case l.probes <- struct{}{}:
+			return true, true
+		default:
 		}
-	}
-	l.mu.Unlock()
-	if oldest != nil {
-		oldest.Close()
+		if oldest := l.oldestIdle(true); oldest != nil {
+			oldest.Close()
+		}
 	}
 	t := time.NewTimer(slotWait)
 	defer t.Stop()
 	select {
 	case l.slots <- struct{}{}:
-		return true
+		return false, true
+	case l.probes <- struct{}{}:
+		return true, true
 	case <-t.C:
-		return false
+		return false, false
 	}
+}
+
+// oldestIdle is the connection (an ordinary one, or one on a probe slot) idle the
+// longest, or nil when none is idle.
+func (l *connLimit[K]) oldestIdle(probe bool) *limitedConn {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var oldest *limitedConn
+	var since int64
+	for c := range l.conns {
+		if t := c.idleSince.Load(); t != 0 && c.probe == probe && (oldest == nil || t < since) {
+			oldest, since = c, t
+		}
+	}
+	return oldest
 }
 
 // admit counts c, from key, in the slot taken by take, or gives the slot back and
 // reports false when key already has per open.
 func (l *connLimit[K]) admit(key K, c *limitedConn) bool {
 	l.mu.Lock()
-	over := l.open[key] >= l.per
+	// A probe slot is held for one health request at most (or while idle, until
+	// another probe closes it), so no key is bounded there.
+	over := !c.probe && l.open[key] >= l.per
 	if !over {
-		l.open[key]++
+		if !c.probe {
+			l.open[key]++
+		}
 		l.conns[c] = struct{}{}
 		c.release = func() { l.release(key, c) }
 	}
 	l.mu.Unlock()
 	if over {
-		<-l.slots
+		l.give(c.probe)
 	}
 	return !over
+}
+
+// give gives back a slot taken by take.
+func (l *connLimit[K]) give(probe bool) {
+	if probe {
+		<-l.probes
+	} else {
+		<-l.slots
+	}
 }
 
 // release ends c, admitted for key.
 func (l *connLimit[K]) release(key K, c *limitedConn) {
 	l.mu.Lock()
-	if l.open[key]--; l.open[key] == 0 {
-		delete(l.open, key)
+	if !c.probe {
+		if l.open[key]--; l.open[key] == 0 {
+			delete(l.open, key)
+		}
 	}
 	delete(l.conns, c)
 	l.mu.Unlock()
-	<-l.slots
+	l.give(c.probe)
 }
 
 // tooManyConnections is the whole answer to a connection over the per-uid limit (or
@@ -264,12 +306,13 @@ func (l *peerListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !l.limit.take() {
+		probe, ok := l.limit.take()
+		if !ok {
 			go refuse(c)
 			continue
 		}
 		p, _ := peerOf(c)
-		pc := &peerConn{limitedConn: newLimitedConn(c, true), peer: p}
+		pc := &peerConn{limitedConn: newLimitedConn(c, true, probe), peer: p}
 		if !l.limit.admit(p.UID, pc.limitedConn) {
 			go refuse(c)
 			continue
@@ -300,7 +343,8 @@ func (l *ipListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !l.limit.take() {
+		probe, ok := l.limit.take()
+		if !ok {
 			c.Close()
 			continue
 		}
@@ -308,7 +352,7 @@ func (l *ipListener) Accept() (net.Conn, error) {
 		if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 			ip = a.AddrPort().Addr().Unmap()
 		}
-		lc := newLimitedConn(c, false)
+		lc := newLimitedConn(c, false, probe)
 		if !l.limit.admit(ip, lc) {
 			c.Close()
 			continue
@@ -327,16 +371,26 @@ type limitedConn struct {
 	release       func()
 	idleSince     atomic.Int64
 	authenticated atomic.Bool
+	// probe: the connection holds a probe slot (see probeSlots); it is treated as
+	// unauthenticated whatever its peer, so the bounds on those apply to it.
+	probe bool
 
 	mu   sync.Mutex
 	idle *time.Timer // closes an unauthenticated connection left idle
 }
 
-func newLimitedConn(c net.Conn, authenticated bool) *limitedConn {
-	lc := &limitedConn{Conn: c, release: func() {}}
+func newLimitedConn(c net.Conn, authenticated, probe bool) *limitedConn {
+	lc := &limitedConn{Conn: c, release: func() {}, probe: probe}
 	lc.idleSince.Store(time.Now().UnixNano())
-	lc.authenticated.Store(authenticated)
+	lc.authenticated.Store(authenticated && !probe)
 	return lc
+}
+
+// ProbeOnly reports whether the request of ctx came on a connection that holds a
+// probe slot: only the health endpoints are answered on it (see probeSlots).
+func ProbeOnly(ctx context.Context) bool {
+	lc, ok := ctx.Value(connKey{}).(*limitedConn)
+	return ok && lc.probe
 }
 
 func (c *limitedConn) Close() error {

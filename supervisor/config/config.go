@@ -138,7 +138,8 @@ type Runs struct {
 	// results lose their stdout and stderr.
 	MaxRetainedOutputBytes int64 `toml:"max_retained_output_bytes" env:"MAX_RETAINED_OUTPUT_BYTES"`
 	// MaxConnections bounds the API's open connections; at the bound a new one
-	// replaces the one idle the longest.
+	// replaces the one idle the longest, or takes one of 8 more kept for the health
+	// endpoints only.
 	MaxConnections int `toml:"max_connections" env:"MAX_CONNECTIONS"`
 	// MaxConnectionsPerUID bounds the open connections of one uid on the Unix socket
 	// (429 beyond), and of one client address on the TCP listener (closed beyond).
