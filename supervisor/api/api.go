@@ -416,7 +416,7 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 				t, found := s.access().Tokens.Authenticate(c.Request())
 				if !found {
 					if s.denials.Allow() {
-						s.o.Audit.Record(ctx, "access.denied", -1, "", map[string]any{"method": c.Request().Method,
+						s.record(ctx, "access.denied", "", map[string]any{"method": c.Request().Method,
 							"path": c.Path(), "role": role, "remote": c.Request().RemoteAddr, "reason": "no valid bearer token",
 							"unrecorded_before": s.skipped.Swap(0)})
 					} else {
@@ -435,12 +435,12 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 				allowed = allowed || s.access().Allows(peer, role)
 			}
 			if !allowed {
-				d := map[string]any{"method": c.Request().Method, "path": c.Path(), "role": role, "pid": peer.PID}
 				who := fmt.Sprintf("uid %d", peer.UID)
 				if peer.Token != "" {
-					d["token"], who = peer.Token, fmt.Sprintf("token %q", peer.Token)
+					who = fmt.Sprintf("token %q", peer.Token)
 				}
-				s.o.Audit.Record(ctx, "access.denied", peer.UID, "", d)
+				s.record(c.Request().Context(), "access.denied", "", map[string]any{"method": c.Request().Method,
+					"path": c.Path(), "role": role, "pid": peer.PID})
 				c.Response().Header().Set("Connection", "close") // nor wait for its body
 				return problem(c, http.StatusForbidden, CodeForbidden, fmt.Sprintf("%s is not allowed the %s role", who, role))
 			}
@@ -484,11 +484,10 @@ type RunLimits struct {
 
 func (s *Server) createRun(c echo.Context) error {
 	ctx := c.Request().Context()
-	peer, ok := PeerFrom(ctx)
-	uid := peerUID(peer, ok)
+	peer, _ := PeerFrom(ctx)
 	refuse := func(status int, code, detail string) error {
 		// A refusal is audited too; if it cannot be, the caller still gets it.
-		s.o.Audit.Record(ctx, "run.refused", uid, "", map[string]any{"status": status, "code": code, "detail": detail})
+		s.record(ctx, "run.refused", "", map[string]any{"status": status, "code": code, "detail": detail})
 		return problem(c, status, code, detail)
 	}
 	if s.o.Disabled() {
@@ -514,7 +513,7 @@ func (s *Server) createRun(c echo.Context) error {
 	if body.Workspace != "" {
 		w := s.workspace(c, body.Workspace)
 		if w == nil {
-			s.o.Audit.Record(ctx, "run.refused", uid, "", map[string]any{"status": http.StatusNotFound,
+			s.record(ctx, "run.refused", "", map[string]any{"status": http.StatusNotFound,
 				"code": CodeNotFound, "detail": "no workspace " + body.Workspace})
 			return nil
 		}
@@ -546,7 +545,7 @@ func (s *Server) createRun(c echo.Context) error {
 		detail["code"] = req.Code
 	}
 	// No record, no run: the request is audited before a worker is spent on it.
-	if err := s.o.Audit.Record(ctx, "run.requested", uid, "", detail); err != nil {
+	if err := s.record(ctx, "run.requested", "", detail); err != nil {
 		return problem(c, http.StatusServiceUnavailable, CodeAuditDown, "the audit log cannot be written: "+err.Error())
 	}
 	run, err := s.o.Service.Start(req, peer.Caller())
@@ -568,7 +567,7 @@ func (s *Server) createRun(c echo.Context) error {
 		s.acquire(ws) // cannot fail: the acquire above still holds it
 		go func() { <-run.Done(); s.release(ws) }()
 	}
-	s.o.Audit.Record(ctx, "run.admitted", uid, run.ID, map[string]any{"code_sha256": detail["code_sha256"]})
+	s.record(ctx, "run.admitted", run.ID, map[string]any{"code_sha256": detail["code_sha256"]})
 	if body.Wait != nil && !*body.Wait {
 		c.Response().Header().Set("Location", "/v1/runs/"+run.ID)
 		return runJSON(c, http.StatusAccepted, run)
@@ -584,6 +583,17 @@ func (s *Server) createRun(c echo.Context) error {
 }
 
 // peerUID is the caller's uid, or -1 when unknown.
+// record appends an audit record of the request of ctx: its caller's uid (-1 over
+// TCP, or before anyone is known) and, for a TCP caller, its token's name in
+// detail["token"]. Every record the API writes names its caller this way.
+func (s *Server) record(ctx context.Context, kind, runID string, detail map[string]any) error {
+	peer, ok := PeerFrom(ctx)
+	if ok && peer.Token != "" {
+		detail["token"] = peer.Token
+	}
+	return s.o.Audit.Record(ctx, kind, peerUID(peer, ok), runID, detail)
+}
+
 func peerUID(p Peer, ok bool) int {
 	if !ok {
 		return -1
@@ -816,8 +826,7 @@ func (s *Server) cancelRun(c echo.Context) error {
 	}
 	if run.View().State != supervisor.Done {
 		s.o.Service.Cancel(run.ID)
-		peer, ok := PeerFrom(c.Request().Context())
-		s.o.Audit.Record(c.Request().Context(), "run.cancel", peerUID(peer, ok), run.ID, map[string]any{})
+		s.record(c.Request().Context(), "run.cancel", run.ID, map[string]any{})
 	}
 	select {
 	case <-run.Done():

@@ -305,3 +305,57 @@ func TestProbesWhileCallersHoldEveryConnection(t *testing.T) {
 		wantProblem(t, resp, body, 429, api.CodeConnLimit)
 	}
 }
+
+// Every audit record of a TCP caller's request names its token, whatever the kind:
+// runs, workspaces and files, statements, approvals.
+func TestAuditNamesTheToken(t *testing.T) {
+	d := start(t, setup{access: &api.Access{Tokens: api.Tokens{aliceToken, approverToken}}})
+	base := d.listenTCP(t)
+	status, m := tcpDo(t, base, aliceSecret, "POST", "/v1/workspaces", "")
+	ws, _ := m["id"].(string)
+	if status != 201 || ws == "" {
+		t.Fatalf("workspace: %d %v", status, m)
+	}
+	if status, m = tcpDo(t, base, aliceSecret, "PUT", "/v1/workspaces/"+ws+"/files/a.txt", "x"); status/100 != 2 {
+		t.Fatalf("upload: %d %v", status, m)
+	}
+	if status, m = tcpDo(t, base, aliceSecret, "POST", "/v1/runs", `{"workspace":"`+ws+`","code":"import sqlite3\nc = sqlite3.connect('t.db')\nc.execute('CREATE TABLE t (x)')\nc.commit()"}`); status != 200 {
+		t.Fatalf("run: %d %v", status, m)
+	}
+	if status, m = tcpDo(t, base, aliceSecret, "POST", "/v1/sql", `{"workspace":"`+ws+`","db":"t.db","sql":"SELECT 1"}`); status != 200 {
+		t.Fatalf("read: %d %v", status, m)
+	}
+	write := `{"workspace":"` + ws + `","db":"t.db","sql":"INSERT INTO t VALUES (1)"`
+	status, m = tcpDo(t, base, aliceSecret, "POST", "/v1/sql", write+"}")
+	id, _ := m["approval_id"].(string)
+	if status != 403 || id == "" {
+		t.Fatalf("write: %d %v", status, m)
+	}
+	approveOverTCP(t, base, id)
+	if status, m = tcpDo(t, base, aliceSecret, "POST", "/v1/sql", write+`,"approval":"`+id+`"}`); status != 200 {
+		t.Fatalf("approved write: %d %v", status, m)
+	}
+	if status, m = tcpDo(t, base, aliceSecret, "DELETE", "/v1/workspaces/"+ws+"/files/a.txt", ""); status/100 != 2 {
+		t.Fatalf("delete: %d %v", status, m)
+	}
+	evs, _ := d.store.Events(t.Context(), 0, "", 1000)
+	kinds := map[string]bool{}
+	for _, e := range evs {
+		var detail map[string]any
+		json.Unmarshal(e.Detail, &detail)
+		want := "alice"
+		if e.Kind == "approval.decided" {
+			want = approverToken.Name
+		}
+		if detail["token"] != want || e.UID != -1 {
+			t.Errorf("%s by uid %d names token %v, not %s", e.Kind, e.UID, detail["token"], want)
+		}
+		kinds[e.Kind] = true
+	}
+	for _, k := range []string{"workspace.created", "run.requested", "run.admitted", "run.finished", "sql.requested",
+		"sql.finished", "approval.requested", "approval.decided", "approval.redeemed"} {
+		if !kinds[k] {
+			t.Errorf("no %s record: %v", k, kinds)
+		}
+	}
+}

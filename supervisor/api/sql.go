@@ -113,7 +113,7 @@ func (s *Server) sql(c echo.Context) error {
 	ctx := c.Request().Context()
 	peer, _ := PeerFrom(ctx)
 	caller := peer.Caller()
-	audit := func(kind string, d map[string]any) { s.o.Audit.Record(ctx, kind, peer.UID, "", d) }
+	audit := func(kind string, d map[string]any) { s.record(ctx, kind, "", d) }
 	if s.o.Disabled() {
 		return problem(c, http.StatusServiceUnavailable, CodeDisabled, "the kill switch is on")
 	}
@@ -143,7 +143,7 @@ func (s *Server) sql(c echo.Context) error {
 	if s.o.RecordCode {
 		detail["sql"] = body.SQL
 	}
-	if err := s.o.Audit.Record(ctx, "sql.requested", peer.UID, "", detail); err != nil {
+	if err := s.record(ctx, "sql.requested", "", detail); err != nil {
 		return problem(c, http.StatusServiceUnavailable, CodeAuditDown, "the audit log cannot be written: "+err.Error())
 	}
 	req := sqltool.Request{DB: body.DB, SQL: body.SQL, Params: body.Params, MaxRows: body.MaxRows}
@@ -371,8 +371,8 @@ func (s *Server) decideApproval(c echo.Context) error {
 	}
 	peer, _ := PeerFrom(c.Request().Context())
 	ap, err := s.o.Approvals.Decide(c.Param("id"), peer.Caller(), body.Decision == "approve")
-	s.o.Audit.Record(c.Request().Context(), "approval.decided", peer.UID, "", map[string]any{"approval": c.Param("id"),
-		"decision": body.Decision, "token": peer.Token, "error": errString(err)})
+	s.record(c.Request().Context(), "approval.decided", "", map[string]any{"approval": c.Param("id"),
+		"decision": body.Decision, "error": errString(err)})
 	switch {
 	case errors.Is(err, supervisor.ErrApprovalNotFound):
 		return problem(c, http.StatusNotFound, CodeNotFound, "no approval "+c.Param("id"))

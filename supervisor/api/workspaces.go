@@ -95,12 +95,11 @@ func filePath(c echo.Context) (string, error) {
 
 // auditWorkspace records a workspace operation and its outcome.
 func (s *Server) auditWorkspace(c echo.Context, kind, id string, detail map[string]any, err error) {
-	peer, ok := PeerFrom(c.Request().Context())
 	detail["workspace"] = id
 	if err != nil {
 		detail["error"] = err.Error()
 	}
-	s.o.Audit.Record(c.Request().Context(), kind, peerUID(peer, ok), "", detail)
+	s.record(c.Request().Context(), kind, "", detail)
 }
 
 func (s *Server) createWorkspace(c echo.Context) error {
