@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -28,6 +29,17 @@ var (
 
 // MaxPending bounds the pending approvals of one requester.
 const MaxPending = 32
+
+// MaxKeptBytes bounds what the approvals of a daemon keep, in bytes of their subjects
+// as JSON (a statement and its parameters can be a whole request body, 1 MiB). Past
+// it the oldest decided, spent or expired approvals are forgotten first (their audit
+// records stay); when only pending and approved ones are left, a new request is
+// refused with ErrTooManyPending.
+const MaxKeptBytes = 64 << 20
+
+// approvalOverhead is counted for each approval besides its subject: ids, times,
+// the digest, the map entry.
+const approvalOverhead = 512
 
 // ApprovalState is where an approval is in its life.
 type ApprovalState string
@@ -68,15 +80,17 @@ type Approvals struct {
 	// one may be used.
 	TTL, Window time.Duration
 
-	mu sync.Mutex
-	m  map[string]*Approval
+	mu   sync.Mutex
+	m    map[string]*Approval
+	size map[string]int64 // of each approval in m, counted in kept
+	kept int64
 	// now is the clock (tests move it).
 	now func() time.Time
 }
 
 // NewApprovals returns an empty set.
 func NewApprovals(ttl, window time.Duration) *Approvals {
-	return &Approvals{TTL: ttl, Window: window, m: map[string]*Approval{}, now: time.Now}
+	return &Approvals{TTL: ttl, Window: window, m: map[string]*Approval{}, size: map[string]int64{}, now: time.Now}
 }
 
 // expire moves lapsed approvals to expired and forgets old ones; a.mu is held.
@@ -87,12 +101,46 @@ func (a *Approvals) expire() {
 			ap.State = ApprovalExpired
 		}
 		if ap.State != ApprovalPending && ap.State != ApprovalApproved && now.Sub(ap.ExpiresAt) > 24*time.Hour {
-			delete(a.m, id)
+			a.forget(id)
 		}
 	}
 }
 
-// Request records a pending approval and returns a copy, or ErrTooManyPending.
+// forget drops approval id; a.mu is held.
+func (a *Approvals) forget(id string) {
+	a.kept -= a.size[id]
+	delete(a.size, id)
+	delete(a.m, id)
+}
+
+// makeRoom forgets the oldest finished approvals (decided, spent, expired) until n
+// more bytes fit in MaxKeptBytes, and reports whether they do; a.mu is held.
+func (a *Approvals) makeRoom(n int64) bool {
+	for a.kept+n > MaxKeptBytes {
+		var oldest *Approval
+		for _, ap := range a.m {
+			if ap.State != ApprovalPending && ap.State != ApprovalApproved && (oldest == nil || ap.CreatedAt.Before(oldest.CreatedAt)) {
+				oldest = ap
+			}
+		}
+		if oldest == nil {
+			return false
+		}
+		a.forget(oldest.ID)
+	}
+	return true
+}
+
+// KeptBytes is what the approvals keep now, counted as MaxKeptBytes counts it.
+func (a *Approvals) KeptBytes() int64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.kept
+}
+
+// Request records a pending approval and returns a copy, or an error wrapping
+// ErrTooManyPending (MaxPending of the requester's wait, or MaxKeptBytes is kept by
+// approvals still pending or approved).
 func (a *Approvals) Request(action string, requester Caller, subject any, digest string) (Approval, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -104,12 +152,21 @@ func (a *Approvals) Request(action string, requester Caller, subject any, digest
 		}
 	}
 	if pending >= MaxPending {
-		return Approval{}, ErrTooManyPending
+		return Approval{}, fmt.Errorf("%w: at most %d may wait for a decision", ErrTooManyPending, MaxPending)
+	}
+	b, err := json.Marshal(subject)
+	if err != nil {
+		return Approval{}, err
+	}
+	n := int64(len(b)+len(digest)) + approvalOverhead
+	if !a.makeRoom(n) {
+		return Approval{}, fmt.Errorf("%w: the approvals waiting or approved keep %d bytes, at most %d", ErrTooManyPending, a.kept, MaxKeptBytes)
 	}
 	now := a.now().UTC()
 	ap := &Approval{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Action: action, State: ApprovalPending,
 		Requester: requester, Subject: subject, Digest: digest, CreatedAt: now, ExpiresAt: now.Add(a.TTL)}
 	a.m[ap.ID] = ap
+	a.size[ap.ID], a.kept = n, a.kept+n
 	return *ap, nil
 }
 

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -76,5 +77,47 @@ func TestApprovals(t *testing.T) {
 	}
 	if _, err := a.Request("sql.write", bob, "z", "d"); !errors.Is(err, ErrTooManyPending) {
 		t.Fatalf("over the cap: %v", err)
+	}
+}
+
+// What approvals keep is bounded in bytes: requests of 1 MiB subjects whose approvals
+// expire and are requested again (a caller who never waits for a decision) keep at
+// most MaxKeptBytes, by forgetting the oldest expired ones; when everything kept is
+// still pending, a new request is refused.
+func TestApprovalsKeepBoundedBytes(t *testing.T) {
+	now := time.Now()
+	a := NewApprovals(time.Minute, 10*time.Second)
+	a.now = func() time.Time { return now }
+	big := strings.Repeat("x", 1<<20)
+	var first Approval
+	for i := 0; i < 4*MaxKeptBytes>>20; i++ {
+		ap, err := a.Request("sql.write", Caller{UID: 1000}, map[string]any{"sql": big}, "d")
+		if err != nil {
+			t.Fatalf("request %d: %v", i, err)
+		}
+		if i == 0 {
+			first = ap
+		}
+		if k := a.KeptBytes(); k > MaxKeptBytes {
+			t.Fatalf("request %d: %d bytes kept", i, k)
+		}
+		now = now.Add(2 * time.Minute) // it expires undecided
+	}
+	if _, err := a.Get(first.ID); !errors.Is(err, ErrApprovalNotFound) {
+		t.Fatalf("the oldest expired approval is still kept: %v", err)
+	}
+	// Pending ones are never forgotten for room: past the bound the request is refused.
+	var err error
+	for i := 0; err == nil; i++ {
+		_, err = a.Request("sql.write", Caller{UID: 5000 + i}, map[string]any{"sql": big}, "d")
+		if i > MaxKeptBytes>>20 {
+			t.Fatal("more than MaxKeptBytes of pending approvals")
+		}
+	}
+	if !errors.Is(err, ErrTooManyPending) || a.KeptBytes() > MaxKeptBytes {
+		t.Fatalf("past the bound: %v, %d bytes", err, a.KeptBytes())
+	}
+	if n := len(a.List(ApprovalPending)); n < MaxKeptBytes>>20-2 {
+		t.Fatalf("%d pending kept", n)
 	}
 }

@@ -16,6 +16,7 @@ import (
 //	sandcell_workers_busy              gauge: workers running now
 //	sandcell_kept_bytes{runs}          gauge: bytes kept for callers (output, event records) of "finished" and "running" runs
 //	sandcell_kept_bytes_max            gauge: the budget of what is kept (runs.max_retained_output_bytes)
+//	sandcell_approvals_kept_bytes      gauge: bytes the approvals keep (supervisor.MaxKeptBytes at most; see CountApprovals)
 //	sandcell_build_info{version,revision} gauge, always 1
 //
 // plus the Go runtime's and the process's standard collectors.
@@ -55,6 +56,13 @@ func NewMetrics(m *Manager, version, revision string) *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.OnFinish(x.observe)
 	return x
+}
+
+// CountApprovals adds sandcell_approvals_kept_bytes, what a keeps.
+func (x *Metrics) CountApprovals(a *Approvals) {
+	x.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_approvals_kept_bytes",
+		Help: "Bytes the approvals keep (their subjects as JSON), at most supervisor.MaxKeptBytes."},
+		func() float64 { return float64(a.KeptBytes()) }))
 }
 
 func (x *Metrics) observe(_ *Run, v View) {

@@ -243,9 +243,11 @@ func (d *daemon) run() error {
 			Help: "Warm workers that could not be prepared."},
 			pool(func(p sandbox.PoolStats) float64 { return float64(p.Failures) })),
 	)
+	approvals := supervisor.NewApprovals(cfg.Approvals.TTL.Duration, cfg.Approvals.Window.Duration)
+	metrics.CountApprovals(approvals)
 	d.srv = api.New(api.Options{
 		Workspaces:      workspaces,
-		Approvals:       supervisor.NewApprovals(cfg.Approvals.TTL.Duration, cfg.Approvals.Window.Duration),
+		Approvals:       approvals,
 		ApprovalActions: cfg.Approvals.Required,
 		Metrics:         promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Audit: d.audit,
 		RecordCode: cfg.Audit.RecordCode,

@@ -235,8 +235,7 @@ func (s *Server) sql(c echo.Context) error {
 		if err != nil {
 			audit("sql.refused", d)
 			c.Response().Header().Set("Retry-After", "60")
-			return problem(c, http.StatusTooManyRequests, CodeTooManyPending,
-				fmt.Sprintf("%v: at most %d may wait for a decision", err, supervisor.MaxPending))
+			return problem(c, http.StatusTooManyRequests, CodeTooManyPending, err.Error())
 		}
 		d["approval"], d["db_sha256"] = ap.ID, out.DBSHA256
 		audit("approval.requested", d)
