@@ -189,21 +189,23 @@ func newConnLimit[K comparable](max, per int) *connLimit[K] {
 // if need be, and else waits up to slotWait for either. It reports false when no
 // slot came.
 func (l *connLimit[K]) take() (probe, ok bool) {
-	select {
-	case l.slots <- struct{}{}:
+	if try(l.slots) {
 		return false, true
-	default:
 	}
 	if oldest := l.oldestIdle(false); oldest != nil {
-		oldest.Close() // gives its slot back (or another taker has it: wait below)
+		oldest.Close() // gives its slot back at once, unless another taker has it first
+		if try(l.slots) {
+			return false, true
+		}
 	} else {
-		select {
-		case l.probes <- struct{}{}:
+		if try(l.probes) {
 			return true, true
-		default:
 		}
 		if oldest := l.oldestIdle(true); oldest != nil {
 			oldest.Close()
+			if try(l.probes) {
+				return true, true
+			}
 		}
 	}
 	t := time.NewTimer(slotWait)
@@ -215,6 +217,16 @@ func (l *connLimit[K]) take() (probe, ok bool) {
 		return true, true
 	case <-t.C:
 		return false, false
+	}
+}
+
+// try takes a slot of slots if one is free.
+func try(slots chan struct{}) bool {
+	select {
+	case slots <- struct{}{}:
+		return true
+	default:
+		return false
 	}
 }
 
