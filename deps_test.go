@@ -40,11 +40,27 @@ func TestImportRules(t *testing.T) {
 		module + "/sandbox/seccomp":  nil,
 		module + "/healthz":          nil,
 		module + "/sandbox/policy":   {module + "/sandbox/protocol", module + "/sandbox/seccomp"},
+		module + "/supervisor/wire":  {module + "/sandbox/protocol"},
 	}
 	for leaf, allowed := range leaves {
 		for _, dep := range imports[leaf] {
 			if strings.HasPrefix(dep, module) && !contains(allowed, dep) {
 				t.Errorf("leaf %s imports %s", leaf, dep)
+			}
+		}
+	}
+	// A client of the API, and the parent side of the sandbox (which starts workers but
+	// is not one), link none of the worker's engine, seccomp, capability or Landlock
+	// libraries, nor the daemon's database or HTTP framework: a program that embeds
+	// them gets no cgo library and no code it does not run.
+	for _, pkg := range []string{"client", "sandbox"} {
+		for _, dep := range goList(t, "{{.ImportPath}} {{join .Deps \" \"}}", "./"+pkg)[module+"/"+pkg] {
+			for _, banned := range []string{"github.com/bytecodealliance/wasmtime-go", "github.com/seccomp/libseccomp-golang",
+				"kernel.org/pub/linux/libs/security/libcap", "github.com/landlock-lsm", "modernc.org/sqlite",
+				"github.com/labstack/echo", module + "/sandbox/worker", module + "/supervisor/api"} {
+				if strings.HasPrefix(dep, banned) {
+					t.Errorf("%s links %s", pkg, dep)
+				}
 			}
 		}
 	}

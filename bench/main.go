@@ -29,7 +29,7 @@ import (
 
 	"github.com/sandcell/sandcell/client"
 	"github.com/sandcell/sandcell/sandbox"
-	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 const program = "print(6*7)"
@@ -181,7 +181,7 @@ func startDaemon(bin, dir string, env ...string) (*daemon, error) {
 func (d *daemon) stop() { d.cmd.Process.Signal(syscall.SIGTERM); d.cmd.Wait() }
 
 func (d *daemon) run() (time.Duration, int64, error) {
-	v, err := d.c.Run(context.Background(), api.RunRequest{Code: program})
+	v, err := d.c.Run(context.Background(), wire.RunRequest{Code: program})
 	if err != nil {
 		return 0, 0, err
 	}

@@ -1,5 +1,5 @@
 // Package client talks to a Sandcell daemon over its Unix socket (see README, "The
-// daemon"). Errors from the daemon are *api.Problem values carrying its stable code.
+// daemon"). Errors from the daemon are *wire.Problem values carrying its stable code.
 package client
 
 import (
@@ -11,8 +11,7 @@ import (
 	"net"
 	"net/http"
 
-	"github.com/sandcell/sandcell/supervisor"
-	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 // Client is a connection pool to one daemon socket.
@@ -35,24 +34,24 @@ func HTTP(path string) *http.Client {
 
 // Run submits req and waits for the run to end (unless req.Wait is false). Cancelling
 // ctx closes the request, and the daemon then cancels the run.
-func (c *Client) Run(ctx context.Context, req api.RunRequest) (supervisor.View, error) {
+func (c *Client) Run(ctx context.Context, req wire.RunRequest) (wire.View, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
-		return supervisor.View{}, err
+		return wire.View{}, err
 	}
-	var v supervisor.View
+	var v wire.View
 	return v, c.do(ctx, http.MethodPost, "/v1/runs", body, &v)
 }
 
 // Get returns the run with id.
-func (c *Client) Get(ctx context.Context, id string) (supervisor.View, error) {
-	var v supervisor.View
+func (c *Client) Get(ctx context.Context, id string) (wire.View, error) {
+	var v wire.View
 	return v, c.do(ctx, http.MethodGet, "/v1/runs/"+id, nil, &v)
 }
 
 // Cancel cancels the run with id and returns its final state.
-func (c *Client) Cancel(ctx context.Context, id string) (supervisor.View, error) {
-	var v supervisor.View
+func (c *Client) Cancel(ctx context.Context, id string) (wire.View, error) {
+	var v wire.View
 	return v, c.do(ctx, http.MethodDelete, "/v1/runs/"+id, nil, &v)
 }
 
@@ -74,7 +73,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 		return err
 	}
 	if resp.StatusCode >= 400 {
-		p := &api.Problem{}
+		p := &wire.Problem{}
 		if json.Unmarshal(b, p) != nil || p.Code == "" {
 			return fmt.Errorf("sandcell daemon: %s: %s", resp.Status, bytes.TrimSpace(b))
 		}

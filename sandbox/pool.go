@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
-	"github.com/sandcell/sandcell/sandbox/worker"
 )
 
 // PoolOptions configure the warm pool of a Spawner (see Warm).
@@ -367,5 +366,5 @@ func (pl *pool) close() {
 // residentBytes is VmRSS of process pid (proc(5)), 0 if unknown.
 func residentBytes(pid int) int64 {
 	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	return worker.StatusBytes(b, "VmRSS")
+	return protocol.StatusBytes(b, "VmRSS")
 }

@@ -29,7 +29,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
-	"github.com/sandcell/sandcell/sandbox/worker"
 )
 
 // ErrBadRequest is wrapped by Run for a request it refuses before starting a worker.
@@ -43,7 +42,7 @@ type Spawner struct {
 	// the bundle and the .cwasm cache, whose compiled code later runs outside
 	// WebAssembly. The directory of each request's module is always protected.
 	Protected []string
-	// Command is the worker's argv[1]; empty means worker.Command. Tests use it to
+	// Command is the worker's argv[1]; empty means protocol.WorkerCommand. Tests use it to
 	// start a test-only worker entry (the escape suite).
 	Command string
 
@@ -119,7 +118,7 @@ func (s *Spawner) command() string {
 	if s.Command != "" {
 		return s.Command
 	}
-	return worker.Command
+	return protocol.WorkerCommand
 }
 
 // hostNamespaces returns this process's namespaces as the targets of /proc/self/ns/*
@@ -196,7 +195,7 @@ func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observ
 // pidNamespace reports whether workers get a pid namespace of their own. A worker
 // in one must mount a procfs of it, which the kernel refuses under a container's
 // masked /proc (podman's and Docker's defaults; mount_too_revealing in
-// fs/namespace.c); the first call starts a worker that only tries (worker.ProbeProcfs)
+// fs/namespace.c); the first call starts a worker that only tries (protocol.ProbeProcfs)
 // and, if it cannot, later workers keep the parent's pid namespace, and the
 // enforcement contract says why (pidns inactive). Where even the other namespaces
 // are refused, launch's caller goes on without any.
@@ -204,7 +203,7 @@ func (s *Spawner) pidNamespace() bool {
 	s.pidProbe.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		cmd := exec.CommandContext(ctx, s.Exe, s.command(), worker.ProbeProcfs)
+		cmd := exec.CommandContext(ctx, s.Exe, s.command(), protocol.ProbeProcfs)
 		cmd.Args[0] = "sandcell"
 		cmd.Env = []string{}
 		var stderr strings.Builder
@@ -359,7 +358,7 @@ func (s *Spawner) launch(namespaces bool, dir, module *os.File) (*proc, error) {
 		Env:         []string{}, // built from nothing: no NOTIFY_SOCKET, LISTEN_*, secrets
 		Stdout:      outW,
 		Stderr:      errW,
-		ExtraFiles:  []*os.File{childCtl, dir, module}, // fds 3, 4, 5: worker.ControlFD, WorkspaceFD, ModuleFD
+		ExtraFiles:  []*os.File{childCtl, dir, module}, // fds 3, 4, 5: protocol.ControlFD, WorkspaceFD, ModuleFD
 		SysProcAttr: attr,
 	}
 	startErr := make(chan error, 1)

@@ -24,7 +24,7 @@ import (
 // TestMain lets the test binary serve as the worker: Spawner re-executes
 // /proc/self/exe with the worker command, exactly as the sandcell binary does.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == worker.Command {
+	if len(os.Args) > 1 && os.Args[1] == protocol.WorkerCommand {
 		os.Exit(worker.Main())
 	}
 	if len(os.Args) > 1 && os.Args[1] == escapeCommand {
@@ -399,7 +399,7 @@ func TestMemoryLimit(t *testing.T) {
 				r.Limits.TimeoutMS = 60_000
 			})
 			memErr := res.Reason == protocol.Exited && res.ExitCode == 1 && strings.Contains(string(res.Stderr), "MemoryError")
-			if !memErr && res.Reason != protocol.MemoryLimit {
+			if !memErr {
 				t.Fatalf("reason %s exit %d stderr %.500s", res.Reason, res.ExitCode, res.Stderr)
 			}
 			if res.PeakMemoryBytes > 64*policy.MiB {
@@ -430,7 +430,9 @@ func TestWallClock(t *testing.T) {
 			if res.Reason != protocol.Timeout {
 				t.Fatalf("reason %s exit %d stderr %.500s", res.Reason, res.ExitCode, res.Stderr)
 			}
-			if d := time.Since(start); d > 2*time.Second {
+			// Ended by the limit, not by the program (an hour, a hang): the bound is
+			// loose because a loaded machine is slow to start a worker.
+			if d := time.Since(start); d > 6*time.Second {
 				t.Fatalf("took %v for a 1s limit", d)
 			}
 		})
@@ -518,7 +520,7 @@ func TestRecursion(t *testing.T) {
 			// fill the guest's memory; how CPython then fails depends on where the
 			// heap ends: an error at once, or seconds of walking millions of frames
 			// for the traceback, which the wall clock ends. All are contained.
-			if !pyErr && res.Reason != protocol.Trap && res.Reason != protocol.MemoryLimit && res.Reason != protocol.Timeout {
+			if !pyErr && res.Reason != protocol.Trap && res.Reason != protocol.Timeout {
 				t.Fatalf("reason %s exit %d diagnostics %v stderr %.300s", res.Reason, res.ExitCode, res.Diagnostics, res.Stderr)
 			}
 		})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sandcell/sandcell/supervisor/store"
+	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 // Audit writes the daemon's decisions to the audit log: what the API records (each
@@ -54,7 +55,7 @@ func (a *Audit) Events(ctx context.Context, after int64, runID string, limit int
 
 // Attach records "run.finished" for every run m ends.
 func (a *Audit) Attach(m *Manager) {
-	m.OnFinish(func(r *Run, v View) {
+	m.OnFinish(func(r *Run, v wire.View) {
 		d := map[string]any{}
 		if res := v.Result; res != nil {
 			d = map[string]any{"reason": res.Reason, "exit_code": res.ExitCode, "elapsed_ms": res.ElapsedMS,

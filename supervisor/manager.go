@@ -7,10 +7,8 @@ package supervisor
 import (
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -22,6 +20,7 @@ import (
 
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
@@ -33,16 +32,6 @@ var (
 	ErrCallerLimit = errors.New("supervisor: this caller has as many runs running or queued as one caller may")
 	ErrStopping    = errors.New("supervisor: shutting down")
 	ErrNotFound    = errors.New("supervisor: no such run")
-)
-
-// State is where a run is in its life.
-type State string
-
-// The run states.
-const (
-	Queued  State = "queued"
-	Running State = "running"
-	Done    State = "done"
 )
 
 // Runner executes one request, passing the output to observe as it is produced;
@@ -66,7 +55,7 @@ type Manager struct {
 	inflight    atomic.Int64 // bytes kept for runs not yet finished (their output so far and records)
 	finishedIDs []string     // finished runs, oldest first (under mu)
 
-	onFinish []func(*Run, View) // called once per run, after its final state
+	onFinish []func(*Run, wire.View) // called once per run, after its final state
 
 	mu       sync.Mutex
 	runs     map[string]*Run
@@ -160,7 +149,7 @@ type Run struct {
 	granted chan struct{} // closed when a worker is the run's (under Manager.mu)
 
 	mu       sync.Mutex
-	state    State
+	state    wire.State
 	result   protocol.Result
 	err      error
 	finished time.Time
@@ -203,7 +192,7 @@ type Chunk struct {
 func (r *Run) observe(stream string, b []byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.state == Done {
+	if r.state == wire.Done {
 		return
 	}
 	buf := r.live[stream]
@@ -232,7 +221,7 @@ func (r *Run) Output(from int) (chunks []Chunk, next int, done bool, changed <-c
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	src := r.live
-	if r.state == Done {
+	if r.state == wire.Done {
 		src = map[string][]byte{"stdout": r.result.Stdout, "stderr": r.result.Stderr}
 	}
 	for i := max(from, 0); i < len(r.chunks); i++ {
@@ -246,49 +235,20 @@ func (r *Run) Output(from int) (chunks []Chunk, next int, done bool, changed <-c
 		}
 	}
 	r.read = max(r.read, len(r.chunks))
-	return chunks, max(from, len(r.chunks)), r.state == Done, r.changed
-}
-
-// View is a run as the API shows it.
-type View struct {
-	ID         string           `json:"id"`
-	State      State            `json:"state"`
-	CreatedAt  time.Time        `json:"created_at"`
-	FinishedAt *time.Time       `json:"finished_at,omitempty"`
-	Result     *protocol.Result `json:"result,omitempty"`
+	return chunks, max(from, len(r.chunks)), r.state == wire.Done, r.changed
 }
 
 // View returns the run's current state.
-func (r *Run) View() View {
+func (r *Run) View() wire.View {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	v := View{ID: r.ID, State: r.state, CreatedAt: r.Created}
-	if r.state == Done {
+	v := wire.View{ID: r.ID, State: r.state, CreatedAt: r.Created}
+	if r.state == wire.Done {
 		res := r.result
 		f := r.finished
 		v.Result, v.FinishedAt = &res, &f
 	}
 	return v
-}
-
-// WriteJSON writes v as JSON to w, streaming the result's output (see
-// protocol.Result.WriteJSON): answering many readers of a large result costs a small
-// buffer each, not a copy of the output each.
-func (v View) WriteJSON(w io.Writer) error {
-	res := v.Result
-	v.Result = nil
-	head, err := json.Marshal(v)
-	if err != nil || res == nil {
-		w.Write(head)
-		return err
-	}
-	w.Write(head[:len(head)-1]) // without the closing brace
-	io.WriteString(w, `,"result":`)
-	if err := res.WriteJSON(w); err != nil {
-		return err
-	}
-	_, err = io.WriteString(w, "}")
-	return err
 }
 
 // Done is closed when the run has its final state.
@@ -326,7 +286,7 @@ func (m *Manager) Start(req protocol.Request, caller Caller) (*Run, error) {
 	m.sweep()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Run{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Created: time.Now().UTC(), Caller: caller,
-		cancel: cancel, done: make(chan struct{}), granted: make(chan struct{}), state: Queued,
+		cancel: cancel, done: make(chan struct{}), granted: make(chan struct{}), state: wire.Queued,
 		live: map[string][]byte{}, counter: &m.inflight, changed: make(chan struct{})}
 	m.runs[r.ID] = r
 	m.queued++
@@ -423,7 +383,7 @@ func (m *Manager) execute(ctx context.Context, r *Run, req protocol.Request) {
 		return
 	}
 	r.mu.Lock()
-	r.state = Running
+	r.state = wire.Running
 	r.deadline = time.Now().Add(time.Duration(req.Limits.TimeoutMS)*time.Millisecond + m.wedgeSlack)
 	r.mu.Unlock()
 	res, err := m.work(ctx, r, req)
@@ -457,7 +417,7 @@ func (m *Manager) work(ctx context.Context, r *Run, req protocol.Request) (proto
 // finish records the final state once.
 func (m *Manager) finish(r *Run, res protocol.Result, err error) {
 	r.mu.Lock()
-	if r.state == Done {
+	if r.state == wire.Done {
 		r.mu.Unlock()
 		return
 	}
@@ -465,7 +425,7 @@ func (m *Manager) finish(r *Run, res protocol.Result, err error) {
 		// The runner gave the output to observe and kept none itself.
 		res.Stdout, res.Stderr = r.live["stdout"], r.live["stderr"]
 	}
-	r.state, r.result, r.err, r.finished = Done, res, err, time.Now().UTC()
+	r.state, r.result, r.err, r.finished = wire.Done, res, err, time.Now().UTC()
 	r.live = nil
 	r.counter.Add(-r.held)
 	r.held = 0
@@ -523,7 +483,7 @@ func (r *Run) dropOutput() int64 {
 
 // OnFinish adds f to the functions called once per run after its final state (before
 // the first Start).
-func (m *Manager) OnFinish(f func(*Run, View)) { m.onFinish = append(m.onFinish, f) }
+func (m *Manager) OnFinish(f func(*Run, wire.View)) { m.onFinish = append(m.onFinish, f) }
 
 // Get returns the run with id, or ErrNotFound.
 func (m *Manager) Get(id string) (*Run, error) {
@@ -547,7 +507,7 @@ func (m *Manager) Forget(id string) {
 		return
 	}
 	r.mu.Lock()
-	done := r.state == Done
+	done := r.state == wire.Done
 	size := r.keptLocked()
 	r.mu.Unlock()
 	if done {
@@ -577,7 +537,7 @@ func (m *Manager) Wedged() error {
 	now := time.Now()
 	for _, r := range m.runs {
 		r.mu.Lock()
-		late := r.state == Running && now.After(r.deadline)
+		late := r.state == wire.Running && now.After(r.deadline)
 		over := now.Sub(r.deadline)
 		r.mu.Unlock()
 		if late {
@@ -608,7 +568,7 @@ func (m *Manager) sweep() {
 	cut := time.Now().Add(-m.retention)
 	for id, r := range m.runs {
 		r.mu.Lock()
-		old := r.state == Done && r.finished.Before(cut)
+		old := r.state == wire.Done && r.finished.Before(cut)
 		size := r.keptLocked()
 		r.mu.Unlock()
 		if old {

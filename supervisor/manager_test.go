@@ -13,6 +13,7 @@ import (
 
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 // racer finishes after a random few microseconds, or reports cancellation, as the
@@ -50,7 +51,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 			m.Cancel(r.ID)
 			<-r.Done()
 			v := r.View()
-			if v.State != Done || v.Result == nil || v.FinishedAt == nil {
+			if v.State != wire.Done || v.Result == nil || v.FinishedAt == nil {
 				t.Errorf("run %s: %+v", r.ID, v)
 				return
 			}
@@ -156,7 +157,7 @@ func TestShutdownCancelsQueued(t *testing.T) {
 		t.Fatal(err)
 	}
 	running, _ := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 60_000}}, Caller{})
-	for running.View().State != Running {
+	for running.View().State != wire.Running {
 		time.Sleep(time.Millisecond)
 	}
 	queued, _ := m.Start(protocol.Request{Code: "2", Limits: protocol.Limits{TimeoutMS: 60_000}}, Caller{})
@@ -210,7 +211,7 @@ func TestFairShare(t *testing.T) {
 	// One worker frees: b's run (b has none running) goes before a's queued ones.
 	s.release <- struct{}{}
 	deadline := time.Now().Add(5 * time.Second)
-	for theirs.View().State != Running {
+	for theirs.View().State != wire.Running {
 		if time.Now().After(deadline) {
 			t.Fatal("b's run did not get the free worker")
 		}
@@ -218,7 +219,7 @@ func TestFairShare(t *testing.T) {
 	}
 	queuedA := 0
 	for _, r := range mine {
-		if r.View().State == Queued {
+		if r.View().State == wire.Queued {
 			queuedA++
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 // Metrics are the daemon's Prometheus metrics, in base units with the sandcell_
@@ -65,7 +66,7 @@ func (x *Metrics) CountApprovals(a *Approvals) {
 		func() float64 { return float64(a.KeptBytes()) }))
 }
 
-func (x *Metrics) observe(_ *Run, v View) {
+func (x *Metrics) observe(_ *Run, v wire.View) {
 	if v.Result == nil || v.FinishedAt == nil {
 		return
 	}

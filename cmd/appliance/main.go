@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/sandbox/worker"
 )
 
@@ -18,7 +19,7 @@ var (
 
 func main() {
 	// The worker first: no CLI parsing, no config, nothing else initialised.
-	if len(os.Args) > 1 && os.Args[1] == worker.Command {
+	if len(os.Args) > 1 && os.Args[1] == protocol.WorkerCommand {
 		os.Exit(worker.Main())
 	}
 	os.Exit(execute(os.Args[1:]))

@@ -27,7 +27,7 @@ import (
 // TestMain makes the test binary behave as the sandcell binary: the worker when
 // re-executed as one, the CLI when SANDCELL_CLI_TEST is set.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == worker.Command {
+	if len(os.Args) > 1 && os.Args[1] == protocol.WorkerCommand {
 		os.Exit(worker.Main())
 	}
 	if os.Getenv("SANDCELL_CLI_TEST") == "1" {
@@ -374,7 +374,7 @@ func workersOfThisBinary(t *testing.T) []int {
 		}
 		exe, _ := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if exe == self && bytes.Contains(cmdline, []byte("\x00"+worker.Command+"\x00")) {
+		if exe == self && bytes.Contains(cmdline, []byte("\x00"+protocol.WorkerCommand+"\x00")) {
 			pids = append(pids, pid)
 		}
 	}

@@ -16,7 +16,6 @@ const (
 	exitRejected    = 126 // refused by policy before running
 	exitCancelled   = 130 // cancelled (128 + SIGINT)
 	exitTrap        = 134 // WebAssembly trap (128 + SIGABRT)
-	exitMemoryLimit = 137 // memory limit (128 + SIGKILL, as the OOM killer)
 	exitCPULimit    = 152 // CPU time or fuel exhausted (128 + SIGXCPU)
 	exitOutputLimit = 153 // output cap reached (128 + SIGXFSZ)
 )

@@ -26,7 +26,7 @@ import (
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/sandbox/seccomp"
-	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 type runFlags struct {
@@ -59,7 +59,8 @@ empty environment, no network and no processes.
 The program's stdout and stderr are printed as they are, and sandcell exits with the
 program's exit status. Runs that do not end by themselves exit with:
   124 timeout   125 sandcell failed (usage, bundle, internal error)   126 rejected
-  130 cancelled   134 trap   137 memory_limit   152 cpu_limit   153 output_limit
+  130 cancelled   134 trap   152 cpu_limit   153 output_limit
+(A program out of memory gets MemoryError and exits 1, as it would natively.)
 --json prints the whole result object on stdout instead, with the same exit status;
 its "enforcement" object is the contract: the layers that were in force.
 
@@ -222,7 +223,7 @@ func runRemote(cmd *cobra.Command, f *runFlags, req protocol.Request) error {
 			return rejected{fmt.Errorf("--%s applies to local runs; the daemon has its own (see sandcell config)", local)}
 		}
 	}
-	rr := api.RunRequest{Code: req.Code, Args: req.Args, Stdin: string(req.Stdin), Env: req.Env}
+	rr := wire.RunRequest{Code: req.Code, Args: req.Args, Stdin: string(req.Stdin), Env: req.Env}
 	if !utf8.Valid(req.Stdin) {
 		// JSON strings carry text: other bytes go as base64.
 		rr.Stdin, rr.StdinEncoding = base64.StdEncoding.EncodeToString(req.Stdin), "base64"
@@ -243,7 +244,7 @@ func runRemote(cmd *cobra.Command, f *runFlags, req protocol.Request) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	v, err := client.New(f.socket).Run(ctx, rr)
-	var p *api.Problem
+	var p *wire.Problem
 	switch {
 	case errors.As(err, &p) && p.Status >= 400 && p.Status < 500 && p.Status != http.StatusTooManyRequests:
 		return rejected{err}
@@ -335,8 +336,6 @@ func exitStatus(res protocol.Result) int {
 		return exitCancelled
 	case protocol.Trap:
 		return exitTrap
-	case protocol.MemoryLimit:
-		return exitMemoryLimit
 	case protocol.CPULimit:
 		return exitCPULimit
 	case protocol.OutputLimit:

@@ -75,8 +75,6 @@ const (
 	Timeout Reason = "timeout"
 	// Cancelled: the caller cancelled the run and the worker was killed.
 	Cancelled Reason = "cancelled"
-	// MemoryLimit: the guest needed memory beyond its limit and could not go on.
-	MemoryLimit Reason = "memory_limit"
 	// CPULimit: the CPU-time limit (epoch deadline) or the fuel was used up.
 	CPULimit Reason = "cpu_limit"
 	// OutputLimit: stdout or stderr reached its byte cap and the worker was killed.
@@ -90,7 +88,7 @@ const (
 )
 
 // Reasons lists every Reason, in documentation order.
-var Reasons = []Reason{Exited, Timeout, Cancelled, MemoryLimit, CPULimit, OutputLimit, Trap, Rejected, InternalError}
+var Reasons = []Reason{Exited, Timeout, Cancelled, CPULimit, OutputLimit, Trap, Rejected, InternalError}
 
 // Limits bounds one run. Zero means "no limit of this kind" only where a field says so;
 // the parent fills every field from policy before sending a Request.
@@ -182,7 +180,7 @@ type Warmed struct {
 type Report struct {
 	// ExitCode is the guest's WASI exit status (0 when it returned normally).
 	ExitCode int `json:"exit_code"`
-	// Reason is Exited, MemoryLimit, CPULimit, Trap or InternalError.
+	// Reason is Exited, CPULimit, Trap or InternalError.
 	Reason Reason `json:"reason"`
 	// FuelConsumed is the fuel used, when fuel metering was on.
 	FuelConsumed uint64 `json:"fuel_consumed,omitempty"`

@@ -59,7 +59,7 @@ func prepare(req *protocol.Request) *hardened {
 	st := &hardened{
 		enf: protocol.Enforcement{Namespaces: map[string]bool{}, Rlimits: map[string]uint64{},
 			Errors: map[string]string{}},
-		workspace: fmt.Sprintf("/proc/self/fd/%d", WorkspaceFD),
+		workspace: fmt.Sprintf("/proc/self/fd/%d", protocol.WorkspaceFD),
 		library:   req.LibDir,
 		warm:      req.Warm,
 	}
@@ -273,7 +273,7 @@ func pivot(workspace, library string, roots []string, ownPid bool) error {
 	}()
 	var err error
 	if workspace != "" {
-		if mounts["guest/ws"], err = cloneTree(workspace, WorkspaceFD, data); err != nil {
+		if mounts["guest/ws"], err = cloneTree(workspace, protocol.WorkspaceFD, data); err != nil {
 			return fmt.Errorf("workspace: %w", err)
 		}
 	}
@@ -355,12 +355,12 @@ func pivot(workspace, library string, roots []string, ownPid bool) error {
 		return err
 	}
 	if workspace != "" {
-		if err := sameDir(rootWorkspace, WorkspaceFD); err != nil {
+		if err := sameDir(rootWorkspace, protocol.WorkspaceFD); err != nil {
 			return err
 		}
 	}
 	// fd 4 is a directory of the parent's mount tree: from it, ".." leads to the host.
-	return unix.Close(WorkspaceFD)
+	return unix.Close(protocol.WorkspaceFD)
 }
 
 // attach mounts the workspace of req, a claim on a warm worker, at rootWorkspace:
@@ -467,7 +467,7 @@ func walkBeneath(root, rel string) (int, error) {
 // then denies the guest any access to it. See proc(5), "subset".
 //
 // Without a pid namespace of its own (ownPid false: the parent found that the kernel
-// refuses a new procfs, see ProbeProcfs), the parent's /proc already lists this
+// refuses a new procfs, see protocol.ProbeProcfs), the parent's /proc already lists this
 // process's threads: it is cloned with its submounts (a container's masks stay,
 // locked by the user namespace) and made read-only.
 func procMount(ownPid bool) (int, error) {

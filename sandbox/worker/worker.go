@@ -29,23 +29,6 @@ import (
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
 
-// Command is the hidden argv[1] that makes the binary run Main; cmd/appliance
-// dispatches it before anything else.
-const Command = "__worker"
-
-// ControlFD is the worker's control socket (request in, report out).
-const ControlFD = 3
-
-// WorkspaceFD is the workspace directory, opened and checked by the parent. Without
-// its own mount namespace the worker preopens it through /proc/self/fd; with one, it
-// reopens the path inside the namespace and refuses it unless it is this directory.
-// Either way the directory it gets is the one the parent checked.
-const WorkspaceFD = 4
-
-// ModuleFD is the precompiled module (.cwasm): a sealed in-memory copy the parent
-// made of the verified file, which nobody can write.
-const ModuleFD = 5
-
 // GuestWorkdir is the guest path of the workspace preopen, and its working directory.
 const GuestWorkdir = "/ws"
 
@@ -107,14 +90,6 @@ func sizeStacks() int {
 // status (see Serve). A warm worker starts the interpreter before its run is known.
 func Main() int { return serve(runGuest, true) }
 
-// ProbeProcfs is the argv[2] (after Command) that makes a worker only try to mount a
-// procfs of its pid namespace and exit: 0 if the kernel allows it, 1 with the reason
-// on stderr. A worker in a pid namespace of its own needs that procfs (see
-// procMount); under a container's masked /proc the kernel refuses it
-// (mount_too_revealing in fs/namespace.c), so the parent probes once and, when
-// refused, starts workers without a pid namespace (see sandbox.Spawner).
-const ProbeProcfs = "probe-procfs"
-
 func probeProcfs() int {
 	fd, err := procMount(true)
 	if err != nil {
@@ -158,14 +133,14 @@ func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int { ret
 // serve is Serve; guest says that body is runGuest, whose interpreter a warm worker
 // starts before the claim.
 func serve(body func(*protocol.Request, *Env) protocol.Report, guest bool) int {
-	if len(os.Args) > 2 && os.Args[2] == ProbeProcfs {
+	if len(os.Args) > 2 && os.Args[2] == protocol.ProbeProcfs {
 		return probeProcfs()
 	}
 	closeStrayFDs()
 	// When memory runs out (the service's MemoryMax, the host), the kernel kills a
 	// worker, not the daemon (proc(5): raising one's own score needs no privilege).
 	os.WriteFile("/proc/self/oom_score_adj", []byte("1000"), 0)
-	ctl := os.NewFile(ControlFD, "control")
+	ctl := os.NewFile(protocol.ControlFD, "control")
 	if ctl == nil {
 		return 1
 	}
@@ -224,19 +199,7 @@ func (r *reply) send(rep protocol.Report) {
 func peakRSS(f *os.File) int64 {
 	buf := make([]byte, 4096)
 	n, _ := f.ReadAt(buf, 0)
-	return StatusBytes(buf[:n], "VmHWM")
-}
-
-// StatusBytes returns the field (e.g. "VmRSS") of a /proc/PID/status text, given
-// there in kB, in bytes; 0 if absent (proc(5)).
-func StatusBytes(status []byte, field string) int64 {
-	for _, line := range strings.Split(string(status), "\n") {
-		if rest, ok := strings.CutPrefix(line, field+":"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			return kb << 10
-		}
-	}
-	return 0
+	return protocol.StatusBytes(buf[:n], "VmHWM")
 }
 
 // closeStrayFDs closes every descriptor above the protocol's (0-5) that the Go
@@ -251,7 +214,7 @@ func closeStrayFDs() {
 	}
 	for _, e := range entries {
 		fd, err := strconv.Atoi(e.Name())
-		if err != nil || fd <= ModuleFD {
+		if err != nil || fd <= protocol.ModuleFD {
 			continue
 		}
 		target, err := os.Readlink("/proc/self/fd/" + e.Name())
@@ -476,7 +439,7 @@ func load(req *protocol.Request) (*engine.Engine, *engine.Module, string) {
 	// Writing past RLIMIT_FSIZE must fail with EFBIG, not kill the worker.
 	signal.Ignore(syscall.SIGXFSZ)
 	eng := engine.New(engine.Options{Fuel: req.Limits.Fuel > 0, WasmStack: sizeStacks()})
-	mod, err := eng.Load(fmt.Sprintf("/proc/self/fd/%d", ModuleFD))
+	mod, err := eng.Load(fmt.Sprintf("/proc/self/fd/%d", protocol.ModuleFD))
 	if err != nil {
 		// Say why (version, configuration, damage), but not where: no host paths.
 		msg := strings.ReplaceAll(err.Error(), req.ModulePath, filepath.Base(req.ModulePath))

@@ -34,49 +34,9 @@ import (
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
-
-// The problem codes. They are stable: clients may switch on them.
-const (
-	CodeInvalidJSON    = "invalid_json"   // 400: the body is not JSON of the expected shape
-	CodeUnknownField   = "unknown_field"  // 400: the body has a member the API does not know
-	CodeBadRequest     = "bad_request"    // 400: a value is not acceptable (code and path, NUL bytes, ...)
-	CodeLimitExceeded  = "limit_exceeded" // 400: a limit above policy's maximum, or nonsensical
-	CodeForbidden      = "forbidden"      // 403: the caller has no role for this
-	CodeUnauthorized   = "unauthorized"   // 401: a TCP caller without a valid bearer token
-	CodeNotFound       = "not_found"      // 404: no such run or route
-	CodeMethod         = "method_not_allowed"
-	CodeBodyTooLarge   = "body_too_large"         // 413: the body is over runs.max_request_bytes
-	CodeQueueFull      = "queue_full"             // 429: every worker busy and the queue full (Retry-After)
-	CodeCallerLimit    = "caller_limit"           // 429: this caller has runs.max_per_caller runs running or queued (Retry-After)
-	CodeDisabled       = "disabled"               // 503: the kill switch is on
-	CodeNotReady       = "not_ready"              // 503: the sandbox has not been verified (or a check fails)
-	CodeNotAlive       = "not_alive"              // 503 on /livez: a liveness check fails (restart the daemon)
-	CodeStopping       = "stopping"               // 503: the daemon is shutting down
-	CodeInternal       = "internal_error"         // 500
-	CodeUnsupportedMed = "unsupported_media_type" // 415: the body is not application/json
-	CodeAuditDown      = "audit_unavailable"      // 503: the audit log cannot be written, so no run starts
-	CodeConnLimit      = "connection_limit"       // 429: this uid has runs.max_connections_per_uid connections open
-	CodeTimeout        = "request_timeout"        // 408: the body did not arrive in time
-	CodeUnsafeFile     = "unsafe_file"            // 409: the name is a link, FIFO, directory or file with other hard links
-	CodeQuota          = "quota_exceeded"         // 507: the workspace's byte or file quota would be or is exceeded
-
-	CodeStatementRefused    = "statement_refused"    // 403: a SQL statement refused with or without approval
-	CodeApprovalRequired    = "approval_required"    // 403: the statement writes; approval_id names the request
-	CodeApprovalUnavailable = "approval_unavailable" // 403: the statement writes and no approver is configured
-	CodeApprovalInvalid     = "approval_invalid"     // 409: the approval is pending, denied, spent, expired or for another request
-	CodeSQLError            = "sql_error"            // 400/404/409/422: SQLite failed; sql_code says how
-	CodeTooManyPending      = "too_many_pending"     // 429: the caller has supervisor.MaxPending approvals waiting
-	CodeWorkspaceBusy       = "workspace_busy"       // 409: a run or statement is using the workspace (or an approved SQL write holds it alone)
-)
-
-// Codes lists every problem code (TestOpenAPI keeps the document's list equal).
-var Codes = []string{CodeInvalidJSON, CodeUnknownField, CodeBadRequest, CodeLimitExceeded, CodeForbidden,
-	CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeCallerLimit, CodeDisabled, CodeNotReady, CodeNotAlive, CodeStopping,
-	CodeInternal, CodeUnsupportedMed, CodeUnauthorized, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota,
-	CodeStatementRefused, CodeApprovalRequired, CodeApprovalUnavailable, CodeApprovalInvalid, CodeSQLError,
-	CodeTooManyPending, CodeWorkspaceBusy}
 
 // OpenAPI is the API's contract (OpenAPI 3.1), served at /v1/openapi.json.
 //
@@ -112,25 +72,8 @@ var Statuses = map[string][]int{
 	"POST /v1/approvals/:id": {200, 400, 401, 403, 404, 409, 413, 415},
 }
 
-// Problem is an RFC 9457 problem document.
-type Problem struct {
-	Type   string `json:"type"`
-	Title  string `json:"title"`
-	Status int    `json:"status"`
-	Detail string `json:"detail,omitempty"`
-	Code   string `json:"code"`
-}
-
-// Error makes a Problem an error (what the client package returns).
-func (p *Problem) Error() string {
-	if p.Detail != "" {
-		return fmt.Sprintf("%s (%d %s): %s", p.Code, p.Status, p.Title, p.Detail)
-	}
-	return fmt.Sprintf("%s (%d %s)", p.Code, p.Status, p.Title)
-}
-
 func problem(c echo.Context, status int, code, detail string) error {
-	p := Problem{Type: "urn:sandcell:problem:" + code, Title: http.StatusText(status), Status: status,
+	p := wire.Problem{Type: "urn:sandcell:problem:" + code, Title: http.StatusText(status), Status: status,
 		Detail: detail, Code: code}
 	b, _ := json.Marshal(p)
 	return c.Blob(status, "application/problem+json", b)
@@ -258,9 +201,9 @@ func (s *Server) soleUse(id string) bool {
 // acquireError answers a failed acquire.
 func acquireError(c echo.Context, id string, err error) error {
 	if errors.Is(err, errWorkspaceBusy) {
-		return problem(c, http.StatusConflict, CodeWorkspaceBusy, fmt.Sprintf("workspace %s: %v", id, err))
+		return problem(c, http.StatusConflict, wire.CodeWorkspaceBusy, fmt.Sprintf("workspace %s: %v", id, err))
 	}
-	return problem(c, http.StatusNotFound, CodeNotFound, "no workspace "+id)
+	return problem(c, http.StatusNotFound, wire.CodeNotFound, "no workspace "+id)
 }
 
 func (s *Server) release(id string) {
@@ -308,7 +251,7 @@ func New(o Options) *Server {
 			if lc.probe && !healthPaths[c.Request().URL.Path] {
 				lc.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 				c.Response().Header().Set("Retry-After", "1")
-				return problem(c, http.StatusTooManyRequests, CodeConnLimit,
+				return problem(c, http.StatusTooManyRequests, wire.CodeConnLimit,
 					"every connection to the daemon is in the middle of a request: this one is kept for /livez, /healthz and /readyz")
 			}
 			err := next(c)
@@ -331,10 +274,10 @@ func New(o Options) *Server {
 	e.Server.IdleTimeout = 2 * time.Minute
 	e.Server.MaxHeaderBytes = 16 << 10
 
-	live := echo.WrapHandler(healthz.Handler(o.Health.Live, CodeNotAlive)) // (healthPaths)
+	live := echo.WrapHandler(healthz.Handler(o.Health.Live, wire.CodeNotAlive)) // (healthPaths)
 	e.GET("/livez", live)
 	e.GET("/healthz", live)
-	e.GET("/readyz", echo.WrapHandler(healthz.Handler(o.Health.Ready, CodeNotReady)))
+	e.GET("/readyz", echo.WrapHandler(healthz.Handler(o.Health.Ready, wire.CodeNotReady)))
 	e.GET("/v1/openapi.json", func(c echo.Context) error { return c.Blob(http.StatusOK, "application/json", OpenAPI) })
 	if o.Metrics != nil {
 		e.GET("/metrics", echo.WrapHandler(o.Metrics))
@@ -391,17 +334,17 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 	}
 	var he *echo.HTTPError
 	if errors.As(err, &he) {
-		code := CodeInternal
+		code := wire.CodeInternal
 		switch he.Code {
 		case http.StatusNotFound:
-			code = CodeNotFound
+			code = wire.CodeNotFound
 		case http.StatusMethodNotAllowed:
-			code = CodeMethod
+			code = wire.CodeMethod
 		}
 		problem(c, he.Code, code, fmt.Sprint(he.Message))
 		return
 	}
-	problem(c, http.StatusInternalServerError, CodeInternal, "")
+	problem(c, http.StatusInternalServerError, wire.CodeInternal, "")
 }
 
 // require admits only callers holding role: a Unix peer by its SO_PEERCRED
@@ -423,7 +366,7 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 						s.skipped.Add(1)
 					}
 					c.Response().Header().Set("WWW-Authenticate", `Bearer realm="sandcell"`)
-					return problem(c, http.StatusUnauthorized, CodeUnauthorized, "present a configured bearer token")
+					return problem(c, http.StatusUnauthorized, wire.CodeUnauthorized, "present a configured bearer token")
 				}
 				peer, ok = Peer{PID: -1, UID: -1, GID: -1, Token: t.Name}, true
 				authenticated(ctx)
@@ -442,7 +385,7 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 				s.record(c.Request().Context(), "access.denied", "", map[string]any{"method": c.Request().Method,
 					"path": c.Path(), "role": role, "pid": peer.PID})
 				c.Response().Header().Set("Connection", "close") // nor wait for its body
-				return problem(c, http.StatusForbidden, CodeForbidden, fmt.Sprintf("%s is not allowed the %s role", who, role))
+				return problem(c, http.StatusForbidden, wire.CodeForbidden, fmt.Sprintf("%s is not allowed the %s role", who, role))
 			}
 			return next(c)
 		}
@@ -450,37 +393,6 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 }
 
 func (s *Server) info(c echo.Context) error { return c.JSON(http.StatusOK, s.o.Info()) }
-
-// RunRequest is the body of POST /v1/runs.
-type RunRequest struct {
-	// Code is the Python source to run.
-	Code string `json:"code"`
-	// Args are the program's arguments (sys.argv[1:]).
-	Args []string `json:"args,omitempty"`
-	// Stdin is the program's whole standard input.
-	Stdin string `json:"stdin,omitempty"`
-	// StdinEncoding "base64" says Stdin is base64 (for bytes that are not UTF-8);
-	// empty means Stdin is the text itself.
-	StdinEncoding string `json:"stdin_encoding,omitempty"`
-	// Env is the guest's environment; names must be in policy's allowlist.
-	Env map[string]string `json:"env,omitempty"`
-	// Limits lower the defaults; none may exceed policy's maximum.
-	Limits RunLimits `json:"limits,omitempty"`
-	// Wait false answers 202 at once with a Location; the default waits for the end.
-	Wait *bool `json:"wait,omitempty"`
-	// Workspace is the id of a workspace (POST /v1/workspaces) the run gets as /ws;
-	// empty gives the run a fresh private one, removed when it ends.
-	Workspace string `json:"workspace,omitempty"`
-}
-
-// RunLimits are a request's limits; zero fields take policy's defaults.
-type RunLimits struct {
-	TimeoutMS      int64  `json:"timeout_ms,omitempty"`
-	CPUMS          int64  `json:"cpu_ms,omitempty"`
-	MemoryMB       int64  `json:"memory_mb,omitempty"`
-	Fuel           uint64 `json:"fuel,omitempty"`
-	MaxOutputBytes int64  `json:"max_output_bytes,omitempty"`
-}
 
 func (s *Server) createRun(c echo.Context) error {
 	ctx := c.Request().Context()
@@ -491,12 +403,12 @@ func (s *Server) createRun(c echo.Context) error {
 		return problem(c, status, code, detail)
 	}
 	if s.o.Disabled() {
-		return refuse(http.StatusServiceUnavailable, CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
+		return refuse(http.StatusServiceUnavailable, wire.CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
 	}
 	if why := s.o.Health.Why(); why != "" {
-		return refuse(http.StatusServiceUnavailable, CodeNotReady, why)
+		return refuse(http.StatusServiceUnavailable, wire.CodeNotReady, why)
 	}
-	var body RunRequest
+	var body wire.RunRequest
 	if bad := s.decode(c, &body); bad != nil {
 		return refuse(bad.status, bad.code, bad.detail)
 	}
@@ -514,7 +426,7 @@ func (s *Server) createRun(c echo.Context) error {
 		w := s.workspace(c, body.Workspace)
 		if w == nil {
 			s.record(ctx, "run.refused", "", map[string]any{"status": http.StatusNotFound,
-				"code": CodeNotFound, "detail": "no workspace " + body.Workspace})
+				"code": wire.CodeNotFound, "detail": "no workspace " + body.Workspace})
 			return nil
 		}
 		over, u, err := w.OverQuota()
@@ -523,15 +435,15 @@ func (s *Server) createRun(c echo.Context) error {
 		}
 		if over {
 			q := s.o.Workspaces.Quota()
-			return refuse(http.StatusInsufficientStorage, CodeQuota, fmt.Sprintf(
+			return refuse(http.StatusInsufficientStorage, wire.CodeQuota, fmt.Sprintf(
 				"workspace %s holds %d bytes in %d names, over its quota of %d bytes and %d names: remove files first",
 				w.ID, u.Bytes, u.Files, q.Bytes, q.Files))
 		}
 		req.Workspace = w.Dir()
 		if err := s.acquire(w.ID); errors.Is(err, errWorkspaceBusy) {
-			return refuse(http.StatusConflict, CodeWorkspaceBusy, fmt.Sprintf("workspace %s: %v", w.ID, err))
+			return refuse(http.StatusConflict, wire.CodeWorkspaceBusy, fmt.Sprintf("workspace %s: %v", w.ID, err))
 		} else if err != nil {
-			return refuse(http.StatusNotFound, CodeNotFound, "no workspace "+w.ID)
+			return refuse(http.StatusNotFound, wire.CodeNotFound, "no workspace "+w.ID)
 		}
 		acquired = w.ID
 		// No single file the run writes may be larger than the whole quota.
@@ -546,20 +458,20 @@ func (s *Server) createRun(c echo.Context) error {
 	}
 	// No record, no run: the request is audited before a worker is spent on it.
 	if err := s.record(ctx, "run.requested", "", detail); err != nil {
-		return problem(c, http.StatusServiceUnavailable, CodeAuditDown, "the audit log cannot be written: "+err.Error())
+		return problem(c, http.StatusServiceUnavailable, wire.CodeAuditDown, "the audit log cannot be written: "+err.Error())
 	}
 	run, err := s.o.Service.Start(req, peer.Caller())
 	switch {
 	case errors.Is(err, supervisor.ErrQueueFull):
 		c.Response().Header().Set("Retry-After", "1")
-		return refuse(http.StatusTooManyRequests, CodeQueueFull, err.Error())
+		return refuse(http.StatusTooManyRequests, wire.CodeQueueFull, err.Error())
 	case errors.Is(err, supervisor.ErrCallerLimit):
 		c.Response().Header().Set("Retry-After", "1")
-		return refuse(http.StatusTooManyRequests, CodeCallerLimit, err.Error())
+		return refuse(http.StatusTooManyRequests, wire.CodeCallerLimit, err.Error())
 	case errors.Is(err, supervisor.ErrStopping):
-		return refuse(http.StatusServiceUnavailable, CodeStopping, err.Error())
+		return refuse(http.StatusServiceUnavailable, wire.CodeStopping, err.Error())
 	case err != nil:
-		return refuse(http.StatusInternalServerError, CodeInternal, err.Error())
+		return refuse(http.StatusInternalServerError, wire.CodeInternal, err.Error())
 	}
 	if acquired != "" {
 		// The workspace stays in use until the run ends, not until this answer.
@@ -616,9 +528,9 @@ type badRequest struct {
 }
 
 // request turns a body into a sandbox request under policy.
-func (s *Server) request(b RunRequest) (protocol.Request, *badRequest) {
+func (s *Server) request(b wire.RunRequest) (protocol.Request, *badRequest) {
 	if b.Limits.MemoryMB > 1<<20 {
-		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeLimitExceeded,
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeLimitExceeded,
 			fmt.Sprintf("memory_mb %d is above any maximum", b.Limits.MemoryMB)}
 	}
 	limits, err := s.policy().Resolve(protocol.Limits{
@@ -626,32 +538,32 @@ func (s *Server) request(b RunRequest) (protocol.Request, *badRequest) {
 		Fuel: b.Limits.Fuel, MaxStdoutBytes: b.Limits.MaxOutputBytes, MaxStderrBytes: b.Limits.MaxOutputBytes,
 	})
 	if err != nil {
-		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeLimitExceeded, err.Error()}
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeLimitExceeded, err.Error()}
 	}
 	env, err := s.policy().FilterEnv(b.Env)
 	if err != nil {
-		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest, err.Error()}
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest, err.Error()}
 	}
 	if b.Code == "" {
-		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest, "code is required"}
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest, "code is required"}
 	}
 	stdin := []byte(b.Stdin)
 	switch b.StdinEncoding {
 	case "":
 	case "base64":
 		if stdin, err = base64.StdEncoding.DecodeString(b.Stdin); err != nil {
-			return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest, "stdin: " + err.Error()}
+			return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest, "stdin: " + err.Error()}
 		}
 	default:
-		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest,
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest,
 			fmt.Sprintf("stdin_encoding %q: only \"base64\" (or none)", b.StdinEncoding)}
 	}
 	if err := sandbox.CheckProgram(&protocol.Request{Code: b.Code, Args: b.Args, Stdin: stdin, Env: env}); err != nil {
-		return protocol.Request{}, &badRequest{http.StatusBadRequest, CodeBadRequest, err.Error()}
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest, err.Error()}
 	}
 	module, lib, err := s.o.Module(limits.Fuel > 0)
 	if err != nil {
-		return protocol.Request{}, &badRequest{http.StatusInternalServerError, CodeInternal, err.Error()}
+		return protocol.Request{}, &badRequest{http.StatusInternalServerError, wire.CodeInternal, err.Error()}
 	}
 	return protocol.Request{Code: b.Code, Args: b.Args, Stdin: stdin, Env: env, Limits: limits,
 		Hardening: s.policy().Hardening(limits), ModulePath: module, LibDir: lib}, nil
@@ -663,10 +575,10 @@ func (s *Server) decode(c echo.Context, v any) *badRequest {
 	r := c.Request()
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			return &badRequest{http.StatusUnsupportedMediaType, CodeUnsupportedMed, "send application/json"}
+			return &badRequest{http.StatusUnsupportedMediaType, wire.CodeUnsupportedMed, "send application/json"}
 		}
 	}
-	tooLarge := &badRequest{http.StatusRequestEntityTooLarge, CodeBodyTooLarge,
+	tooLarge := &badRequest{http.StatusRequestEntityTooLarge, wire.CodeBodyTooLarge,
 		fmt.Sprintf("at most %d bytes are accepted", s.o.MaxBodyBytes)}
 	if r.ContentLength > s.o.MaxBodyBytes {
 		return tooLarge
@@ -677,11 +589,11 @@ func (s *Server) decode(c echo.Context, v any) *badRequest {
 	case errors.As(err, &maxErr):
 		return tooLarge
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return &badRequest{http.StatusRequestTimeout, CodeTimeout, "the body did not arrive within the read timeout"}
+		return &badRequest{http.StatusRequestTimeout, wire.CodeTimeout, "the body did not arrive within the read timeout"}
 	case err != nil:
-		return &badRequest{http.StatusBadRequest, CodeInvalidJSON, err.Error()}
+		return &badRequest{http.StatusBadRequest, wire.CodeInvalidJSON, err.Error()}
 	case !utf8.Valid(raw):
-		return &badRequest{http.StatusBadRequest, CodeInvalidJSON, "the body is not valid UTF-8"}
+		return &badRequest{http.StatusBadRequest, wire.CodeInvalidJSON, "the body is not valid UTF-8"}
 	}
 	if code, err := checkKeys(raw); err != nil {
 		return &badRequest{http.StatusBadRequest, code, err.Error()}
@@ -697,13 +609,13 @@ func (s *Server) decode(c echo.Context, v any) *badRequest {
 	case err == nil:
 		return nil
 	case strings.HasPrefix(err.Error(), "json: unknown field"):
-		return &badRequest{http.StatusBadRequest, CodeUnknownField, err.Error()}
+		return &badRequest{http.StatusBadRequest, wire.CodeUnknownField, err.Error()}
 	case errors.As(err, &typeErr):
 		// Name the member and the JSON type given, not the Go types behind them.
-		return &badRequest{http.StatusBadRequest, CodeInvalidJSON, fmt.Sprintf(
+		return &badRequest{http.StatusBadRequest, wire.CodeInvalidJSON, fmt.Sprintf(
 			"member %q: a JSON %s is not accepted here", typeErr.Field, typeErr.Value)}
 	default:
-		return &badRequest{http.StatusBadRequest, CodeInvalidJSON, err.Error()}
+		return &badRequest{http.StatusBadRequest, wire.CodeInvalidJSON, err.Error()}
 	}
 }
 
@@ -748,10 +660,10 @@ func checkKeys(raw []byte) (string, error) {
 		case string:
 			if top != nil && top.object && top.key {
 				if top.keys[t] {
-					return CodeInvalidJSON, fmt.Errorf("member %q is given twice", t)
+					return wire.CodeInvalidJSON, fmt.Errorf("member %q is given twice", t)
 				}
 				if top.schema && t != strings.ToLower(t) {
-					return CodeUnknownField, fmt.Errorf("member %q: the request's member names are lower case", t)
+					return wire.CodeUnknownField, fmt.Errorf("member %q: the request's member names are lower case", t)
 				}
 				top.keys[t], top.key, top.last = true, false, t
 				continue
@@ -760,7 +672,7 @@ func checkKeys(raw []byte) (string, error) {
 			// from a lone surrogate.
 			if strings.ContainsRune(t, utf8.RuneError) && !bytes.Contains(raw, []byte("\uFFFD")) &&
 				!bytes.Contains(bytes.ToLower(raw), []byte(`\ufffd`)) {
-				return CodeInvalidJSON, errors.New("a string holds an escaped lone surrogate, which is not a character")
+				return wire.CodeInvalidJSON, errors.New("a string holds an escaped lone surrogate, which is not a character")
 			}
 		}
 		// A value ended: in an object, the next string is a member name again.
@@ -777,20 +689,20 @@ func (s *Server) audit(c echo.Context) error {
 	if v := c.QueryParam("after"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
-			return problem(c, http.StatusBadRequest, CodeBadRequest, "after: a record number")
+			return problem(c, http.StatusBadRequest, wire.CodeBadRequest, "after: a record number")
 		}
 		after = n
 	}
 	if v := c.QueryParam("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {
-			return problem(c, http.StatusBadRequest, CodeBadRequest, "limit: 1 to 1000")
+			return problem(c, http.StatusBadRequest, wire.CodeBadRequest, "limit: 1 to 1000")
 		}
 		limit = n
 	}
 	evs, err := s.o.Audit.Events(c.Request().Context(), after, c.QueryParam("run"), limit)
 	if err != nil {
-		return problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
+		return problem(c, http.StatusInternalServerError, wire.CodeInternal, err.Error())
 	}
 	return c.JSON(http.StatusOK, map[string]any{"events": evs})
 }
@@ -812,7 +724,7 @@ func (s *Server) visible(c echo.Context, run *supervisor.Run) bool {
 func (s *Server) getRun(c echo.Context) error {
 	run, err := s.o.Service.Get(c.Param("id"))
 	if err != nil || !s.visible(c, run) {
-		return problem(c, http.StatusNotFound, CodeNotFound, "no run "+c.Param("id"))
+		return problem(c, http.StatusNotFound, wire.CodeNotFound, "no run "+c.Param("id"))
 	}
 	return runJSON(c, http.StatusOK, run)
 }
@@ -822,16 +734,16 @@ func (s *Server) getRun(c echo.Context) error {
 func (s *Server) cancelRun(c echo.Context) error {
 	run, err := s.o.Service.Get(c.Param("id"))
 	if err != nil || !s.visible(c, run) {
-		return problem(c, http.StatusNotFound, CodeNotFound, "no run "+c.Param("id"))
+		return problem(c, http.StatusNotFound, wire.CodeNotFound, "no run "+c.Param("id"))
 	}
-	if run.View().State != supervisor.Done {
+	if run.View().State != wire.Done {
 		s.o.Service.Cancel(run.ID)
 		s.record(c.Request().Context(), "run.cancel", run.ID, map[string]any{})
 	}
 	select {
 	case <-run.Done():
 	case <-time.After(10 * time.Second):
-		return problem(c, http.StatusInternalServerError, CodeInternal, "the worker did not end after cancel")
+		return problem(c, http.StatusInternalServerError, wire.CodeInternal, "the worker did not end after cancel")
 	}
 	return runJSON(c, http.StatusOK, run)
 }

@@ -6,6 +6,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -33,11 +34,12 @@ import (
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/store"
+	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == worker.Command {
+	if len(os.Args) > 1 && os.Args[1] == protocol.WorkerCommand {
 		os.Exit(worker.Main())
 	}
 	// Every test's server, manager, clients and streams are gone when the tests
@@ -156,7 +158,7 @@ func (d *daemon) do(t *testing.T, method, path, body string, headers ...string) 
 
 func wantProblem(t *testing.T, resp *http.Response, body []byte, status int, code string) {
 	t.Helper()
-	var p api.Problem
+	var p wire.Problem
 	if resp.StatusCode != status || resp.Header.Get("Content-Type") != "application/problem+json" ||
 		json.Unmarshal(body, &p) != nil || p.Code != code || p.Status != status {
 		t.Fatalf("want %d %s, got %d %s: %s", status, code, resp.StatusCode, resp.Header.Get("Content-Type"), body)
@@ -166,11 +168,11 @@ func wantProblem(t *testing.T, resp *http.Response, body []byte, status int, cod
 func TestRunOverSocket(t *testing.T) {
 	d := start(t, setup{})
 	resp, body := d.do(t, "POST", "/v1/runs", `{"code":"print(6*7)"}`)
-	var v supervisor.View
+	var v wire.View
 	if err := json.Unmarshal(body, &v); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("%d %s", resp.StatusCode, body)
 	}
-	if v.State != supervisor.Done || v.Result == nil || string(v.Result.Stdout) != "42\n" || v.Result.Reason != protocol.Exited {
+	if v.State != wire.Done || v.Result == nil || string(v.Result.Stdout) != "42\n" || v.Result.Reason != protocol.Exited {
 		t.Fatalf("%s", body)
 	}
 	if v.Result.Enforcement == nil || len(v.Result.Enforcement.Missing(protocol.Layers)) > 0 {
@@ -194,56 +196,91 @@ func TestRunOverSocket(t *testing.T) {
 	}
 }
 
+// The client package against the real daemon: a run waited for, a run started and
+// cancelled, fetched again, and the daemon's refusals as *wire.Problem.
+func TestClient(t *testing.T) {
+	d := start(t, setup{})
+	c := client.New(d.socket)
+	ctx := t.Context()
+	v, err := c.Run(ctx, wire.RunRequest{Code: "print(6*7)"})
+	if err != nil || v.State != wire.Done || string(v.Result.Stdout) != "42\n" {
+		t.Fatalf("run: %+v %v", v, err)
+	}
+	wait := false
+	v, err = c.Run(ctx, wire.RunRequest{Code: "import time; time.sleep(60)", Wait: &wait})
+	if err != nil || v.State == wire.Done {
+		t.Fatalf("started: %+v %v", v, err)
+	}
+	got, err := c.Get(ctx, v.ID)
+	if err != nil || got.ID != v.ID || got.State == wire.Done {
+		t.Fatalf("get while running: %+v %v", got, err)
+	}
+	got, err = c.Cancel(ctx, v.ID)
+	if err != nil || got.State != wire.Done || got.Result.Reason != protocol.Cancelled {
+		t.Fatalf("cancel: %+v %v", got, err)
+	}
+	if again, err := c.Get(ctx, v.ID); err != nil || again.Result == nil || again.Result.Reason != protocol.Cancelled {
+		t.Fatalf("get after cancel: %+v %v", again, err)
+	}
+	var p *wire.Problem
+	if _, err := c.Get(ctx, "no-such-run"); !errors.As(err, &p) || p.Code != wire.CodeNotFound || p.Status != 404 {
+		t.Fatalf("unknown run: %v", err)
+	}
+	if _, err := c.Run(ctx, wire.RunRequest{Code: "pass", Limits: wire.RunLimits{MemoryMB: 1 << 20}}); !errors.As(err, &p) || p.Code != wire.CodeLimitExceeded {
+		t.Fatalf("limit over policy: %v", err)
+	}
+}
+
 func TestErrorsAreProblems(t *testing.T) {
 	d := start(t, setup{})
 	resp, body := d.do(t, "POST", "/v1/runs", `{"code":`)
-	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
+	wantProblem(t, resp, body, 400, wire.CodeInvalidJSON)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","cod":"2"}`)
-	wantProblem(t, resp, body, 400, api.CodeUnknownField)
+	wantProblem(t, resp, body, 400, wire.CodeUnknownField)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1"} {"code":"2"}`)
-	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
+	wantProblem(t, resp, body, 400, wire.CodeInvalidJSON)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","limits":{"timeout_ms":99999999}}`)
-	wantProblem(t, resp, body, 400, api.CodeLimitExceeded)
+	wantProblem(t, resp, body, 400, wire.CodeLimitExceeded)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":""}`)
-	wantProblem(t, resp, body, 400, api.CodeBadRequest)
+	wantProblem(t, resp, body, 400, wire.CodeBadRequest)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","env":{"SECRET":"x"}}`)
-	wantProblem(t, resp, body, 400, api.CodeBadRequest)
+	wantProblem(t, resp, body, 400, wire.CodeBadRequest)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"`+strings.Repeat("x", 2<<20)+`"}`)
-	wantProblem(t, resp, body, 413, api.CodeBodyTooLarge)
+	wantProblem(t, resp, body, 413, wire.CodeBodyTooLarge)
 	resp, body = d.do(t, "POST", "/v1/runs", `code=1`, "Content-Type", "application/x-www-form-urlencoded")
-	wantProblem(t, resp, body, 415, api.CodeUnsupportedMed)
+	wantProblem(t, resp, body, 415, wire.CodeUnsupportedMed)
 	resp, body = d.do(t, "GET", "/v1/runs/nosuchrun", "")
-	wantProblem(t, resp, body, 404, api.CodeNotFound)
+	wantProblem(t, resp, body, 404, wire.CodeNotFound)
 	resp, body = d.do(t, "GET", "/v2/elsewhere", "")
-	wantProblem(t, resp, body, 404, api.CodeNotFound)
+	wantProblem(t, resp, body, 404, wire.CodeNotFound)
 	resp, body = d.do(t, "PUT", "/v1/runs", `{}`)
-	wantProblem(t, resp, body, 405, api.CodeMethod)
+	wantProblem(t, resp, body, 405, wire.CodeMethod)
 	// What encoding/json would quietly accept is refused.
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)","code":"print(2)"}`)
-	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
+	wantProblem(t, resp, body, 400, wire.CodeInvalidJSON)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)","CODE":"print(3)"}`)
-	wantProblem(t, resp, body, 400, api.CodeUnknownField)
+	wantProblem(t, resp, body, 400, wire.CodeUnknownField)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)","limits":{"timeout_ms":100,"timeout_ms":200}}`)
-	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
+	wantProblem(t, resp, body, 400, wire.CodeInvalidJSON)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print('\ud800')"}`)
-	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
+	wantProblem(t, resp, body, 400, wire.CodeInvalidJSON)
 	resp, body = d.do(t, "POST", "/v1/runs", "{\"code\":\"1\",\"args\":[\"\xff\"]}")
-	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
+	wantProblem(t, resp, body, 400, wire.CodeInvalidJSON)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","stdin":"!!","stdin_encoding":"base64"}`)
-	wantProblem(t, resp, body, 400, api.CodeBadRequest)
+	wantProblem(t, resp, body, 400, wire.CodeBadRequest)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","stdin":"x","stdin_encoding":"hex"}`)
-	wantProblem(t, resp, body, 400, api.CodeBadRequest)
+	wantProblem(t, resp, body, 400, wire.CodeBadRequest)
 	// Binary stdin travels as base64.
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"import sys; print(sys.stdin.buffer.read().hex())","stdin":"/wA=","stdin_encoding":"base64"}`)
 	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"stdout":"ff00\n"`)) {
 		t.Fatalf("base64 stdin: %d %s", resp.StatusCode, body)
 	}
 	resp, body = d.do(t, "POST", "/v1/runs", "{\"code\":\"print('\xff')\"}")
-	wantProblem(t, resp, body, 400, api.CodeInvalidJSON)
+	wantProblem(t, resp, body, 400, wire.CodeInvalidJSON)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)\u0000"}`)
-	wantProblem(t, resp, body, 400, api.CodeBadRequest)
+	wantProblem(t, resp, body, 400, wire.CodeBadRequest)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","limits":{"memory_mb":17592186044672}}`)
-	wantProblem(t, resp, body, 400, api.CodeLimitExceeded)
+	wantProblem(t, resp, body, 400, wire.CodeLimitExceeded)
 	// U+FFFD spelled out is a character like any other; media types ignore case.
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(ascii('\ufffd'))"}`, "Content-Type", "Application/JSON; charset=utf-8")
 	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`ufffd`)) {
@@ -251,7 +288,7 @@ func TestErrorsAreProblems(t *testing.T) {
 	}
 	d.disabled.Store(true)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1"}`)
-	wantProblem(t, resp, body, 503, api.CodeDisabled)
+	wantProblem(t, resp, body, 503, wire.CodeDisabled)
 }
 
 // A body larger than the limit is refused before it is read in full: the server
@@ -280,7 +317,7 @@ func TestOversizedBodyNotReadInFull(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	pr.CloseWithError(io.ErrClosedPipe)
-	wantProblem(t, resp, body, 413, api.CodeBodyTooLarge)
+	wantProblem(t, resp, body, 413, wire.CodeBodyTooLarge)
 	if sent.Load() >= 64<<20 {
 		t.Fatalf("the server read all %d bytes", sent.Load())
 	}
@@ -289,15 +326,15 @@ func TestOversizedBodyNotReadInFull(t *testing.T) {
 func TestAsyncCancelAndQueue(t *testing.T) {
 	d := start(t, setup{concurrency: 1, queue: 0})
 	resp, body := d.do(t, "POST", "/v1/runs", `{"code":"while True: pass","wait":false}`)
-	var v supervisor.View
+	var v wire.View
 	json.Unmarshal(body, &v)
-	if resp.StatusCode != 202 || resp.Header.Get("Location") != "/v1/runs/"+v.ID || v.State == supervisor.Done {
+	if resp.StatusCode != 202 || resp.Header.Get("Location") != "/v1/runs/"+v.ID || v.State == wire.Done {
 		t.Fatalf("%d %v %s", resp.StatusCode, resp.Header, body)
 	}
 	// The only worker is busy and there is no queue: 429 with Retry-After.
 	time.Sleep(50 * time.Millisecond)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
-	wantProblem(t, resp, body, 429, api.CodeQueueFull)
+	wantProblem(t, resp, body, 429, wire.CodeQueueFull)
 	if resp.Header.Get("Retry-After") == "" {
 		t.Fatal("no Retry-After")
 	}
@@ -305,7 +342,7 @@ func TestAsyncCancelAndQueue(t *testing.T) {
 	resp, body = d.do(t, "DELETE", "/v1/runs/"+v.ID, "")
 	took := time.Since(began)
 	json.Unmarshal(body, &v)
-	if resp.StatusCode != 200 || v.State != supervisor.Done || v.Result.Reason != protocol.Cancelled {
+	if resp.StatusCode != 200 || v.State != wire.Done || v.Result.Reason != protocol.Cancelled {
 		t.Fatalf("cancel: %d %s", resp.StatusCode, body)
 	}
 	t.Logf("cancel answered in %v", took)
@@ -326,9 +363,9 @@ func TestPeerCredentials(t *testing.T) {
 	nobody := api.Access{Runners: api.Principals{UIDs: map[int]bool{os.Getuid() + 12345: true}}}
 	d := start(t, setup{access: &nobody})
 	resp, body := d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
-	wantProblem(t, resp, body, 403, api.CodeForbidden)
+	wantProblem(t, resp, body, 403, wire.CodeForbidden)
 	resp, body = d.do(t, "GET", "/v1/info", "")
-	wantProblem(t, resp, body, 403, api.CodeForbidden)
+	wantProblem(t, resp, body, 403, wire.CodeForbidden)
 	for _, p := range []string{"/livez", "/healthz", "/readyz"} {
 		if resp, body := d.do(t, "GET", p, ""); resp.StatusCode != 200 {
 			t.Fatalf("%s: %d %s", p, resp.StatusCode, body)
@@ -403,10 +440,10 @@ func TestAudit(t *testing.T) {
 
 	// Only admins read the log.
 	resp, body := d.do(t, "GET", "/v1/audit", "")
-	wantProblem(t, resp, body, 403, api.CodeForbidden)
+	wantProblem(t, resp, body, 403, wire.CodeForbidden)
 	d.store.Close()
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
-	wantProblem(t, resp, body, 503, api.CodeAuditDown)
+	wantProblem(t, resp, body, 503, wire.CodeAuditDown)
 }
 
 // While the audit log cannot be written (another process holds its write lock), no
@@ -426,7 +463,7 @@ func TestAuditRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp, body := d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
-	wantProblem(t, resp, body, 503, api.CodeAuditDown)
+	wantProblem(t, resp, body, 503, wire.CodeAuditDown)
 	if _, err := conn.ExecContext(context.Background(), "COMMIT"); err != nil {
 		t.Fatal(err)
 	}
@@ -443,7 +480,7 @@ func TestDeniedCallerAudited(t *testing.T) {
 	other := api.Access{Runners: api.Principals{UIDs: map[int]bool{os.Getuid() + 1: true}}}
 	d := start(t, setup{access: &other})
 	resp, body := d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
-	wantProblem(t, resp, body, 403, api.CodeForbidden)
+	wantProblem(t, resp, body, 403, wire.CodeForbidden)
 	evs, _ := d.store.Events(context.Background(), 0, "", 10)
 	if len(evs) != 1 || evs[0].Kind != "access.denied" || evs[0].UID != os.Getuid() {
 		t.Fatalf("%+v", evs)
@@ -565,7 +602,7 @@ func TestOpenAPI(t *testing.T) {
 	json.Unmarshal(body, &codes)
 	inDocCodes := codes.Components.Schemas.Problem.Properties.Code.Enum
 	sort.Strings(inDocCodes)
-	want := append([]string(nil), api.Codes...)
+	want := append([]string(nil), wire.Codes...)
 	sort.Strings(want)
 	if fmt.Sprint(inDocCodes) != fmt.Sprint(want) {
 		t.Errorf("problem codes: document %v, server %v", inDocCodes, want)
@@ -687,7 +724,7 @@ func TestConnectionLimitPerUID(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	wantProblem(t, resp, body, 429, api.CodeConnLimit)
+	wantProblem(t, resp, body, 429, wire.CodeConnLimit)
 }
 
 // A body that stops arriving is answered 408 request_timeout.
@@ -705,7 +742,7 @@ func TestSlowBody(t *testing.T) {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(resp.Body)
-	wantProblem(t, resp, body, 408, api.CodeTimeout)
+	wantProblem(t, resp, body, 408, wire.CodeTimeout)
 }
 
 func TestAuditEndpoint(t *testing.T) {
@@ -726,5 +763,5 @@ func TestAuditEndpoint(t *testing.T) {
 		t.Fatalf("next page: %d %s", resp.StatusCode, body)
 	}
 	resp, body = d.do(t, "GET", "/v1/audit?limit=5000", "")
-	wantProblem(t, resp, body, 400, api.CodeBadRequest)
+	wantProblem(t, resp, body, 400, wire.CodeBadRequest)
 }

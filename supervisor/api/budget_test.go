@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 // heap is the daemon's live heap after a collection (the tests serve the daemon in
@@ -68,7 +68,7 @@ func TestOutputHeldOnce(t *testing.T) {
 	before := heap()
 	const size = 48 << 20
 	resp, b := d.do(t, "POST", "/v1/runs", `{"code": "import os, time\nos.write(1, b'x' * (48 << 20))\nopen('/ws/written', 'w').close()\ntime.sleep(30)", "wait": false, "limits": {"max_output_bytes": 67108864, "memory_mb": 256}}`)
-	var v supervisor.View
+	var v wire.View
 	if resp.StatusCode != 202 || json.Unmarshal(b, &v) != nil {
 		t.Fatalf("start: %d %s", resp.StatusCode, b)
 	}
@@ -92,7 +92,7 @@ func TestOutputHeldOnce(t *testing.T) {
 func TestTinyWritesMerge(t *testing.T) {
 	d := start(t, setup{})
 	resp, b := d.do(t, "POST", "/v1/runs", `{"code": "import os, time\ntime.sleep(0.3)\nfor i in range(300000):\n    os.write(1, b'x')", "wait": false}`)
-	var v supervisor.View
+	var v wire.View
 	if resp.StatusCode != 202 || json.Unmarshal(b, &v) != nil {
 		t.Fatalf("start: %d %s", resp.StatusCode, b)
 	}

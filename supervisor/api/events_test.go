@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 type sseEvent struct{ id, event, data string }
@@ -65,7 +65,7 @@ sys.stdout.buffer.write(b'\xff\xfe'); sys.stdout.flush()
 print('last')`
 	body, _ := json.Marshal(map[string]any{"code": code, "wait": false})
 	resp, b := d.do(t, "POST", "/v1/runs", string(body))
-	var v supervisor.View
+	var v wire.View
 	if resp.StatusCode != 202 || json.Unmarshal(b, &v) != nil {
 		t.Fatalf("%d %s", resp.StatusCode, b)
 	}
@@ -73,7 +73,7 @@ print('last')`
 	defer stream.Body.Close()
 	var got []string
 	streams := map[string]string{}
-	var result supervisor.View
+	var result wire.View
 	readEvents(t, stream, func(ev sseEvent) bool {
 		if ev.event == "result" {
 			if err := json.Unmarshal([]byte(ev.data), &result); err != nil {
@@ -108,7 +108,7 @@ print('last')`
 	if got[0] != "stdout" || streams["stdout"] != "first\n\xff\xfelast\n" || streams["stderr"] != "warn\n" {
 		t.Fatalf("events %q: %q", got, streams)
 	}
-	if result.State != supervisor.Done || result.Result == nil || string(result.Result.Stdout) != "first\n\xff\xfelast\n" {
+	if result.State != wire.Done || result.Result == nil || string(result.Result.Stdout) != "first\n\xff\xfelast\n" {
 		t.Fatalf("result: %+v", result)
 	}
 	// After the end, the whole output is replayed; Last-Event-ID resumes after an id.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 var (
@@ -60,7 +61,7 @@ func TestFairShareBetweenTokens(t *testing.T) {
 			tcpDo(t, base, aliceSecret, "DELETE", "/v1/runs/"+id, "")
 		}
 	}()
-	if status, m := tcpDo(t, base, aliceSecret, "POST", "/v1/runs", slow); status != 429 || m["code"] != api.CodeCallerLimit {
+	if status, m := tcpDo(t, base, aliceSecret, "POST", "/v1/runs", slow); status != 429 || m["code"] != wire.CodeCallerLimit {
 		t.Fatalf("alice's fifth run: %d %v", status, m)
 	}
 	// Bob's run is admitted, and waits for a worker.
@@ -302,7 +303,7 @@ func TestProbesWhileCallersHoldEveryConnection(t *testing.T) {
 			}
 		}
 		resp, body, _ := ask(l[0], l[1], "/v1/runs")
-		wantProblem(t, resp, body, 429, api.CodeConnLimit)
+		wantProblem(t, resp, body, 429, wire.CodeConnLimit)
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 // Role is what a caller may do.
@@ -292,8 +293,8 @@ func (l *connLimit[K]) release(key K, c *limitedConn) {
 // over the global one with no connection idle),
 // sent before its request is read (RFC 9110 lets a server answer early) and closed.
 var tooManyConnections = func() []byte {
-	body := `{"type":"urn:sandcell:problem:` + CodeConnLimit + `","title":"Too Many Requests","status":429,` +
-		`"detail":"too many connections are open to the daemon, from this uid or in all","code":"` + CodeConnLimit + `"}`
+	body := `{"type":"urn:sandcell:problem:` + wire.CodeConnLimit + `","title":"Too Many Requests","status":429,` +
+		`"detail":"too many connections are open to the daemon, from this uid or in all","code":"` + wire.CodeConnLimit + `"}`
 	return []byte("HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/problem+json\r\n" +
 		"Retry-After: 1\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 }()

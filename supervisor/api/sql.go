@@ -14,6 +14,7 @@ import (
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/sqltool"
+	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
@@ -115,10 +116,10 @@ func (s *Server) sql(c echo.Context) error {
 	caller := peer.Caller()
 	audit := func(kind string, d map[string]any) { s.record(ctx, kind, "", d) }
 	if s.o.Disabled() {
-		return problem(c, http.StatusServiceUnavailable, CodeDisabled, "the kill switch is on")
+		return problem(c, http.StatusServiceUnavailable, wire.CodeDisabled, "the kill switch is on")
 	}
 	if why := s.o.Health.Why(); why != "" {
-		return problem(c, http.StatusServiceUnavailable, CodeNotReady, why)
+		return problem(c, http.StatusServiceUnavailable, wire.CodeNotReady, why)
 	}
 	var body SQLRequest
 	if bad := s.decode(c, &body); bad != nil {
@@ -144,7 +145,7 @@ func (s *Server) sql(c echo.Context) error {
 		detail["sql"] = body.SQL
 	}
 	if err := s.record(ctx, "sql.requested", "", detail); err != nil {
-		return problem(c, http.StatusServiceUnavailable, CodeAuditDown, "the audit log cannot be written: "+err.Error())
+		return problem(c, http.StatusServiceUnavailable, wire.CodeAuditDown, "the audit log cannot be written: "+err.Error())
 	}
 	req := sqltool.Request{DB: body.DB, SQL: body.SQL, Params: body.Params, MaxRows: body.MaxRows}
 	if body.Approval != "" {
@@ -152,17 +153,17 @@ func (s *Server) sql(c echo.Context) error {
 		audit("approval.redeemed", map[string]any{"approval": body.Approval, "sql_sha256": digest, "error": errString(err)})
 		switch {
 		case errors.Is(err, supervisor.ErrApprovalNotFound):
-			return problem(c, http.StatusNotFound, CodeNotFound, "no approval "+body.Approval)
+			return problem(c, http.StatusNotFound, wire.CodeNotFound, "no approval "+body.Approval)
 		case errors.Is(err, supervisor.ErrApprovalMismatch):
-			return problemWith(c, http.StatusConflict, CodeApprovalInvalid,
+			return problemWith(c, http.StatusConflict, wire.CodeApprovalInvalid,
 				"the approval is for another request or another caller",
 				map[string]any{"approval": ap})
 		case err != nil:
-			return problemWith(c, http.StatusConflict, CodeApprovalInvalid, err.Error(), map[string]any{"approval": ap})
+			return problemWith(c, http.StatusConflict, wire.CodeApprovalInvalid, err.Error(), map[string]any{"approval": ap})
 		case approvedFile(ap) == "":
 			// Every sql.write approval names the file's bytes; one that does not binds
 			// nothing, and nothing runs on it.
-			return problemWith(c, http.StatusConflict, CodeApprovalInvalid, "the approval names no database file", map[string]any{"approval": ap})
+			return problemWith(c, http.StatusConflict, wire.CodeApprovalInvalid, "the approval names no database file", map[string]any{"approval": ap})
 		}
 		req.Write, req.DBSHA256 = true, approvedFile(ap)
 	}
@@ -216,17 +217,17 @@ func (s *Server) sql(c echo.Context) error {
 	case "stale":
 		d["reason"] = out.Reason
 		audit("sql.refused", d)
-		return problemWith(c, http.StatusConflict, CodeApprovalInvalid,
+		return problemWith(c, http.StatusConflict, wire.CodeApprovalInvalid,
 			out.Reason+": the approval is void, request a new one", map[string]any{"classification": out.Classification})
 	case "refused":
 		d["reason"] = out.Reason
 		audit("sql.refused", d)
-		return problemWith(c, http.StatusForbidden, CodeStatementRefused, out.Reason,
+		return problemWith(c, http.StatusForbidden, wire.CodeStatementRefused, out.Reason,
 			map[string]any{"classification": out.Classification})
 	case "approval_required":
 		if !s.approversExist() {
 			audit("sql.refused", d)
-			return problemWith(c, http.StatusForbidden, CodeApprovalUnavailable,
+			return problemWith(c, http.StatusForbidden, wire.CodeApprovalUnavailable,
 				"the statement writes, and no approver is configured: writes are refused",
 				map[string]any{"classification": out.Classification})
 		}
@@ -235,12 +236,12 @@ func (s *Server) sql(c echo.Context) error {
 		if err != nil {
 			audit("sql.refused", d)
 			c.Response().Header().Set("Retry-After", "60")
-			return problem(c, http.StatusTooManyRequests, CodeTooManyPending, err.Error())
+			return problem(c, http.StatusTooManyRequests, wire.CodeTooManyPending, err.Error())
 		}
 		d["approval"], d["db_sha256"] = ap.ID, out.DBSHA256
 		audit("approval.requested", d)
 		c.Response().Header().Set("Location", "/v1/approvals/"+ap.ID)
-		return problemWith(c, http.StatusForbidden, CodeApprovalRequired,
+		return problemWith(c, http.StatusForbidden, wire.CodeApprovalRequired,
 			"the statement writes: an approver must approve it, then send the same request with \"approval\": \""+ap.ID+"\"",
 			map[string]any{"approval_id": ap.ID, "statement": body.SQL, "classification": out.Classification,
 				"expires_at": ap.ExpiresAt})
@@ -255,7 +256,7 @@ func (s *Server) sql(c echo.Context) error {
 				status = st
 			}
 		}
-		return problemWith(c, status, CodeSQLError, msg, map[string]any{"sql_code": code, "classification": out.Classification})
+		return problemWith(c, status, wire.CodeSQLError, msg, map[string]any{"sql_code": code, "classification": out.Classification})
 	}
 }
 
@@ -276,7 +277,7 @@ func started(err error) bool {
 
 // runSQL runs the tool; when it could not, it answers the request and returns why.
 func (s *Server) runSQL(c echo.Context, w *workspace.Workspace, req sqltool.Request, caller supervisor.Caller) (sqltool.Outcome, error) {
-	base, perr := s.request(RunRequest{Code: "pass"})
+	base, perr := s.request(wire.RunRequest{Code: "pass"})
 	if perr != nil {
 		problem(c, perr.status, perr.code, perr.detail)
 		return sqltool.Outcome{}, fmt.Errorf("%w: %s", errNotRun, perr.detail)
@@ -286,19 +287,19 @@ func (s *Server) runSQL(c echo.Context, w *workspace.Workspace, req sqltool.Requ
 	case err == nil:
 		return out, nil
 	case errors.Is(err, sqltool.ErrBadRequest):
-		problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
+		problem(c, http.StatusBadRequest, wire.CodeBadRequest, err.Error())
 	case errors.Is(err, workspace.ErrBadPath), errors.Is(err, workspace.ErrNotFound), errors.Is(err, workspace.ErrUnsafe):
 		workspaceError(c, err)
 	case errors.Is(err, supervisor.ErrQueueFull):
 		c.Response().Header().Set("Retry-After", "1")
-		problem(c, http.StatusTooManyRequests, CodeQueueFull, "every worker is busy")
+		problem(c, http.StatusTooManyRequests, wire.CodeQueueFull, "every worker is busy")
 	case errors.Is(err, supervisor.ErrCallerLimit):
 		c.Response().Header().Set("Retry-After", "1")
-		problem(c, http.StatusTooManyRequests, CodeCallerLimit, err.Error())
+		problem(c, http.StatusTooManyRequests, wire.CodeCallerLimit, err.Error())
 	case errors.Is(err, supervisor.ErrStopping):
-		problem(c, http.StatusServiceUnavailable, CodeStopping, err.Error())
+		problem(c, http.StatusServiceUnavailable, wire.CodeStopping, err.Error())
 	default:
-		problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
+		problem(c, http.StatusInternalServerError, wire.CodeInternal, err.Error())
 	}
 	return out, err
 }
@@ -342,7 +343,7 @@ func (s *Server) listApprovals(c echo.Context) error {
 	case "", supervisor.ApprovalPending, supervisor.ApprovalApproved, supervisor.ApprovalDenied,
 		supervisor.ApprovalSpent, supervisor.ApprovalExpired:
 	default:
-		return problem(c, http.StatusBadRequest, CodeBadRequest, "state: pending, approved, denied, spent or expired")
+		return problem(c, http.StatusBadRequest, wire.CodeBadRequest, "state: pending, approved, denied, spent or expired")
 	}
 	return c.JSON(http.StatusOK, map[string]any{"approvals": s.o.Approvals.List(state)})
 }
@@ -352,7 +353,7 @@ func (s *Server) getApproval(c echo.Context) error {
 	ap, err := s.o.Approvals.Get(c.Param("id"))
 	peer, _ := PeerFrom(c.Request().Context())
 	if err != nil || (ap.Requester != peer.Caller() && !s.access().Allows(peer, RoleApprover)) {
-		return problem(c, http.StatusNotFound, CodeNotFound, "no approval "+c.Param("id"))
+		return problem(c, http.StatusNotFound, wire.CodeNotFound, "no approval "+c.Param("id"))
 	}
 	return c.JSON(http.StatusOK, ap)
 }
@@ -366,7 +367,7 @@ func (s *Server) decideApproval(c echo.Context) error {
 		return problem(c, bad.status, bad.code, bad.detail)
 	}
 	if body.Decision != "approve" && body.Decision != "deny" {
-		return problem(c, http.StatusBadRequest, CodeBadRequest, `decision: "approve" or "deny"`)
+		return problem(c, http.StatusBadRequest, wire.CodeBadRequest, `decision: "approve" or "deny"`)
 	}
 	peer, _ := PeerFrom(c.Request().Context())
 	ap, err := s.o.Approvals.Decide(c.Param("id"), peer.Caller(), body.Decision == "approve")
@@ -374,11 +375,11 @@ func (s *Server) decideApproval(c echo.Context) error {
 		"decision": body.Decision, "error": errString(err)})
 	switch {
 	case errors.Is(err, supervisor.ErrApprovalNotFound):
-		return problem(c, http.StatusNotFound, CodeNotFound, "no approval "+c.Param("id"))
+		return problem(c, http.StatusNotFound, wire.CodeNotFound, "no approval "+c.Param("id"))
 	case errors.Is(err, supervisor.ErrSelfApproval):
-		return problem(c, http.StatusForbidden, CodeForbidden, err.Error())
+		return problem(c, http.StatusForbidden, wire.CodeForbidden, err.Error())
 	case err != nil:
-		return problemWith(c, http.StatusConflict, CodeApprovalInvalid, err.Error(), map[string]any{"approval": ap})
+		return problemWith(c, http.StatusConflict, wire.CodeApprovalInvalid, err.Error(), map[string]any{"approval": ap})
 	}
 	return c.JSON(http.StatusOK, ap)
 }

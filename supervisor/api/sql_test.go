@@ -17,6 +17,7 @@ import (
 
 	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/store"
+	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 // sqlDaemon is a daemon whose Unix caller is a runner, an approver (and admin), with
@@ -61,7 +62,7 @@ func TestSQLApprovals(t *testing.T) {
 	d, ws, dbPath := sqlDaemon(t, setup{})
 	write := func(sql string) map[string]any {
 		code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": sql})
-		if code != 403 || m["code"] != api.CodeApprovalRequired || m["approval_id"] == "" {
+		if code != 403 || m["code"] != wire.CodeApprovalRequired || m["approval_id"] == "" {
 			t.Fatalf("%s: %d %v", sql, code, m)
 		}
 		return m
@@ -103,7 +104,7 @@ func TestSQLApprovals(t *testing.T) {
 	if code, m := d.sql(t, req); code != 200 || m["status"] != "ok" {
 		t.Fatalf("redeem: %d %v", code, m)
 	}
-	if code, m := d.sql(t, req); code != 409 || m["code"] != api.CodeApprovalInvalid {
+	if code, m := d.sql(t, req); code != 409 || m["code"] != wire.CodeApprovalInvalid {
 		t.Fatalf("replay: %d %v", code, m)
 	}
 	// Another statement cannot use an approval given for a different one.
@@ -136,7 +137,7 @@ func TestSQLApprovals(t *testing.T) {
 	}
 	// Refused outright, whatever approval.
 	code, m = d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "ATTACH 'x.db' AS x"})
-	if code != 403 || m["code"] != api.CodeStatementRefused {
+	if code != 403 || m["code"] != wire.CodeStatementRefused {
 		t.Fatalf("attach: %d %v", code, m)
 	}
 	if fileSum(t, dbPath) != before {
@@ -144,7 +145,7 @@ func TestSQLApprovals(t *testing.T) {
 	}
 	// Errors.
 	code, m = d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "SELEC 1"})
-	if code != 400 || m["code"] != api.CodeSQLError || m["sql_code"] != "sql_syntax_error" {
+	if code != 400 || m["code"] != wire.CodeSQLError || m["sql_code"] != "sql_syntax_error" {
 		t.Fatalf("syntax: %d %v", code, m)
 	}
 	code, m = d.sql(t, map[string]any{"workspace": ws, "db": "missing.db", "sql": "SELECT 1"})
@@ -195,14 +196,14 @@ func TestSQLNoApprover(t *testing.T) {
 	d, ws, dbPath := sqlDaemon(t, setup{access: &runnerOnly})
 	before := fileSum(t, dbPath)
 	code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "CREATE TABLE t (x)"})
-	if code != 403 || m["code"] != api.CodeApprovalUnavailable {
+	if code != 403 || m["code"] != wire.CodeApprovalUnavailable {
 		t.Fatalf("%d %v", code, m)
 	}
 	if code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "SELECT 1 + 1"}); code != 200 {
 		t.Fatalf("read: %d %v", code, m)
 	}
 	resp, body := d.do(t, "GET", "/v1/approvals", "")
-	wantProblem(t, resp, body, 403, api.CodeForbidden)
+	wantProblem(t, resp, body, 403, wire.CodeForbidden)
 	if fileSum(t, dbPath) != before {
 		t.Fatal("the file changed")
 	}
@@ -245,7 +246,7 @@ func TestSQLApprovalVoidWhenFileChanges(t *testing.T) {
 	}
 	os.WriteFile(dbPath, []byte("SQLite format 3\x00 but changed"), 0o644)
 	code, m = d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "CREATE TABLE t (x)", "approval": id})
-	if code != 409 || m["code"] != api.CodeApprovalInvalid {
+	if code != 409 || m["code"] != wire.CodeApprovalInvalid {
 		t.Fatalf("redeem after the file changed: %d %v", code, m)
 	}
 }
@@ -273,7 +274,7 @@ func TestSQLApprovalBindsTheBytes(t *testing.T) {
 	guest("import sqlite3\nc = sqlite3.connect('t.db')\nc.execute('CREATE TABLE t (x)')\nc.execute('INSERT INTO t VALUES (1)')\nc.commit()")
 	stmt := map[string]any{"workspace": ws, "db": "t.db", "sql": "DELETE FROM t"}
 	code, m := d.sql(t, stmt)
-	if code != 403 || m["code"] != api.CodeApprovalRequired {
+	if code != 403 || m["code"] != wire.CodeApprovalRequired {
 		t.Fatalf("delete: %d %v", code, m)
 	}
 	id := m["approval_id"].(string)
@@ -285,7 +286,7 @@ func TestSQLApprovalBindsTheBytes(t *testing.T) {
 	approve(id)
 	guest("import sqlite3\nc = sqlite3.connect('t.db')\nc.execute('INSERT INTO t VALUES (2)')\nc.commit()")
 	stmt["approval"] = id
-	if code, m := d.sql(t, stmt); code != 409 || m["code"] != api.CodeApprovalInvalid || !strings.Contains(fmt.Sprint(m["detail"]), "changed") {
+	if code, m := d.sql(t, stmt); code != 409 || m["code"] != wire.CodeApprovalInvalid || !strings.Contains(fmt.Sprint(m["detail"]), "changed") {
 		t.Fatalf("redeem after a guest changed the file: %d %v", code, m)
 	}
 	delete(stmt, "approval")
@@ -317,7 +318,7 @@ func TestSQLApprovedWriteHoldsTheWorkspaceAlone(t *testing.T) {
 	if resp.StatusCode != 202 {
 		t.Fatalf("run: %d %s", resp.StatusCode, body)
 	}
-	if code, m := d.sql(t, stmt); code != 409 || m["code"] != api.CodeWorkspaceBusy {
+	if code, m := d.sql(t, stmt); code != 409 || m["code"] != wire.CodeWorkspaceBusy {
 		t.Fatalf("redeem during a run: %d %v", code, m)
 	}
 	done := make(chan map[string]any, 1)
@@ -327,7 +328,7 @@ func TestSQLApprovedWriteHoldsTheWorkspaceAlone(t *testing.T) {
 		if code == 200 {
 			t.Fatalf("the write ran at once: %v", m)
 		}
-		if code != 409 || m["code"] != api.CodeWorkspaceBusy {
+		if code != 409 || m["code"] != wire.CodeWorkspaceBusy {
 			t.Fatalf("redeem: %d %v", code, m)
 		}
 		// Redeem once the run has ended, and meanwhile try to upload.
@@ -343,7 +344,7 @@ func TestSQLApprovedWriteHoldsTheWorkspaceAlone(t *testing.T) {
 	go func() {
 		for {
 			code, m := d.sql(t, stmt)
-			if code != 409 || m["code"] != api.CodeWorkspaceBusy {
+			if code != 409 || m["code"] != wire.CodeWorkspaceBusy {
 				done <- m
 				return
 			}

@@ -11,8 +11,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 func TestLoadTokens(t *testing.T) {
@@ -82,7 +82,7 @@ func TestTCPBearerTokens(t *testing.T) {
 		t.Fatalf("livez without a token: %d", code)
 	}
 	code, body := call("POST", "/v1/runs", ciSecret, `{"code":"print(6*7)"}`)
-	var v supervisor.View
+	var v wire.View
 	if code != 200 || json.Unmarshal(body, &v) != nil || string(v.Result.Stdout) != "42\n" {
 		t.Fatalf("run: %d %s", code, body)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
@@ -29,17 +30,17 @@ type workspaceInfo struct {
 // admin), or nil after answering: others get 404, as if it did not exist.
 func (s *Server) workspace(c echo.Context, id string) *workspace.Workspace {
 	if s.o.Workspaces == nil {
-		problem(c, http.StatusNotFound, CodeNotFound, "no workspace "+id)
+		problem(c, http.StatusNotFound, wire.CodeNotFound, "no workspace "+id)
 		return nil
 	}
 	w, err := s.o.Workspaces.Get(id)
 	if err != nil && !errors.Is(err, workspace.ErrNotFound) {
-		problem(c, http.StatusInternalServerError, CodeInternal, err.Error())
+		problem(c, http.StatusInternalServerError, wire.CodeInternal, err.Error())
 		return nil
 	}
 	peer, ok := PeerFrom(c.Request().Context())
 	if err != nil || !ok || ((peer.UID != w.Owner || peer.Token != w.OwnerToken) && !s.access().Allows(peer, RoleAdmin)) {
-		problem(c, http.StatusNotFound, CodeNotFound, "no workspace "+id)
+		problem(c, http.StatusNotFound, wire.CodeNotFound, "no workspace "+id)
 		return nil
 	}
 	return w
@@ -55,18 +56,18 @@ func workspaceError(c echo.Context, err error) error {
 func workspaceStatus(err error) (int, string, string) {
 	switch {
 	case errors.Is(err, workspace.ErrBadPath):
-		return http.StatusBadRequest, CodeBadRequest, err.Error()
+		return http.StatusBadRequest, wire.CodeBadRequest, err.Error()
 	case errors.Is(err, workspace.ErrNotFound):
-		return http.StatusNotFound, CodeNotFound, err.Error()
+		return http.StatusNotFound, wire.CodeNotFound, err.Error()
 	case errors.Is(err, workspace.ErrUnsafe):
-		return http.StatusConflict, CodeUnsafeFile, err.Error()
+		return http.StatusConflict, wire.CodeUnsafeFile, err.Error()
 	case errors.Is(err, workspace.ErrQuota):
-		return http.StatusInsufficientStorage, CodeQuota, err.Error()
+		return http.StatusInsufficientStorage, wire.CodeQuota, err.Error()
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		// An upload whose body stalled past the server's read timeout.
-		return http.StatusRequestTimeout, CodeTimeout, "the body did not arrive within the read timeout"
+		return http.StatusRequestTimeout, wire.CodeTimeout, "the body did not arrive within the read timeout"
 	}
-	return http.StatusInternalServerError, CodeInternal, err.Error()
+	return http.StatusInternalServerError, wire.CodeInternal, err.Error()
 }
 
 // workspaceFile returns the workspace and the decoded {path} of a files route, or
@@ -78,7 +79,7 @@ func (s *Server) workspaceFile(c echo.Context) (*workspace.Workspace, string) {
 	}
 	path, err := filePath(c)
 	if err != nil {
-		problem(c, http.StatusBadRequest, CodeBadRequest, err.Error())
+		problem(c, http.StatusBadRequest, wire.CodeBadRequest, err.Error())
 		return nil, ""
 	}
 	return w, path
@@ -104,7 +105,7 @@ func (s *Server) auditWorkspace(c echo.Context, kind, id string, detail map[stri
 
 func (s *Server) createWorkspace(c echo.Context) error {
 	if s.o.Workspaces == nil {
-		return problem(c, http.StatusServiceUnavailable, CodeDisabled, "workspaces are not configured")
+		return problem(c, http.StatusServiceUnavailable, wire.CodeDisabled, "workspaces are not configured")
 	}
 	peer, ok := PeerFrom(c.Request().Context())
 	if !ok {
@@ -132,7 +133,7 @@ func (s *Server) getWorkspace(c echo.Context) error {
 	if v := c.QueryParam("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > workspace.MaxPage {
-			return problem(c, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("limit: a number of names from 1 to %d", workspace.MaxPage))
+			return problem(c, http.StatusBadRequest, wire.CodeBadRequest, fmt.Sprintf("limit: a number of names from 1 to %d", workspace.MaxPage))
 		}
 		limit = n
 	}
@@ -160,7 +161,7 @@ func (s *Server) deleteWorkspace(c echo.Context) error {
 	}
 	s.wsMu.Unlock()
 	if busy {
-		return problem(c, http.StatusConflict, CodeWorkspaceBusy, "a run or statement is using workspace "+w.ID)
+		return problem(c, http.StatusConflict, wire.CodeWorkspaceBusy, "a run or statement is using workspace "+w.ID)
 	}
 	err := s.o.Workspaces.Delete(w.ID)
 	s.wsMu.Lock()
@@ -180,7 +181,7 @@ func (s *Server) putFile(c echo.Context) error {
 	}
 	q := s.o.Workspaces.Quota()
 	if c.Request().ContentLength > q.Bytes {
-		return problem(c, http.StatusInsufficientStorage, CodeQuota,
+		return problem(c, http.StatusInsufficientStorage, wire.CodeQuota,
 			fmt.Sprintf("a workspace holds at most %d bytes", q.Bytes))
 	}
 	if err := s.acquire(w.ID); err != nil {

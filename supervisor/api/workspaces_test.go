@@ -9,7 +9,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
@@ -24,10 +24,10 @@ func (d *daemon) newWorkspace(t *testing.T) string {
 	return w.ID
 }
 
-func (d *daemon) run(t *testing.T, body string) supervisor.View {
+func (d *daemon) run(t *testing.T, body string) wire.View {
 	t.Helper()
 	resp, b := d.do(t, "POST", "/v1/runs", body)
-	var v supervisor.View
+	var v wire.View
 	if resp.StatusCode != 200 || json.Unmarshal(b, &v) != nil || v.Result == nil {
 		t.Fatalf("run: %d %s", resp.StatusCode, b)
 	}

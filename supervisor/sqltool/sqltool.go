@@ -195,8 +195,6 @@ func Run(ctx context.Context, r Runner, dir string, req Request, base protocol.R
 			Message: fmt.Sprintf("the result is over %d bytes: ask for fewer rows (max_rows)", maxResultBytes)}}, nil
 	case res.Reason == protocol.Timeout || res.Reason == protocol.CPULimit:
 		return Outcome{Status: "error", Error: &Error{Code: "sql_interrupted", Message: "the statement ran past its time limit"}}, nil
-	case res.Reason == protocol.MemoryLimit:
-		return Outcome{Status: "error", Error: &Error{Code: "sql_error", Message: "the statement ran out of memory"}}, nil
 	case res.Reason != protocol.Exited || res.ExitCode != 0:
 		return Outcome{}, fmt.Errorf("sqltool: worker ended %s (exit %d): %s %s", res.Reason, res.ExitCode,
 			strings.Join(res.Diagnostics, "; "), tail(res.Stderr))

@@ -1,0 +1,143 @@
+// Package wire holds the bodies of the daemon's HTTP API, shared by the server
+// (supervisor/api) and its clients (client): the run request and the run as the API
+// shows it, and RFC 9457 problem documents with their stable codes. It is a leaf: a
+// client links none of the daemon (no engine, no database, no HTTP framework).
+package wire
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// The problem codes. They are stable: clients may switch on them.
+const (
+	CodeInvalidJSON    = "invalid_json"   // 400: the body is not JSON of the expected shape
+	CodeUnknownField   = "unknown_field"  // 400: the body has a member the API does not know
+	CodeBadRequest     = "bad_request"    // 400: a value is not acceptable (code and path, NUL bytes, ...)
+	CodeLimitExceeded  = "limit_exceeded" // 400: a limit above policy's maximum, or nonsensical
+	CodeForbidden      = "forbidden"      // 403: the caller has no role for this
+	CodeUnauthorized   = "unauthorized"   // 401: a TCP caller without a valid bearer token
+	CodeNotFound       = "not_found"      // 404: no such run or route
+	CodeMethod         = "method_not_allowed"
+	CodeBodyTooLarge   = "body_too_large"         // 413: the body is over runs.max_request_bytes
+	CodeQueueFull      = "queue_full"             // 429: every worker busy and the queue full (Retry-After)
+	CodeCallerLimit    = "caller_limit"           // 429: this caller has runs.max_per_caller runs running or queued (Retry-After)
+	CodeDisabled       = "disabled"               // 503: the kill switch is on
+	CodeNotReady       = "not_ready"              // 503: the sandbox has not been verified (or a check fails)
+	CodeNotAlive       = "not_alive"              // 503 on /livez: a liveness check fails (restart the daemon)
+	CodeStopping       = "stopping"               // 503: the daemon is shutting down
+	CodeInternal       = "internal_error"         // 500
+	CodeUnsupportedMed = "unsupported_media_type" // 415: the body is not application/json
+	CodeAuditDown      = "audit_unavailable"      // 503: the audit log cannot be written, so no run starts
+	CodeConnLimit      = "connection_limit"       // 429: this uid has runs.max_connections_per_uid connections open
+	CodeTimeout        = "request_timeout"        // 408: the body did not arrive in time
+	CodeUnsafeFile     = "unsafe_file"            // 409: the name is a link, FIFO, directory or file with other hard links
+	CodeQuota          = "quota_exceeded"         // 507: the workspace's byte or file quota would be or is exceeded
+
+	CodeStatementRefused    = "statement_refused"    // 403: a SQL statement refused with or without approval
+	CodeApprovalRequired    = "approval_required"    // 403: the statement writes; approval_id names the request
+	CodeApprovalUnavailable = "approval_unavailable" // 403: the statement writes and no approver is configured
+	CodeApprovalInvalid     = "approval_invalid"     // 409: the approval is pending, denied, spent, expired or for another request
+	CodeSQLError            = "sql_error"            // 400/404/409/422: SQLite failed; sql_code says how
+	CodeTooManyPending      = "too_many_pending"     // 429: the caller has supervisor.MaxPending approvals waiting
+	CodeWorkspaceBusy       = "workspace_busy"       // 409: a run or statement is using the workspace (or an approved SQL write holds it alone)
+)
+
+// Codes lists every problem code (TestOpenAPI keeps the document's list equal).
+var Codes = []string{CodeInvalidJSON, CodeUnknownField, CodeBadRequest, CodeLimitExceeded, CodeForbidden,
+	CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeCallerLimit, CodeDisabled, CodeNotReady, CodeNotAlive, CodeStopping,
+	CodeInternal, CodeUnsupportedMed, CodeUnauthorized, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota,
+	CodeStatementRefused, CodeApprovalRequired, CodeApprovalUnavailable, CodeApprovalInvalid, CodeSQLError,
+	CodeTooManyPending, CodeWorkspaceBusy}
+
+// Problem is an RFC 9457 problem document.
+type Problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	Code   string `json:"code"`
+}
+
+// Error makes a Problem an error (what the client package returns).
+func (p *Problem) Error() string {
+	if p.Detail != "" {
+		return fmt.Sprintf("%s (%d %s): %s", p.Code, p.Status, p.Title, p.Detail)
+	}
+	return fmt.Sprintf("%s (%d %s)", p.Code, p.Status, p.Title)
+}
+
+// RunRequest is the body of POST /v1/runs.
+type RunRequest struct {
+	// Code is the Python source to run.
+	Code string `json:"code"`
+	// Args are the program's arguments (sys.argv[1:]).
+	Args []string `json:"args,omitempty"`
+	// Stdin is the program's whole standard input.
+	Stdin string `json:"stdin,omitempty"`
+	// StdinEncoding "base64" says Stdin is base64 (for bytes that are not UTF-8);
+	// empty means Stdin is the text itself.
+	StdinEncoding string `json:"stdin_encoding,omitempty"`
+	// Env is the guest's environment; names must be in policy's allowlist.
+	Env map[string]string `json:"env,omitempty"`
+	// Limits lower the defaults; none may exceed policy's maximum.
+	Limits RunLimits `json:"limits,omitempty"`
+	// Wait false answers 202 at once with a Location; the default waits for the end.
+	Wait *bool `json:"wait,omitempty"`
+	// Workspace is the id of a workspace (POST /v1/workspaces) the run gets as /ws;
+	// empty gives the run a fresh private one, removed when it ends.
+	Workspace string `json:"workspace,omitempty"`
+}
+
+// RunLimits are a request's limits; zero fields take policy's defaults.
+type RunLimits struct {
+	TimeoutMS      int64  `json:"timeout_ms,omitempty"`
+	CPUMS          int64  `json:"cpu_ms,omitempty"`
+	MemoryMB       int64  `json:"memory_mb,omitempty"`
+	Fuel           uint64 `json:"fuel,omitempty"`
+	MaxOutputBytes int64  `json:"max_output_bytes,omitempty"`
+}
+
+// State is where a run is in its life.
+type State string
+
+// The run states.
+const (
+	Queued  State = "queued"
+	Running State = "running"
+	Done    State = "done"
+)
+
+// View is a run as the API shows it.
+type View struct {
+	ID         string           `json:"id"`
+	State      State            `json:"state"`
+	CreatedAt  time.Time        `json:"created_at"`
+	FinishedAt *time.Time       `json:"finished_at,omitempty"`
+	Result     *protocol.Result `json:"result,omitempty"`
+}
+
+// WriteJSON writes v as JSON to w, streaming the result's output (see
+// protocol.Result.WriteJSON): answering many readers of a large result costs a small
+// buffer each, not a copy of the output each.
+func (v View) WriteJSON(w io.Writer) error {
+	res := v.Result
+	v.Result = nil
+	head, err := json.Marshal(v)
+	if err != nil || res == nil {
+		w.Write(head)
+		return err
+	}
+	w.Write(head[:len(head)-1]) // without the closing brace
+	io.WriteString(w, `,"result":`)
+	if err := res.WriteJSON(w); err != nil {
+		return err
+	}
+	_, err = io.WriteString(w, "}")
+	return err
+}
+
