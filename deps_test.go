@@ -1,7 +1,12 @@
 package sandcell_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -96,4 +101,51 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// Audit records are written with the catalog's kinds (store.Kind constants), never a
+// string spelled out at the call: a kind misspelled at one call would be a kind no
+// reader of the log knows.
+func TestAuditKindsFromTheCatalog(t *testing.T) {
+	// The kind's argument position in each function that writes a record.
+	writers := map[string]int{"Record": 1, "record": 1, "auditWorkspace": 1, "audit": 0}
+	fset := token.NewFileSet()
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() && (d.Name() == "build" || strings.HasPrefix(d.Name(), ".")) {
+			if d != nil && d.IsDir() && path != "." {
+				return filepath.SkipDir
+			}
+			return err
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			var name string
+			switch fn := call.Fun.(type) {
+			case *ast.SelectorExpr:
+				name = fn.Sel.Name
+			case *ast.Ident:
+				name = fn.Name
+			}
+			if i, ok := writers[name]; ok && i < len(call.Args) {
+				if lit, ok := call.Args[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+					t.Errorf("%s: %s(..., %s, ...): use a store.Kind", fset.Position(lit.Pos()), name, lit.Value)
+				}
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
@@ -22,13 +23,26 @@ type Audit struct {
 	Healthy func(error)
 }
 
-// Record appends one event; detail is encoded as JSON. An error means nothing was
-// recorded (the API then refuses to start a run).
-func (a *Audit) Record(ctx context.Context, kind string, uid int, runID string, detail any) error {
+// Record appends one record of kind (see the catalog, store.Kind) by who: its uid is
+// the record's, and a TCP caller's token name goes into the detail as "token". detail
+// is encoded as JSON: a map, or a struct of the kind's (RunFinished). An error means
+// nothing was recorded (the API then refuses to start a run).
+func (a *Audit) Record(ctx context.Context, kind store.Kind, who Caller, runID string, detail any) error {
 	b, err := json.Marshal(detail)
 	if err != nil {
 		return err
 	}
+	if who.Token != "" {
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			return err
+		}
+		m["token"] = who.Token
+		if b, err = json.Marshal(m); err != nil {
+			return err
+		}
+	}
+	uid := who.UID
 	// A record is written even when the caller has gone away meanwhile.
 	ctx = context.WithoutCancel(ctx)
 	_, err = a.Store.Append(ctx, store.Event{Kind: kind, UID: uid, RunID: runID, Detail: b})
@@ -53,25 +67,42 @@ func (a *Audit) Events(ctx context.Context, after int64, runID string, limit int
 	return evs, err
 }
 
-// Attach records "run.finished" for every run m ends.
+// RunFinished is the detail of a run.finished record.
+type RunFinished struct {
+	Reason          protocol.Reason `json:"reason"`
+	ExitCode        int             `json:"exit_code"`
+	ElapsedMS       float64         `json:"elapsed_ms"`
+	StdoutBytes     int             `json:"stdout_bytes"`
+	StderrBytes     int             `json:"stderr_bytes"`
+	StdoutTruncated bool            `json:"stdout_truncated"`
+	StderrTruncated bool            `json:"stderr_truncated"`
+	Diagnostics     []string        `json:"diagnostics"`
+	// Layers are the enforcement layers that were in force (the contract).
+	Layers []string `json:"layers,omitempty"`
+}
+
+// Attach records run.finished for every run m ends (a statement's worker is not a
+// run: see JobSQL).
 func (a *Audit) Attach(m *Manager) {
 	m.OnFinish(func(r *Run, v wire.View) {
-		d := map[string]any{}
+		if r.Job != JobRun {
+			return
+		}
+		var d RunFinished
 		if res := v.Result; res != nil {
-			d = map[string]any{"reason": res.Reason, "exit_code": res.ExitCode, "elapsed_ms": res.ElapsedMS,
-				"stdout_bytes": len(res.Stdout), "stderr_bytes": len(res.Stderr),
-				"stdout_truncated": res.StdoutTruncated, "stderr_truncated": res.StderrTruncated,
-				"diagnostics": res.Diagnostics}
+			d = RunFinished{Reason: res.Reason, ExitCode: res.ExitCode, ElapsedMS: res.ElapsedMS,
+				StdoutBytes: len(res.Stdout), StderrBytes: len(res.Stderr), StdoutTruncated: res.StdoutTruncated,
+				StderrTruncated: res.StderrTruncated, Diagnostics: res.Diagnostics}
 			if res.Enforcement != nil {
-				d["layers"] = res.Enforcement.ActiveLayers()
+				d.Layers = res.Enforcement.ActiveLayers()
 			}
 		}
-		if r.Caller.Token != "" {
-			d["token"] = r.Caller.Token
-		}
-		a.Record(context.Background(), "run.finished", r.Caller.UID, r.ID, d)
+		a.Record(context.Background(), store.RunFinished, r.Caller, r.ID, d)
 	})
 }
+
+// Daemon is the daemon itself as the actor of a record (its start, reloads, pruning).
+func Daemon() Caller { return Caller{UID: os.Getuid()} }
 
 // Prune removes the records older than retention and records that it did (the
 // chain stays verifiable: see store.Store.Prune).
@@ -80,7 +111,7 @@ func (a *Audit) Prune(ctx context.Context, retention time.Duration) error {
 	if err != nil || n == 0 {
 		return err
 	}
-	return a.Record(ctx, "audit.pruned", os.Getuid(), "", map[string]any{"records": n, "through_seq": through,
+	return a.Record(ctx, store.AuditPruned, Daemon(), "", map[string]any{"records": n, "through_seq": through,
 		"retention": retention.String()})
 }
 

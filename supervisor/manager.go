@@ -137,12 +137,27 @@ type Caller struct {
 	Token string
 }
 
-// Run is one run's record. Its methods are safe for concurrent use.
+// JobKind is what a worker does for its caller.
+type JobKind string
+
+// The job kinds.
+const (
+	// JobRun is a caller's program: a run, audited and kept as one (Start).
+	JobRun JobKind = "run"
+	// JobSQL is the SQL tool's program for one statement: answered once and
+	// forgotten (Do), audited as sql.* by the API, never a run.
+	JobSQL JobKind = "sql"
+)
+
+// Run is one job's record (a run's, mostly: see JobKind). Its methods are safe for
+// concurrent use.
 type Run struct {
 	ID      string
 	Created time.Time
 	// Caller started the run.
 	Caller Caller
+	// Job is what the worker does.
+	Job JobKind
 
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -266,6 +281,32 @@ func (r *Run) Err() error {
 // ErrQueueFull or ErrStopping. A request without a workspace gets a private one,
 // removed when the run ends.
 func (m *Manager) Start(req protocol.Request, caller Caller) (*Run, error) {
+	return m.start(JobRun, req, caller)
+}
+
+// Do runs req as a job of kind for caller and returns its result once it ends: it
+// shares the pool, the queue, the callers' shares and the shutdown of runs, is
+// cancelled when ctx ends, and is forgotten when it returns (its result is the
+// caller's answer, kept nowhere). Errors are Start's, or the job's own (Run.Err).
+func (m *Manager) Do(ctx context.Context, kind JobKind, req protocol.Request, caller Caller) (protocol.Result, error) {
+	r, err := m.start(kind, req, caller)
+	if err != nil {
+		return protocol.Result{}, err
+	}
+	select {
+	case <-r.Done():
+	case <-ctx.Done():
+		r.cancel()
+		<-r.Done()
+	}
+	defer m.drop(r.ID)
+	if err := r.Err(); err != nil {
+		return protocol.Result{}, err
+	}
+	return *r.View().Result, nil
+}
+
+func (m *Manager) start(kind JobKind, req protocol.Request, caller Caller) (*Run, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stopping {
@@ -285,7 +326,7 @@ func (m *Manager) Start(req protocol.Request, caller Caller) (*Run, error) {
 	m.callers[caller] = sh
 	m.sweep()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &Run{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Created: time.Now().UTC(), Caller: caller,
+	r := &Run{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Created: time.Now().UTC(), Caller: caller, Job: kind,
 		cancel: cancel, done: make(chan struct{}), granted: make(chan struct{}), state: wire.Queued,
 		live: map[string][]byte{}, counter: &m.inflight, changed: make(chan struct{})}
 	m.runs[r.ID] = r
@@ -490,16 +531,15 @@ func (m *Manager) Get(id string) (*Run, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, ok := m.runs[id]
-	if !ok {
+	if !ok || r.Job != JobRun {
 		return nil, ErrNotFound
 	}
 	return r, nil
 }
 
-// Forget drops finished run id and its output at once, for runs whose result only
-// its starter reads, once (the SQL tool's: the answer is the HTTP response). A run
-// that has not finished, or is unknown, is left as it is.
-func (m *Manager) Forget(id string) {
+// drop drops finished job id and its output at once (Do's: the result was the
+// caller's answer). A job that has not finished, or is unknown, is left as it is.
+func (m *Manager) drop(id string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r, ok := m.runs[id]

@@ -66,8 +66,8 @@ func (x *Metrics) CountApprovals(a *Approvals) {
 		func() float64 { return float64(a.KeptBytes()) }))
 }
 
-func (x *Metrics) observe(_ *Run, v wire.View) {
-	if v.Result == nil || v.FinishedAt == nil {
+func (x *Metrics) observe(r *Run, v wire.View) {
+	if r.Job != JobRun || v.Result == nil || v.FinishedAt == nil {
 		return
 	}
 	x.runs.WithLabelValues(string(v.Result.Reason)).Inc()

@@ -200,7 +200,7 @@ func (d *daemon) run() error {
 	defer d.db.Close()
 	d.audit = &supervisor.Audit{Store: d.db, Log: d.log, Healthy: func(err error) { d.health.Set(checkAudit, err) }}
 	d.audit.Attach(d.mgr)
-	if err := d.audit.Record(context.Background(), "daemon.start", os.Getuid(), "",
+	if err := d.audit.Record(context.Background(), store.DaemonStart, supervisor.Daemon(), "",
 		map[string]any{"version": version, "revision": revision, "config": path, "tcp": cfg.TCP.Listen}); err != nil {
 		return fmt.Errorf("the audit log cannot be written: %w", err)
 	}
@@ -208,7 +208,7 @@ func (d *daemon) run() error {
 	// their workers died too (parent-death signal). Say so in the log.
 	if ids, err := d.db.Unfinished(context.Background()); err == nil {
 		for _, id := range ids {
-			d.audit.Record(context.Background(), "run.aborted", os.Getuid(), id,
+			d.audit.Record(context.Background(), store.RunAborted, supervisor.Daemon(), id,
 				map[string]any{"reason": "the daemon stopped while the run was in flight"})
 		}
 		if len(ids) > 0 {
@@ -468,7 +468,7 @@ func (d *daemon) reload() {
 	}
 	if err != nil {
 		d.log.Error("reload refused: the configuration in force is unchanged", "error", err)
-		d.audit.Record(context.Background(), "daemon.reload", os.Getuid(), "", map[string]any{"error": err.Error()})
+		d.audit.Record(context.Background(), store.DaemonReload, supervisor.Daemon(), "", map[string]any{"error": err.Error()})
 		done("reload refused, the previous configuration stays: " + err.Error())
 		return
 	}
@@ -490,7 +490,7 @@ func (d *daemon) reload() {
 	d.cfg.Store(&cfg)
 	d.log.Info("configuration reloaded", "disabled", cfg.Disabled, "needs_restart", restart)
 	done("configuration reloaded")
-	d.audit.Record(context.Background(), "daemon.reload", os.Getuid(), "",
+	d.audit.Record(context.Background(), store.DaemonReload, supervisor.Daemon(), "",
 		map[string]any{"disabled": cfg.Disabled, "needs_restart": restart})
 }
 
@@ -583,7 +583,7 @@ func (d *daemon) shutdown() {
 	}
 	<-done
 	d.sp.Warm(sandbox.PoolOptions{}) // idle workers
-	d.audit.Record(context.Background(), "daemon.stop", os.Getuid(), "", map[string]any{})
+	d.audit.Record(context.Background(), store.DaemonStop, supervisor.Daemon(), "", map[string]any{})
 	d.log.Info("stopped")
 }
 

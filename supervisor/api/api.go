@@ -34,6 +34,7 @@ import (
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
@@ -81,7 +82,7 @@ func problem(c echo.Context, status int, code, detail string) error {
 
 // Auditor records decisions (an error means nothing was recorded) and reads them back.
 type Auditor interface {
-	Record(ctx context.Context, kind string, uid int, runID string, detail any) error
+	Record(ctx context.Context, kind store.Kind, who supervisor.Caller, runID string, detail any) error
 	// Events returns up to limit records with seq > after, oldest first, only those
 	// of runID when it is not empty.
 	Events(ctx context.Context, after int64, runID string, limit int) (any, error)
@@ -93,8 +94,9 @@ type Service interface {
 	// Get returns the run, whose Output and Done the event stream follows.
 	Get(id string) (*supervisor.Run, error)
 	Cancel(id string) (*supervisor.Run, error)
-	// Forget drops a finished run whose result was read once and is not kept.
-	Forget(id string)
+	// Do runs a job that is not a run (a SQL statement's worker) to its end and
+	// keeps nothing of it.
+	Do(ctx context.Context, kind supervisor.JobKind, req protocol.Request, caller supervisor.Caller) (protocol.Result, error)
 }
 
 // Options configure a Server.
@@ -359,7 +361,7 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 				t, found := s.access().Tokens.Authenticate(c.Request())
 				if !found {
 					if s.denials.Allow() {
-						s.record(ctx, "access.denied", "", map[string]any{"method": c.Request().Method,
+						s.record(ctx, store.AccessDenied, "", map[string]any{"method": c.Request().Method,
 							"path": c.Path(), "role": role, "remote": c.Request().RemoteAddr, "reason": "no valid bearer token",
 							"unrecorded_before": s.skipped.Swap(0)})
 					} else {
@@ -382,7 +384,7 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 				if peer.Token != "" {
 					who = fmt.Sprintf("token %q", peer.Token)
 				}
-				s.record(c.Request().Context(), "access.denied", "", map[string]any{"method": c.Request().Method,
+				s.record(c.Request().Context(), store.AccessDenied, "", map[string]any{"method": c.Request().Method,
 					"path": c.Path(), "role": role, "pid": peer.PID})
 				c.Response().Header().Set("Connection", "close") // nor wait for its body
 				return problem(c, http.StatusForbidden, wire.CodeForbidden, fmt.Sprintf("%s is not allowed the %s role", who, role))
@@ -399,7 +401,7 @@ func (s *Server) createRun(c echo.Context) error {
 	peer, _ := PeerFrom(ctx)
 	refuse := func(status int, code, detail string) error {
 		// A refusal is audited too; if it cannot be, the caller still gets it.
-		s.record(ctx, "run.refused", "", map[string]any{"status": status, "code": code, "detail": detail})
+		s.record(ctx, store.RunRefused, "", map[string]any{"status": status, "code": code, "detail": detail})
 		return problem(c, status, code, detail)
 	}
 	if s.o.Disabled() {
@@ -425,7 +427,7 @@ func (s *Server) createRun(c echo.Context) error {
 	if body.Workspace != "" {
 		w := s.workspace(c, body.Workspace)
 		if w == nil {
-			s.record(ctx, "run.refused", "", map[string]any{"status": http.StatusNotFound,
+			s.record(ctx, store.RunRefused, "", map[string]any{"status": http.StatusNotFound,
 				"code": wire.CodeNotFound, "detail": "no workspace " + body.Workspace})
 			return nil
 		}
@@ -457,7 +459,7 @@ func (s *Server) createRun(c echo.Context) error {
 		detail["code"] = req.Code
 	}
 	// No record, no run: the request is audited before a worker is spent on it.
-	if err := s.record(ctx, "run.requested", "", detail); err != nil {
+	if err := s.record(ctx, store.RunRequested, "", detail); err != nil {
 		return problem(c, http.StatusServiceUnavailable, wire.CodeAuditDown, "the audit log cannot be written: "+err.Error())
 	}
 	run, err := s.o.Service.Start(req, peer.Caller())
@@ -479,7 +481,7 @@ func (s *Server) createRun(c echo.Context) error {
 		s.acquire(ws) // cannot fail: the acquire above still holds it
 		go func() { <-run.Done(); s.release(ws) }()
 	}
-	s.record(ctx, "run.admitted", run.ID, map[string]any{"code_sha256": detail["code_sha256"]})
+	s.record(ctx, store.RunAdmitted, run.ID, map[string]any{"code_sha256": detail["code_sha256"]})
 	if body.Wait != nil && !*body.Wait {
 		c.Response().Header().Set("Location", "/v1/runs/"+run.ID)
 		return runJSON(c, http.StatusAccepted, run)
@@ -494,23 +496,15 @@ func (s *Server) createRun(c echo.Context) error {
 	return runJSON(c, http.StatusOK, run)
 }
 
-// peerUID is the caller's uid, or -1 when unknown.
-// record appends an audit record of the request of ctx: its caller's uid (-1 over
-// TCP, or before anyone is known) and, for a TCP caller, its token's name in
-// detail["token"]. Every record the API writes names its caller this way.
-func (s *Server) record(ctx context.Context, kind, runID string, detail map[string]any) error {
-	peer, ok := PeerFrom(ctx)
-	if ok && peer.Token != "" {
-		detail["token"] = peer.Token
+// record appends an audit record of the request of ctx by its caller (uid -1 before
+// anyone is known); a TCP caller's token name goes into detail["token"] (see
+// supervisor.Audit.Record). Every record the API writes names its caller this way.
+func (s *Server) record(ctx context.Context, kind store.Kind, runID string, detail map[string]any) error {
+	who := supervisor.Caller{UID: -1}
+	if peer, ok := PeerFrom(ctx); ok {
+		who = peer.Caller()
 	}
-	return s.o.Audit.Record(ctx, kind, peerUID(peer, ok), runID, detail)
-}
-
-func peerUID(p Peer, ok bool) int {
-	if !ok {
-		return -1
-	}
-	return p.UID
+	return s.o.Audit.Record(ctx, kind, who, runID, detail)
 }
 
 func envNames(env map[string]string) []string {
@@ -738,7 +732,7 @@ func (s *Server) cancelRun(c echo.Context) error {
 	}
 	if run.View().State != wire.Done {
 		s.o.Service.Cancel(run.ID)
-		s.record(c.Request().Context(), "run.cancel", run.ID, map[string]any{})
+		s.record(c.Request().Context(), store.RunCancel, run.ID, map[string]any{})
 	}
 	select {
 	case <-run.Done():

@@ -423,7 +423,7 @@ func TestAudit(t *testing.T) {
 	evs, _ := d.store.Events(ctx, 0, "", 100)
 	var kinds []string
 	for _, e := range evs {
-		kinds = append(kinds, e.Kind)
+		kinds = append(kinds, string(e.Kind))
 		if e.UID != os.Getuid() {
 			t.Errorf("event %s has uid %d", e.Kind, e.UID)
 		}

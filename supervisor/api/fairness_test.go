@@ -351,7 +351,7 @@ func TestAuditNamesTheToken(t *testing.T) {
 		if detail["token"] != want || e.UID != -1 {
 			t.Errorf("%s by uid %d names token %v, not %s", e.Kind, e.UID, detail["token"], want)
 		}
-		kinds[e.Kind] = true
+		kinds[string(e.Kind)] = true
 	}
 	for _, k := range []string{"workspace.created", "run.requested", "run.admitted", "run.finished", "sql.requested",
 		"sql.finished", "approval.requested", "approval.decided", "approval.redeemed"} {

@@ -14,6 +14,7 @@ import (
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/sqltool"
+	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
@@ -83,38 +84,24 @@ var sqlStatus = map[string]int{
 	"sql_result_too_large": http.StatusUnprocessableEntity, "sql_busy": http.StatusConflict,
 }
 
-// managerRunner runs the tool's worker through the run manager, so SQL shares the
-// bounded pool, queue and shutdown of code runs.
+// managerRunner runs the tool's worker through the run manager as a job of its own
+// (supervisor.JobSQL): it shares the bounded pool, queue, callers' shares and
+// shutdown of code runs, but is not a run (no run.* record, not kept: the tool's
+// answer is this response; 15 SELECTs of 20 MB each were once kept an hour).
 type managerRunner struct {
 	s      *Server
 	caller supervisor.Caller
 }
 
 func (m managerRunner) Run(ctx context.Context, req protocol.Request) (protocol.Result, error) {
-	run, err := m.s.o.Service.Start(req, m.caller)
-	if err != nil {
-		return protocol.Result{}, err
-	}
-	select {
-	case <-run.Done():
-	case <-ctx.Done():
-		m.s.o.Service.Cancel(run.ID)
-		<-run.Done()
-	}
-	// The tool's answer is this response: the run is not kept for GET /v1/runs/{id}
-	// (15 SELECTs of 20 MB each were kept an hour, 372 MB of heap).
-	defer m.s.o.Service.Forget(run.ID)
-	if err := run.Err(); err != nil {
-		return protocol.Result{}, err
-	}
-	return *run.View().Result, nil
+	return m.s.o.Service.Do(ctx, supervisor.JobSQL, req, m.caller)
 }
 
 func (s *Server) sql(c echo.Context) error {
 	ctx := c.Request().Context()
 	peer, _ := PeerFrom(ctx)
 	caller := peer.Caller()
-	audit := func(kind string, d map[string]any) { s.record(ctx, kind, "", d) }
+	audit := func(kind store.Kind, d map[string]any) { s.record(ctx, kind, "", d) }
 	if s.o.Disabled() {
 		return problem(c, http.StatusServiceUnavailable, wire.CodeDisabled, "the kill switch is on")
 	}
@@ -144,13 +131,13 @@ func (s *Server) sql(c echo.Context) error {
 	if s.o.RecordCode {
 		detail["sql"] = body.SQL
 	}
-	if err := s.record(ctx, "sql.requested", "", detail); err != nil {
+	if err := s.record(ctx, store.SQLRequested, "", detail); err != nil {
 		return problem(c, http.StatusServiceUnavailable, wire.CodeAuditDown, "the audit log cannot be written: "+err.Error())
 	}
 	req := sqltool.Request{DB: body.DB, SQL: body.SQL, Params: body.Params, MaxRows: body.MaxRows}
 	if body.Approval != "" {
 		ap, err := s.o.Approvals.Redeem(body.Approval, caller, digest)
-		audit("approval.redeemed", map[string]any{"approval": body.Approval, "sql_sha256": digest, "error": errString(err)})
+		audit(store.ApprovalRedeemed, map[string]any{"approval": body.Approval, "sql_sha256": digest, "error": errString(err)})
 		switch {
 		case errors.Is(err, supervisor.ErrApprovalNotFound):
 			return problem(c, http.StatusNotFound, wire.CodeNotFound, "no approval "+body.Approval)
@@ -169,7 +156,7 @@ func (s *Server) sql(c echo.Context) error {
 	}
 	failed := func(err error) error {
 		// Every accepted statement has one final record, whatever became of it.
-		audit("sql.failed", map[string]any{"workspace": w.ID, "db": body.DB, "sql_sha256": digest,
+		audit(store.SQLFailed, map[string]any{"workspace": w.ID, "db": body.DB, "sql_sha256": digest,
 			"approval": body.Approval, "error": errString(err)})
 		if body.Approval != "" && !started(err) {
 			// No worker ran the statement: the approval stays usable. Once one ran,
@@ -190,7 +177,7 @@ func (s *Server) sql(c echo.Context) error {
 		} else if rec.Error != nil {
 			d["error"] = rec.Error.Message
 		}
-		audit("sql.recovered", d)
+		audit(store.SQLRecovered, d)
 		if rerr != nil {
 			return failed(rerr)
 		}
@@ -209,24 +196,24 @@ func (s *Server) sql(c echo.Context) error {
 		}
 	}
 	d := map[string]any{"workspace": w.ID, "db": body.DB, "sql_sha256": digest, "status": out.Status,
-		"classification": out.Classification, "changes": out.Changes, "elapsed_ms": out.ElapsedMS}
+		"classification": out.Classification, "changes": out.Changes, "elapsed_ms": out.ElapsedMS, "layers": out.Layers}
 	switch out.Status {
 	case "ok":
-		audit("sql.finished", d)
+		audit(store.SQLFinished, d)
 		return c.JSON(http.StatusOK, SQLResult{Outcome: out, Approval: body.Approval})
 	case "stale":
 		d["reason"] = out.Reason
-		audit("sql.refused", d)
+		audit(store.SQLRefused, d)
 		return problemWith(c, http.StatusConflict, wire.CodeApprovalInvalid,
 			out.Reason+": the approval is void, request a new one", map[string]any{"classification": out.Classification})
 	case "refused":
 		d["reason"] = out.Reason
-		audit("sql.refused", d)
+		audit(store.SQLRefused, d)
 		return problemWith(c, http.StatusForbidden, wire.CodeStatementRefused, out.Reason,
 			map[string]any{"classification": out.Classification})
 	case "approval_required":
 		if !s.approversExist() {
-			audit("sql.refused", d)
+			audit(store.SQLRefused, d)
 			return problemWith(c, http.StatusForbidden, wire.CodeApprovalUnavailable,
 				"the statement writes, and no approver is configured: writes are refused",
 				map[string]any{"classification": out.Classification})
@@ -234,12 +221,12 @@ func (s *Server) sql(c echo.Context) error {
 		ap, err := s.o.Approvals.Request(ActionSQLWrite, caller, map[string]any{"workspace": w.ID, "db": body.DB,
 			"sql": body.SQL, "params": body.Params, "classification": out.Classification, "db_sha256": out.DBSHA256}, digest)
 		if err != nil {
-			audit("sql.refused", d)
+			audit(store.SQLRefused, d)
 			c.Response().Header().Set("Retry-After", "60")
 			return problem(c, http.StatusTooManyRequests, wire.CodeTooManyPending, err.Error())
 		}
 		d["approval"], d["db_sha256"] = ap.ID, out.DBSHA256
-		audit("approval.requested", d)
+		audit(store.ApprovalRequested, d)
 		c.Response().Header().Set("Location", "/v1/approvals/"+ap.ID)
 		return problemWith(c, http.StatusForbidden, wire.CodeApprovalRequired,
 			"the statement writes: an approver must approve it, then send the same request with \"approval\": \""+ap.ID+"\"",
@@ -247,7 +234,7 @@ func (s *Server) sql(c echo.Context) error {
 				"expires_at": ap.ExpiresAt})
 	default:
 		d["error"] = out.Error
-		audit("sql.failed", d)
+		audit(store.SQLFailed, d)
 		status := http.StatusBadRequest
 		code, msg := "sql_error", "the statement failed"
 		if out.Error != nil {
@@ -371,7 +358,7 @@ func (s *Server) decideApproval(c echo.Context) error {
 	}
 	peer, _ := PeerFrom(c.Request().Context())
 	ap, err := s.o.Approvals.Decide(c.Param("id"), peer.Caller(), body.Decision == "approve")
-	s.record(c.Request().Context(), "approval.decided", "", map[string]any{"approval": c.Param("id"),
+	s.record(c.Request().Context(), store.ApprovalDecided, "", map[string]any{"approval": c.Param("id"),
 		"decision": body.Decision, "error": errString(err)})
 	switch {
 	case errors.Is(err, supervisor.ErrApprovalNotFound):

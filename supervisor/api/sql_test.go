@@ -160,7 +160,7 @@ func TestSQLApprovals(t *testing.T) {
 	evs, _ := d.store.Events(t.Context(), 0, "", 1000)
 	kinds := map[string]int{}
 	for _, e := range evs {
-		kinds[e.Kind]++
+		kinds[string(e.Kind)]++
 	}
 	if kinds["approval.requested"] != 4 || kinds["approval.decided"] != 5 || kinds["approval.redeemed"] != 5 ||
 		kinds["sql.finished"] != 3 || kinds["sql.refused"] != 1 {
@@ -441,5 +441,30 @@ func TestSQLStoppedWriterRecovered(t *testing.T) {
 	// The guest's next transaction works too.
 	if v := d.run(t, `{"workspace":"`+ws+`","code":"import sqlite3\nc = sqlite3.connect('t.db')\nc.execute('INSERT INTO t VALUES (4)')\nc.commit()\nprint(c.execute('SELECT count(*) FROM t').fetchone()[0])"}`); strings.TrimSpace(string(v.Result.Stdout)) != "4" {
 		t.Fatalf("guest after recovery: %s %s", v.Result.Stdout, v.Result.Stderr)
+	}
+}
+
+// A statement's worker is not a run: it has sql.* records from request to end, the
+// last naming the layers it ran under, and no run.* record; it is not counted in
+// sandcell_runs_total.
+func TestSQLIsNotARun(t *testing.T) {
+	d, ws, _ := sqlDaemon(t, setup{})
+	if code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "SELECT 1"}); code != 200 {
+		t.Fatalf("read: %d %v", code, m)
+	}
+	evs, _ := d.store.Events(t.Context(), 0, "", 1000)
+	var kinds []string
+	for _, e := range evs {
+		kinds = append(kinds, string(e.Kind))
+		if e.Kind == store.SQLFinished && !strings.Contains(string(e.Detail), `"layers":["rlimits"`) {
+			t.Errorf("sql.finished without its layers: %s", e.Detail)
+		}
+	}
+	if strings.Join(kinds, " ") != "workspace.created sql.requested sql.finished" {
+		t.Fatalf("records: %v", kinds)
+	}
+	_, body := d.do(t, "GET", "/metrics", "")
+	if !bytes.Contains(body, []byte(`sandcell_runs_total{reason="exited"} 0`)) {
+		t.Fatalf("a statement counted as a run: %s", body)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/labstack/echo/v4"
 
+	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
@@ -95,7 +96,7 @@ func filePath(c echo.Context) (string, error) {
 }
 
 // auditWorkspace records a workspace operation and its outcome.
-func (s *Server) auditWorkspace(c echo.Context, kind, id string, detail map[string]any, err error) {
+func (s *Server) auditWorkspace(c echo.Context, kind store.Kind, id string, detail map[string]any, err error) {
 	detail["workspace"] = id
 	if err != nil {
 		detail["error"] = err.Error()
@@ -116,7 +117,7 @@ func (s *Server) createWorkspace(c echo.Context) error {
 	if w != nil {
 		id = w.ID
 	}
-	s.auditWorkspace(c, "workspace.created", id, map[string]any{}, err)
+	s.auditWorkspace(c, store.WorkspaceCreated, id, map[string]any{}, err)
 	if err != nil {
 		return workspaceError(c, err)
 	}
@@ -167,7 +168,7 @@ func (s *Server) deleteWorkspace(c echo.Context) error {
 	s.wsMu.Lock()
 	delete(s.deleting, w.ID)
 	s.wsMu.Unlock()
-	s.auditWorkspace(c, "workspace.deleted", w.ID, map[string]any{}, err)
+	s.auditWorkspace(c, store.WorkspaceDeleted, w.ID, map[string]any{}, err)
 	if err != nil {
 		return workspaceError(c, err)
 	}
@@ -189,7 +190,7 @@ func (s *Server) putFile(c echo.Context) error {
 	}
 	defer s.release(w.ID)
 	n, err := w.Write(path, c.Request().Body)
-	s.auditWorkspace(c, "workspace.file_written", w.ID, map[string]any{"path": path, "bytes": n}, err)
+	s.auditWorkspace(c, store.WorkspaceFileWritten, w.ID, map[string]any{"path": path, "bytes": n}, err)
 	if err != nil {
 		return workspaceError(c, err)
 	}
@@ -202,7 +203,7 @@ func (s *Server) getFile(c echo.Context) error {
 		return nil
 	}
 	f, size, err := w.Open(path)
-	s.auditWorkspace(c, "workspace.file_read", w.ID, map[string]any{"path": path, "bytes": size}, err)
+	s.auditWorkspace(c, store.WorkspaceFileRead, w.ID, map[string]any{"path": path, "bytes": size}, err)
 	if err != nil {
 		return workspaceError(c, err)
 	}
@@ -226,7 +227,7 @@ func (s *Server) deleteFile(c echo.Context) error {
 	}
 	defer s.release(w.ID)
 	err := w.Remove(path)
-	s.auditWorkspace(c, "workspace.file_removed", w.ID, map[string]any{"path": path}, err)
+	s.auditWorkspace(c, store.WorkspaceFileRemoved, w.ID, map[string]any{"path": path}, err)
 	if err != nil {
 		return workspaceError(c, err)
 	}

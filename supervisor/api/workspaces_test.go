@@ -75,7 +75,7 @@ func TestWorkspaceFiles(t *testing.T) {
 	evs, _ := d.store.Events(t.Context(), 0, "", 100)
 	kinds := map[string]int{}
 	for _, e := range evs {
-		kinds[e.Kind]++
+		kinds[string(e.Kind)]++
 	}
 	// Reads refused for a bad path are recorded too.
 	if kinds["workspace.created"] != 1 || kinds["workspace.file_written"] != 1 || kinds["workspace.file_read"] < 2 ||

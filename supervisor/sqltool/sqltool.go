@@ -111,6 +111,9 @@ type Outcome struct {
 	ElapsedMS      float64           `json:"elapsed_ms"`
 	Error          *Error            `json:"error,omitempty"`
 	Recovered      *Recovered        `json:"recovered,omitempty"`
+	// Layers are the enforcement layers the worker ran under (its contract), for the
+	// audit record; not part of the answer.
+	Layers []string `json:"-"`
 }
 
 // ErrBadRequest wraps a request refused before a worker is spent on it.
@@ -201,6 +204,9 @@ func Run(ctx context.Context, r Runner, dir string, req Request, base protocol.R
 	}
 	if err := json.Unmarshal(res.Stdout, &out); err != nil || out.Status == "" {
 		return Outcome{}, fmt.Errorf("sqltool: unreadable answer %q: %v", tail(res.Stdout), err)
+	}
+	if res.Enforcement != nil {
+		out.Layers = res.Enforcement.ActiveLayers()
 	}
 	if out.Status == "ok" {
 		if out.Rows == nil {

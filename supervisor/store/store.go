@@ -47,7 +47,7 @@ const genesis = "000000000000000000000000000000000000000000000000000000000000000
 type Event struct {
 	Seq    int64           `json:"seq"`
 	Time   time.Time       `json:"time"`
-	Kind   string          `json:"kind"`
+	Kind   Kind            `json:"kind"`
 	UID    int             `json:"uid"`
 	RunID  string          `json:"run_id,omitempty"`
 	Detail json.RawMessage `json:"detail"`
@@ -120,7 +120,7 @@ func (s *Store) Close() error { return s.db.Close() }
 // length-prefixed so that no two records hash alike by shifting bytes between fields.
 func hash(prev string, e Event) string {
 	h := sha256.New()
-	for _, f := range []string{prev, fmt.Sprint(e.Seq), e.Time.UTC().Format(time.RFC3339Nano), e.Kind,
+	for _, f := range []string{prev, fmt.Sprint(e.Seq), e.Time.UTC().Format(time.RFC3339Nano), string(e.Kind),
 		fmt.Sprint(e.UID), e.RunID, string(e.Detail)} {
 		fmt.Fprintf(h, "%d:%s;", len(f), f)
 	}
@@ -264,8 +264,8 @@ func (s *Store) Events(ctx context.Context, after int64, runID string, limit int
 // Unfinished returns the runs admitted but never finished or aborted, oldest first:
 // after a crash of the daemon, the runs that were in flight.
 func (s *Store) Unfinished(ctx context.Context) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT run_id FROM audit WHERE kind = 'run.admitted' AND run_id NOT IN
-		(SELECT run_id FROM audit WHERE kind IN ('run.finished', 'run.aborted')) ORDER BY seq`)
+	rows, err := s.db.QueryContext(ctx, `SELECT run_id FROM audit WHERE kind = ? AND run_id NOT IN
+		(SELECT run_id FROM audit WHERE kind IN (?, ?)) ORDER BY seq`, RunAdmitted, RunFinished, RunAborted)
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}

@@ -140,4 +140,3 @@ func (v View) WriteJSON(w io.Writer) error {
 	_, err = io.WriteString(w, "}")
 	return err
 }
-

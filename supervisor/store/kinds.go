@@ -1,0 +1,75 @@
+package store
+
+// Kind is what an audit record records. The catalog, with what each record's detail
+// holds besides a TCP caller's "token" (every record of a caller's request names it):
+//
+//	kind                    written when                                   detail
+//	daemon.start            the daemon has opened its log                  version, revision, config, tcp
+//	daemon.reload           a SIGHUP reload applied or failed              what changed, or error
+//	daemon.stop             the daemon stops                               -
+//	audit.pruned            records past audit.retention were removed     records, through_seq, retention
+//	access.denied           a caller lacks the role, or a TCP caller a     method, path, role, pid or remote,
+//	                        valid token (at most 10 a second)              reason
+//	run.requested           a run request passed its checks                code_sha256 (and code), limits, args,
+//	                                                                       stdin_bytes, env names, workspace
+//	run.refused             a run request was refused                      status, code, detail
+//	run.admitted            a run was given to the manager                 code_sha256
+//	run.cancel              a caller cancelled a run                       -
+//	run.finished            a run ended (RunFinished)                      reason, exit_code, elapsed_ms, output
+//	                                                                       sizes, diagnostics, layers
+//	run.aborted             a run in flight when the daemon died           -
+//	sql.requested           a statement passed its checks                  workspace, db, sql_sha256 (and sql)
+//	sql.finished            a statement ran                                status, classification, changes, ...
+//	sql.refused             a statement was refused, or held for approval  reason, classification
+//	sql.failed              a statement could not run, or SQLite failed    error
+//	sql.recovered           a stopped worker's lock and journal undone     lock_removed, journal_rolled_back
+//	approval.requested      a write was held for approval                  approval, db_sha256, ...
+//	approval.decided        an approver approved or denied                 approval, decision, error
+//	approval.redeemed       an approval was presented with its request     approval, sql_sha256, error
+//	workspace.created       POST /v1/workspaces                            workspace, error
+//	workspace.deleted       DELETE /v1/workspaces/{id}                     workspace, error
+//	workspace.file_written  a file was uploaded                            workspace, path, bytes, error
+//	workspace.file_read     a file was downloaded                          workspace, path, bytes, error
+//	workspace.file_removed  a file was deleted                             workspace, path, error
+//
+// Every accepted run has run.requested, run.admitted and then exactly one of
+// run.finished and run.aborted; every accepted statement has sql.requested and then
+// exactly one of sql.finished, sql.refused and sql.failed. A statement's worker is not
+// a run: it has no run.* record.
+type Kind string
+
+// The kinds of the catalog above.
+const (
+	DaemonStart          Kind = "daemon.start"
+	DaemonReload         Kind = "daemon.reload"
+	DaemonStop           Kind = "daemon.stop"
+	AuditPruned          Kind = "audit.pruned"
+	AccessDenied         Kind = "access.denied"
+	RunRequested         Kind = "run.requested"
+	RunRefused           Kind = "run.refused"
+	RunAdmitted          Kind = "run.admitted"
+	RunCancel            Kind = "run.cancel"
+	RunFinished          Kind = "run.finished"
+	RunAborted           Kind = "run.aborted"
+	SQLRequested         Kind = "sql.requested"
+	SQLFinished          Kind = "sql.finished"
+	SQLRefused           Kind = "sql.refused"
+	SQLFailed            Kind = "sql.failed"
+	SQLRecovered         Kind = "sql.recovered"
+	ApprovalRequested    Kind = "approval.requested"
+	ApprovalDecided      Kind = "approval.decided"
+	ApprovalRedeemed     Kind = "approval.redeemed"
+	WorkspaceCreated     Kind = "workspace.created"
+	WorkspaceDeleted     Kind = "workspace.deleted"
+	WorkspaceFileWritten Kind = "workspace.file_written"
+	WorkspaceFileRead    Kind = "workspace.file_read"
+	WorkspaceFileRemoved Kind = "workspace.file_removed"
+)
+
+// Kinds returns every kind of the catalog, in its order.
+func Kinds() []Kind {
+	return []Kind{DaemonStart, DaemonReload, DaemonStop, AuditPruned, AccessDenied, RunRequested, RunRefused,
+		RunAdmitted, RunCancel, RunFinished, RunAborted, SQLRequested, SQLFinished, SQLRefused, SQLFailed,
+		SQLRecovered, ApprovalRequested, ApprovalDecided, ApprovalRedeemed, WorkspaceCreated, WorkspaceDeleted,
+		WorkspaceFileWritten, WorkspaceFileRead, WorkspaceFileRemoved}
+}
