@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -134,7 +135,7 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 	pol := policy.Default()
 	limits, err := pol.Resolve(req.Limits)
 	if err != nil {
-		return rejected{err}
+		return rejected{errors.New(strings.Join(policy.Describe(err, flagLimitName), "; "))}
 	}
 	req.Limits = limits
 	pol.Require = f.require
@@ -235,7 +236,7 @@ func runRemote(cmd *cobra.Command, f *runFlags, req protocol.Request) error {
 		rr.Limits.CPUMS = f.cpu.Milliseconds()
 	}
 	if cmd.Flags().Changed("memory") {
-		rr.Limits.MemoryMB = f.memoryMiB
+		rr.Limits.MemoryMiB = f.memoryMiB
 	}
 	rr.Limits.Fuel = f.fuel
 	if cmd.Flags().Changed("max-output") {
@@ -369,4 +370,19 @@ func notes(res protocol.Result, l protocol.Limits) []string {
 		out = append(out, "stderr truncated")
 	}
 	return out
+}
+
+// flagLimitName names a limit as sandcell run's flags do.
+func flagLimitName(e *policy.LimitError, v int64) (string, string) {
+	switch e.Field {
+	case "timeout_ms":
+		return "--timeout", (time.Duration(v) * time.Millisecond).String()
+	case "cpu_ms":
+		return "--cpu", (time.Duration(v) * time.Millisecond).String()
+	case "memory_bytes":
+		return "--memory", strconv.FormatFloat(float64(v)/policy.MiB, 'f', -1, 64)
+	case "max_stdout_bytes", "max_stderr_bytes":
+		return "--max-output", strconv.FormatInt(v, 10)
+	}
+	return "--" + e.Field, strconv.FormatInt(v, 10)
 }

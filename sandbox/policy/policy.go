@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 
 	"github.com/hashicorp/go-multierror"
@@ -132,8 +133,8 @@ func (p Policy) Validate() error {
 	if err := checkLimits("max", p.Max, false); err != nil {
 		errs = multierror.Append(errs, err)
 	}
-	if err := exceeds(p.Default, p.Max); err != nil {
-		errs = multierror.Append(errs, fmt.Errorf("default: %w", err))
+	if err := exceeds("default", p.Default, p.Max); err != nil {
+		errs = multierror.Append(errs, err)
 	}
 	if err := protocol.CheckLayers(p.Require); err != nil {
 		errs = multierror.Append(errs, fmt.Errorf("require: %w", err))
@@ -184,7 +185,7 @@ func (p Policy) Resolve(req protocol.Limits) (protocol.Limits, error) {
 	if err := checkLimits("request", out, true); err != nil {
 		errs = multierror.Append(errs, err)
 	}
-	if err := exceeds(out, p.Max); err != nil {
+	if err := exceeds("request", out, p.Max); err != nil {
 		errs = multierror.Append(errs, err)
 	}
 	if err := joined(errs); err != nil {
@@ -237,36 +238,115 @@ func fill(v *int64, d int64) {
 // checkLimits rejects negative values and, where complete is set, missing ones.
 func checkLimits(what string, l protocol.Limits, complete bool) error {
 	var errs *multierror.Error
+	bad := func(field string, v int64, kind LimitProblem, bound int64) {
+		errs = multierror.Append(errs, &LimitError{Set: what, Field: field, Value: v, Problem: kind, Bound: bound})
+	}
 	for _, f := range fields(l) {
 		if f.v < 0 {
-			errs = multierror.Append(errs, fmt.Errorf("%w: %s.%s is negative (%d)", ErrLimit, what, f.name, f.v))
+			bad(f.name, f.v, Negative, 0)
 		}
 		if complete && f.required && f.v == 0 {
-			errs = multierror.Append(errs, fmt.Errorf("%w: %s.%s must be set", ErrLimit, what, f.name))
+			bad(f.name, f.v, Unset, 0)
 		}
 	}
 	if l.MemoryBytes > 0 && l.MemoryBytes < MinMemoryBytes {
-		errs = multierror.Append(errs, fmt.Errorf("%w: %s.memory_bytes %d is below the %d the interpreter needs", ErrLimit, what, l.MemoryBytes, MinMemoryBytes))
+		bad("memory_bytes", l.MemoryBytes, BelowMinimum, MinMemoryBytes)
 	}
 	if l.MemoryBytes > wasm32MaxMemory {
-		errs = multierror.Append(errs, fmt.Errorf("%w: %s.memory_bytes %d exceeds the 4 GiB a wasm32 guest can address", ErrLimit, what, l.MemoryBytes))
+		bad("memory_bytes", l.MemoryBytes, BeyondAddressable, wasm32MaxMemory)
 	}
 	return joined(errs)
 }
 
 // exceeds reports every field of l above a non-zero field of max.
-func exceeds(l, max protocol.Limits) error {
+func exceeds(what string, l, max protocol.Limits) error {
 	var errs *multierror.Error
 	lf, mf := fields(l), fields(max)
 	for i := range lf {
 		if mf[i].v > 0 && lf[i].v > mf[i].v {
-			errs = multierror.Append(errs, fmt.Errorf("%w: %s %d is above the maximum %d", ErrLimit, lf[i].name, lf[i].v, mf[i].v))
+			errs = multierror.Append(errs, &LimitError{Set: what, Field: lf[i].name, Value: lf[i].v, Problem: AboveMaximum, Bound: mf[i].v})
 		}
 	}
 	if max.Fuel > 0 && l.Fuel > max.Fuel {
-		errs = multierror.Append(errs, fmt.Errorf("%w: fuel %d is above the maximum %d", ErrLimit, l.Fuel, max.Fuel))
+		errs = multierror.Append(errs, &LimitError{Set: what, Field: "fuel", Value: int64(min(l.Fuel, 1<<63-1)), Problem: AboveMaximum,
+			Bound: int64(min(max.Fuel, 1<<63-1))})
 	}
 	return joined(errs)
+}
+
+// LimitProblem is what is wrong with a limit.
+type LimitProblem int
+
+// The problems a limit can have.
+const (
+	Negative          LimitProblem = iota // below 0
+	Unset                                 // 0 where a value is required
+	BelowMinimum                          // below Bound (the interpreter's least memory)
+	AboveMaximum                          // above Bound, policy's maximum
+	BeyondAddressable                     // above Bound, the memory a wasm32 guest can address
+)
+
+// LimitError is one limit that Resolve or Validate refused. It wraps ErrLimit. Field
+// is the limit's name in protocol.Limits' JSON (timeout_ms, cpu_ms, memory_bytes,
+// max_stdout_bytes, max_stderr_bytes, fuel) and Set the limits it is one of
+// ("request", "default" or "max"); Value and Bound are in its units (milliseconds,
+// bytes, fuel). Its Error says it in those names; a front end whose callers know
+// other names (the API's limits.memory_mib, the CLI's --memory) says it with Describe.
+type LimitError struct {
+	Set, Field   string
+	Value, Bound int64
+	Problem      LimitProblem
+}
+
+func (e *LimitError) Error() string {
+	return e.describe(e.Set+"."+e.Field, strconv.FormatInt(e.Value, 10), strconv.FormatInt(e.Bound, 10))
+}
+
+func (e *LimitError) describe(key, value, bound string) string {
+	switch e.Problem {
+	case Negative:
+		return fmt.Sprintf("%s is negative (%s)", key, value)
+	case Unset:
+		return key + " must be set"
+	case BelowMinimum:
+		return fmt.Sprintf("%s %s is below the %s the interpreter needs", key, value, bound)
+	case BeyondAddressable:
+		return fmt.Sprintf("%s %s exceeds the %s a wasm32 guest can address (4 GiB)", key, value, bound)
+	default:
+		return fmt.Sprintf("%s %s is above the maximum %s", key, value, bound)
+	}
+}
+
+func (e *LimitError) Unwrap() error { return ErrLimit }
+
+// Describe says err (from Resolve or Validate) in a front end's own names, one
+// sentence per problem: name gives the key a caller knows a LimitError's limit by and
+// a value of it (the Value or the Bound) in that key's units. Sentences that come out
+// the same are said once (the API's max_output_bytes is both max_stdout_bytes and
+// max_stderr_bytes). Errors that are not LimitErrors are said as they are.
+func Describe(err error, name func(e *LimitError, v int64) (key, value string)) []string {
+	var list []error
+	if m, ok := err.(*multierror.Error); ok {
+		list = m.Errors
+	} else {
+		list = []error{err}
+	}
+	var out []string
+	seen := map[string]bool{}
+	for _, e := range list {
+		msg := e.Error()
+		var le *LimitError
+		if errors.As(e, &le) {
+			key, value := name(le, le.Value)
+			_, bound := name(le, le.Bound)
+			msg = le.describe(key, value, bound)
+		}
+		if !seen[msg] {
+			seen[msg] = true
+			out = append(out, msg)
+		}
+	}
+	return out
 }
 
 type field struct {

@@ -45,7 +45,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	p.Default.MemoryBytes = p.Max.MemoryBytes * 2
 	p.EnvAllow = []string{"OK_NAME", "bad name"}
 	err := p.Validate()
-	for _, want := range []string{"default.timeout_ms must be set", "exceeds the 4 GiB", `"bad name" is not a variable name`} {
+	for _, want := range []string{"default.timeout_ms must be set", "a wasm32 guest can address", `"bad name" is not a variable name`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("missing %q in %v", want, err)
 		}

@@ -523,16 +523,16 @@ type badRequest struct {
 
 // request turns a body into a sandbox request under policy.
 func (s *Server) request(b wire.RunRequest) (protocol.Request, *badRequest) {
-	if b.Limits.MemoryMB > 1<<20 {
+	if b.Limits.MemoryMiB > 1<<20 {
 		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeLimitExceeded,
-			fmt.Sprintf("memory_mb %d is above any maximum", b.Limits.MemoryMB)}
+			fmt.Sprintf("limits.memory_mib %d is above any maximum", b.Limits.MemoryMiB)}
 	}
 	limits, err := s.policy().Resolve(protocol.Limits{
-		TimeoutMS: b.Limits.TimeoutMS, CPUMS: b.Limits.CPUMS, MemoryBytes: b.Limits.MemoryMB * policy.MiB,
+		TimeoutMS: b.Limits.TimeoutMS, CPUMS: b.Limits.CPUMS, MemoryBytes: b.Limits.MemoryMiB * policy.MiB,
 		Fuel: b.Limits.Fuel, MaxStdoutBytes: b.Limits.MaxOutputBytes, MaxStderrBytes: b.Limits.MaxOutputBytes,
 	})
 	if err != nil {
-		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeLimitExceeded, err.Error()}
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeLimitExceeded, strings.Join(policy.Describe(err, apiLimitName), "; ")}
 	}
 	env, err := s.policy().FilterEnv(b.Env)
 	if err != nil {
@@ -562,6 +562,20 @@ func (s *Server) request(b wire.RunRequest) (protocol.Request, *badRequest) {
 	return protocol.Request{Code: b.Code, Args: b.Args, Stdin: stdin, Env: env, Limits: limits,
 		Hardening: s.policy().Hardening(limits), ModulePath: module, LibDir: lib}, nil
 }
+
+// apiLimitName names a limit as a caller of the API knows it (see wire.RunLimits).
+func apiLimitName(e *policy.LimitError, v int64) (string, string) {
+	switch e.Field {
+	case "memory_bytes":
+		return "limits.memory_mib", mib(v)
+	case "max_stdout_bytes", "max_stderr_bytes":
+		return "limits.max_output_bytes", strconv.FormatInt(v, 10)
+	}
+	return "limits." + e.Field, strconv.FormatInt(v, 10)
+}
+
+// mib says n bytes in MiB, with a fraction only when there is one.
+func mib(n int64) string { return strconv.FormatFloat(float64(n)/policy.MiB, 'f', -1, 64) }
 
 // decode reads a JSON body strictly: at most MaxBodyBytes (413 beyond, before reading
 // the rest), UTF-8, no unknown, repeated or differently cased members, one value.

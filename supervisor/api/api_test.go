@@ -226,7 +226,7 @@ func TestClient(t *testing.T) {
 	if _, err := c.Get(ctx, "no-such-run"); !errors.As(err, &p) || p.Code != wire.CodeNotFound || p.Status != 404 {
 		t.Fatalf("unknown run: %v", err)
 	}
-	if _, err := c.Run(ctx, wire.RunRequest{Code: "pass", Limits: wire.RunLimits{MemoryMB: 1 << 20}}); !errors.As(err, &p) || p.Code != wire.CodeLimitExceeded {
+	if _, err := c.Run(ctx, wire.RunRequest{Code: "pass", Limits: wire.RunLimits{MemoryMiB: 1 << 20}}); !errors.As(err, &p) || p.Code != wire.CodeLimitExceeded {
 		t.Fatalf("limit over policy: %v", err)
 	}
 }
@@ -279,8 +279,21 @@ func TestErrorsAreProblems(t *testing.T) {
 	wantProblem(t, resp, body, 400, wire.CodeInvalidJSON)
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(1)\u0000"}`)
 	wantProblem(t, resp, body, 400, wire.CodeBadRequest)
-	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","limits":{"memory_mb":17592186044672}}`)
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","limits":{"memory_mib":17592186044672}}`)
 	wantProblem(t, resp, body, 400, wire.CodeLimitExceeded)
+	// A limit refused is named as the caller named it, in its units, once.
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","limits":{"memory_mib":100000,"max_output_bytes":1099511627776,"timeout_ms":-1}}`)
+	wantProblem(t, resp, body, 400, wire.CodeLimitExceeded)
+	for _, want := range []string{"limits.memory_mib 100000 is above the maximum ", "limits.timeout_ms is negative (-1)"} {
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("no %q in %s", want, body)
+		}
+	}
+	if bytes.Count(body, []byte("limits.max_output_bytes 1099511627776 is above the maximum")) != 1 || bytes.Contains(body, []byte("memory_bytes")) || bytes.Contains(body, []byte("max_stdout")) {
+		t.Errorf("limits not in the API's names: %s", body)
+	}
+	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","limits":{"memory_mb":256}}`)
+	wantProblem(t, resp, body, 400, wire.CodeUnknownField)
 	// U+FFFD spelled out is a character like any other; media types ignore case.
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"print(ascii('\ufffd'))"}`, "Content-Type", "Application/JSON; charset=utf-8")
 	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`ufffd`)) {

@@ -67,7 +67,7 @@ func TestOutputHeldOnce(t *testing.T) {
 	d := start(t, setup{})
 	before := heap()
 	const size = 48 << 20
-	resp, b := d.do(t, "POST", "/v1/runs", `{"code": "import os, time\nos.write(1, b'x' * (48 << 20))\nopen('/ws/written', 'w').close()\ntime.sleep(30)", "wait": false, "limits": {"max_output_bytes": 67108864, "memory_mb": 256}}`)
+	resp, b := d.do(t, "POST", "/v1/runs", `{"code": "import os, time\nos.write(1, b'x' * (48 << 20))\nopen('/ws/written', 'w').close()\ntime.sleep(30)", "wait": false, "limits": {"max_output_bytes": 67108864, "memory_mib": 256}}`)
 	var v wire.View
 	if resp.StatusCode != 202 || json.Unmarshal(b, &v) != nil {
 		t.Fatalf("start: %d %s", resp.StatusCode, b)

@@ -417,11 +417,15 @@ func (c Config) Validate() error {
 			}
 		}
 	}
-	// The limits and the hardening are the sandbox policy's to judge; its messages
-	// name the fields, which map to limits.* and sandbox.* keys.
+	// The limits and the hardening are the sandbox policy's to judge; a limit's
+	// problem is said with this file's key (limits.max.memory_mib), the rest name
+	// the sandbox.* settings.
 	if err := c.policy().Validate(); err != nil {
-		for _, e := range strings.Split(err.Error(), "\n") {
-			errs = multierror.Append(errs, errors.New("limits/sandbox: "+strings.TrimSpace(e)))
+		for _, e := range policy.Describe(err, configLimitName) {
+			if !strings.HasPrefix(e, "limits.") {
+				e = "limits/sandbox: " + e
+			}
+			errs = multierror.Append(errs, errors.New(e))
 		}
 	}
 	return joined(errs)
@@ -490,4 +494,20 @@ func (c Config) PerCaller() int {
 // Encode writes c as TOML (what `sandcell config dump` prints).
 func (c Config) Encode(w io.Writer) error {
 	return toml.NewEncoder(w).Encode(c)
+}
+
+// configLimitName names a limit of the policy as this file's keys do.
+func configLimitName(e *policy.LimitError, v int64) (string, string) {
+	key := "limits." + e.Set + "."
+	switch e.Field {
+	case "timeout_ms":
+		return key + "timeout", (time.Duration(v) * time.Millisecond).String()
+	case "cpu_ms":
+		return key + "cpu", (time.Duration(v) * time.Millisecond).String()
+	case "memory_bytes":
+		return key + "memory_mib", strconv.FormatFloat(float64(v)/policy.MiB, 'f', -1, 64)
+	case "max_stdout_bytes", "max_stderr_bytes":
+		return key + "max_output_bytes", strconv.FormatInt(v, 10)
+	}
+	return key + e.Field, strconv.FormatInt(v, 10)
 }

@@ -84,7 +84,7 @@ max_files = 0
 		t.Fatal("no error")
 	}
 	for _, key := range []string{"socket.path", "socket.mode", "runs.max_concurrent", "runs.queue_length",
-		"runs.max_request_bytes", "audit.retention", "timeout", "apparmor", "sandbox.seccomp_profile", "access.runners",
+		"runs.max_request_bytes", "audit.retention", "limits.default.timeout 20m0s is above the maximum 10m0s", "apparmor", "sandbox.seccomp_profile", "access.runners",
 		"tcp.tokens_file", "tcp.tls_cert_file", "workspaces.max_files"} {
 		if !strings.Contains(err.Error(), key) {
 			t.Errorf("error does not name %s:\n%v", key, err)

@@ -97,7 +97,7 @@ type RunRequest struct {
 type RunLimits struct {
 	TimeoutMS      int64  `json:"timeout_ms,omitempty"`
 	CPUMS          int64  `json:"cpu_ms,omitempty"`
-	MemoryMB       int64  `json:"memory_mb,omitempty"`
+	MemoryMiB      int64  `json:"memory_mib,omitempty"`
 	Fuel           uint64 `json:"fuel,omitempty"`
 	MaxOutputBytes int64  `json:"max_output_bytes,omitempty"`
 }
