@@ -31,11 +31,16 @@ var (
 const MaxPending = 32
 
 // MaxKeptBytes bounds what the approvals of a daemon keep, in bytes of their subjects
-// as JSON (a statement and its parameters can be a whole request body, 1 MiB). Past
-// it the oldest decided, spent or expired approvals are forgotten first (their audit
-// records stay); when only pending and approved ones are left, a new request is
+// as compact JSON (a statement and its parameters can be a whole request body, 1
+// MiB), and MaxKeptBytesPerRequester what one requester's live (pending or approved)
+// approvals keep. Past MaxKeptBytes the oldest finished approvals (denied, expired,
+// spent and past their window) are forgotten first (their audit records stay); when
+// only live ones are left, or the requester is at its own bound, a new request is
 // refused with ErrTooManyPending.
-const MaxKeptBytes = 64 << 20
+const (
+	MaxKeptBytes             = 64 << 20
+	MaxKeptBytesPerRequester = 16 << 20
+)
 
 // approvalOverhead is counted for each approval besides its subject: ids, times,
 // the digest, the map entry.
@@ -63,9 +68,10 @@ type Approval struct {
 	Action    string        `json:"action"`
 	State     ApprovalState `json:"state"`
 	Requester Caller        `json:"requester"`
-	Subject   any           `json:"subject"`
-	Digest    string        `json:"digest"`
-	CreatedAt time.Time     `json:"created_at"`
+	// Subject is what would be done, as compact JSON (what Request was given).
+	Subject   json.RawMessage `json:"subject"`
+	Digest    string          `json:"digest"`
+	CreatedAt time.Time       `json:"created_at"`
 	// ExpiresAt is when a pending approval lapses, or, once approved, when the
 	// window to use it closes.
 	ExpiresAt time.Time  `json:"expires_at"`
@@ -106,6 +112,18 @@ func (a *Approvals) expire() {
 	}
 }
 
+// finished reports whether ap can no longer be used, nor given back (Restore): only
+// those are forgotten to make room.
+func (a *Approvals) finished(ap *Approval) bool {
+	switch ap.State {
+	case ApprovalPending, ApprovalApproved:
+		return false
+	case ApprovalSpent:
+		return a.now().After(ap.ExpiresAt)
+	}
+	return true
+}
+
 // forget drops approval id; a.mu is held.
 func (a *Approvals) forget(id string) {
 	a.kept -= a.size[id]
@@ -119,7 +137,7 @@ func (a *Approvals) makeRoom(n int64) bool {
 	for a.kept+n > MaxKeptBytes {
 		var oldest *Approval
 		for _, ap := range a.m {
-			if ap.State != ApprovalPending && ap.State != ApprovalApproved && (oldest == nil || ap.CreatedAt.Before(oldest.CreatedAt)) {
+			if a.finished(ap) && (oldest == nil || ap.CreatedAt.Before(oldest.CreatedAt)) {
 				oldest = ap
 			}
 		}
@@ -145,26 +163,36 @@ func (a *Approvals) Request(action string, requester Caller, subject any, digest
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.expire()
-	pending := 0
-	for _, ap := range a.m {
+	pending, live := 0, int64(0)
+	for id, ap := range a.m {
 		if ap.Requester == requester && ap.State == ApprovalPending {
 			pending++
 		}
+		if ap.Requester == requester && !a.finished(ap) {
+			live += a.size[id]
+		}
 	}
 	if pending >= MaxPending {
-		return Approval{}, fmt.Errorf("%w: at most %d may wait for a decision", ErrTooManyPending, MaxPending)
+		return Approval{}, fmt.Errorf("%w: this caller has %d waiting for a decision, at most %d", ErrTooManyPending, pending, MaxPending)
 	}
+	// What is kept is exactly what is counted: the subject as compact JSON (a raw
+	// parameter list can carry a megabyte of white space).
 	b, err := json.Marshal(subject)
 	if err != nil {
 		return Approval{}, err
 	}
 	n := int64(len(b)+len(digest)) + approvalOverhead
+	if live+n > MaxKeptBytesPerRequester {
+		return Approval{}, fmt.Errorf("%w: this caller's approvals waiting or approved keep %d bytes, at most %d",
+			ErrTooManyPending, live, MaxKeptBytesPerRequester)
+	}
 	if !a.makeRoom(n) {
-		return Approval{}, fmt.Errorf("%w: the approvals waiting or approved keep %d bytes, at most %d", ErrTooManyPending, a.kept, MaxKeptBytes)
+		return Approval{}, fmt.Errorf("%w: the approvals of all callers waiting or approved keep %d bytes, at most %d",
+			ErrTooManyPending, a.kept, MaxKeptBytes)
 	}
 	now := a.now().UTC()
 	ap := &Approval{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Action: action, State: ApprovalPending,
-		Requester: requester, Subject: subject, Digest: digest, CreatedAt: now, ExpiresAt: now.Add(a.TTL)}
+		Requester: requester, Subject: b, Digest: digest, CreatedAt: now, ExpiresAt: now.Add(a.TTL)}
 	a.m[ap.ID] = ap
 	a.size[ap.ID], a.kept = n, a.kept+n
 	return *ap, nil

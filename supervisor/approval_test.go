@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -119,5 +120,43 @@ func TestApprovalsKeepBoundedBytes(t *testing.T) {
 	}
 	if n := len(a.List(ApprovalPending)); n < MaxKeptBytes>>20-2 {
 		t.Fatalf("%d pending kept", n)
+	}
+}
+
+// What is kept is what is counted (a subject's white space is not kept), one
+// requester's live approvals are bounded on their own, and an approval spent on a
+// statement that may yet be given back (Restore) is never forgotten for room.
+func TestApprovalsKeepWhatTheyCount(t *testing.T) {
+	now := time.Now()
+	a := NewApprovals(time.Minute, 10*time.Second)
+	a.now = func() time.Time { return now }
+	spaces := json.RawMessage("[" + strings.Repeat(" ", 1<<20) + "1]")
+	ap, err := a.Request("sql.write", Caller{UID: 1}, map[string]any{"params": spaces}, "d")
+	if err != nil || len(ap.Subject) > 100 || a.KeptBytes() > 1000 {
+		t.Fatalf("kept %d bytes of subject, %d counted: %v", len(ap.Subject), a.KeptBytes(), err)
+	}
+	big := strings.Repeat("x", 1<<20)
+	var n int
+	for n = 0; n < 100; n++ {
+		if _, err = a.Request("sql.write", Caller{UID: 2}, map[string]any{"sql": big}, "d"); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, ErrTooManyPending) || !strings.Contains(err.Error(), "this caller's") || n != MaxKeptBytesPerRequester>>20-1 {
+		t.Fatalf("after %d: %v", n, err)
+	}
+	// An approval spent on a statement that never ran stays, whatever others ask.
+	spent, _ := a.Request("sql.write", Caller{UID: 3}, map[string]any{"sql": big}, "d3")
+	a.Decide(spent.ID, Caller{UID: 4}, true)
+	if _, err := a.Redeem(spent.ID, Caller{UID: 3}, "d3"); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 200; i++ {
+		a.Request("sql.write", Caller{UID: 100 + i}, map[string]any{"sql": big}, "d")
+		now = now.Add(time.Millisecond)
+	}
+	a.Restore(spent.ID)
+	if got, err := a.Get(spent.ID); err != nil || got.State != ApprovalApproved {
+		t.Fatalf("the spent approval: %+v %v", got, err)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -206,13 +207,18 @@ func (d *daemon) run() error {
 	}
 	// Runs in flight when the daemon last died (SIGKILL, power loss) ended with it:
 	// their workers died too (parent-death signal). Say so in the log.
-	if ids, err := d.db.Unfinished(context.Background()); err == nil {
-		for _, id := range ids {
-			d.audit.Record(context.Background(), store.RunAborted, supervisor.Daemon(), id,
+	// Each record names the run's caller, as its run.admitted did.
+	if admitted, err := d.db.Unfinished(context.Background()); err == nil {
+		for _, e := range admitted {
+			var by struct {
+				Token string `json:"token"`
+			}
+			json.Unmarshal(e.Detail, &by)
+			d.audit.Record(context.Background(), store.RunAborted, supervisor.Caller{UID: e.UID, Token: by.Token}, e.RunID,
 				map[string]any{"reason": "the daemon stopped while the run was in flight"})
 		}
-		if len(ids) > 0 {
-			d.log.Warn("runs in flight at the last stop marked aborted", "runs", len(ids))
+		if len(admitted) > 0 {
+			d.log.Warn("runs in flight at the last stop marked aborted", "runs", len(admitted))
 		}
 	}
 	pruneCtx, stopPrune := context.WithCancel(context.Background())

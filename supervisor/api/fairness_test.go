@@ -249,7 +249,8 @@ func (d *daemon) serveTCP(t *testing.T) string {
 // Callers with valid access who keep every connection in the middle of a slowly sent
 // body (a token's holder from four addresses over TCP; one uid on the Unix socket)
 // do not keep the probes waiting: a new connection takes a probe slot, where
-// /readyz is answered at once and anything else is 429 connection_limit.
+// /readyz is answered at once and anything else is 429 connection_limit; not even
+// while another address floods the daemon with connections that send nothing.
 func TestProbesWhileCallersHoldEveryConnection(t *testing.T) {
 	d := start(t, setup{access: &api.Access{Admins: api.Principals{UIDs: map[int]bool{os.Getuid(): true}},
 		Tokens: api.Tokens{aliceToken}}})
@@ -278,6 +279,24 @@ func TestProbesWhileCallersHoldEveryConnection(t *testing.T) {
 	}
 	wg.Wait()
 	time.Sleep(300 * time.Millisecond)
+	// Meanwhile one address opens connections that send nothing, as fast as it can.
+	flood, flooded := make(chan struct{}), make(chan struct{})
+	defer func() { close(flood); <-flooded }()
+	go func() {
+		defer close(flooded)
+		dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.9")}, Timeout: time.Second}
+		for {
+			select {
+			case <-flood:
+				return
+			default:
+			}
+			if c, err := dl.Dial("tcp", addr); err == nil {
+				time.AfterFunc(2*time.Second, func() { c.Close() })
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
 	ask := func(network, addr, path string) (*http.Response, []byte, time.Duration) {
 		t.Helper()
 		start := time.Now()
@@ -286,6 +305,7 @@ func TestProbesWhileCallersHoldEveryConnection(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
+		time.Sleep(10 * time.Millisecond) // a TLS handshake's time, say
 		c.SetDeadline(time.Now().Add(3 * time.Second))
 		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: sandcell\r\n\r\n", path)
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)

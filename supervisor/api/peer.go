@@ -162,6 +162,12 @@ const (
 	// only /livez, /healthz and /readyz are answered, each connection closed after
 	// its answer. So nothing any caller holds keeps the probes waiting.
 	probeSlots = 8
+	// probeSlotsPerKey bound the probe slots of one key (a client address, a uid),
+	// and a probe connection younger than probeGrace is not closed for another (a
+	// prober's TLS handshake and request take milliseconds): a flood of new
+	// connections from one address cannot close every prober's before it asks.
+	probeSlotsPerKey = 4
+	probeGrace       = time.Second
 )
 
 // connLimit counts open connections: at most max in all, at most per from one key
@@ -174,14 +180,15 @@ type connLimit[K comparable] struct {
 	probes chan struct{} // probeSlots more, for the health endpoints only
 	per    int
 
-	mu    sync.Mutex
-	open  map[K]int
-	conns map[*limitedConn]struct{}
+	mu     sync.Mutex
+	open   map[K]int
+	probed map[K]int // probe slots held, by key
+	conns  map[*limitedConn]struct{}
 }
 
 func newConnLimit[K comparable](max, per int) *connLimit[K] {
 	return &connLimit[K]{slots: make(chan struct{}, max), probes: make(chan struct{}, probeSlots), per: per,
-		open: map[K]int{}, conns: map[*limitedConn]struct{}{}}
+		open: map[K]int{}, probed: map[K]int{}, conns: map[*limitedConn]struct{}{}}
 }
 
 // take takes a slot: at once when one is free; at the bound, by closing the
@@ -211,13 +218,22 @@ func (l *connLimit[K]) take() (probe, ok bool) {
 	}
 	t := time.NewTimer(slotWait)
 	defer t.Stop()
-	select {
-	case l.slots <- struct{}{}:
-		return false, true
-	case l.probes <- struct{}{}:
-		return true, true
-	case <-t.C:
-		return false, false
+	tick := time.NewTicker(probeGrace / 20)
+	defer tick.Stop()
+	for {
+		select {
+		case l.slots <- struct{}{}:
+			return false, true
+		case l.probes <- struct{}{}:
+			return true, true
+		case <-tick.C:
+			// A probe connection may have grown old enough to be closed for this one.
+			if oldest := l.oldestIdle(true); oldest != nil {
+				oldest.Close()
+			}
+		case <-t.C:
+			return false, false
+		}
 	}
 }
 
@@ -231,14 +247,17 @@ func try(slots chan struct{}) bool {
 	}
 }
 
-// oldestIdle is the connection (an ordinary one, or one on a probe slot) idle the
-// longest, or nil when none is idle.
+// oldestIdle is the connection (an ordinary one, or one on a probe slot and older
+// than probeGrace) idle the longest, or nil when none is.
 func (l *connLimit[K]) oldestIdle(probe bool) *limitedConn {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var oldest *limitedConn
 	var since int64
 	for c := range l.conns {
+		if probe && time.Since(c.opened) < probeGrace {
+			continue
+		}
 		if t := c.idleSince.Load(); t != 0 && c.probe == probe && (oldest == nil || t < since) {
 			oldest, since = c, t
 		}
@@ -251,10 +270,12 @@ func (l *connLimit[K]) oldestIdle(probe bool) *limitedConn {
 func (l *connLimit[K]) admit(key K, c *limitedConn) bool {
 	l.mu.Lock()
 	// A probe slot is held for one health request at most (or while idle, until
-	// another probe closes it), so no key is bounded there.
-	over := !c.probe && l.open[key] >= l.per
+	// another probe closes it): a key has probeSlotsPerKey of them.
+	over := !c.probe && l.open[key] >= l.per || c.probe && l.probed[key] >= probeSlotsPerKey
 	if !over {
-		if !c.probe {
+		if c.probe {
+			l.probed[key]++
+		} else {
 			l.open[key]++
 		}
 		l.conns[c] = struct{}{}
@@ -279,10 +300,12 @@ func (l *connLimit[K]) give(probe bool) {
 // release ends c, admitted for key.
 func (l *connLimit[K]) release(key K, c *limitedConn) {
 	l.mu.Lock()
-	if !c.probe {
-		if l.open[key]--; l.open[key] == 0 {
-			delete(l.open, key)
-		}
+	count := l.open
+	if c.probe {
+		count = l.probed
+	}
+	if count[key]--; count[key] == 0 {
+		delete(count, key)
 	}
 	delete(l.conns, c)
 	l.mu.Unlock()
@@ -386,14 +409,15 @@ type limitedConn struct {
 	authenticated atomic.Bool
 	// probe: the connection holds a probe slot (see probeSlots); it is treated as
 	// unauthenticated whatever its peer, so the bounds on those apply to it.
-	probe bool
+	probe  bool
+	opened time.Time
 
 	mu   sync.Mutex
 	idle *time.Timer // closes an unauthenticated connection left idle
 }
 
 func newLimitedConn(c net.Conn, authenticated, probe bool) *limitedConn {
-	lc := &limitedConn{Conn: c, release: func() {}, probe: probe}
+	lc := &limitedConn{Conn: c, release: func() {}, probe: probe, opened: time.Now()}
 	lc.idleSince.Store(time.Now().UnixNano())
 	lc.authenticated.Store(authenticated && !probe)
 	return lc

@@ -71,9 +71,11 @@ func sqlDigest(b SQLRequest) string {
 
 // approvedFile is the database file's SHA-256 that approval ap was requested on.
 func approvedFile(ap supervisor.Approval) string {
-	m, _ := ap.Subject.(map[string]any)
-	sum, _ := m["db_sha256"].(string)
-	return sum
+	var m struct {
+		DBSHA256 string `json:"db_sha256"`
+	}
+	json.Unmarshal(ap.Subject, &m)
+	return m.DBSHA256
 }
 
 // sqlStatus maps a tool error code to its HTTP status.

@@ -261,22 +261,27 @@ func (s *Store) Events(ctx context.Context, after int64, runID string, limit int
 	return out, rows.Err()
 }
 
-// Unfinished returns the runs admitted but never finished or aborted, oldest first:
-// after a crash of the daemon, the runs that were in flight.
-func (s *Store) Unfinished(ctx context.Context) ([]string, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT run_id FROM audit WHERE kind = ? AND run_id NOT IN
-		(SELECT run_id FROM audit WHERE kind IN (?, ?)) ORDER BY seq`, RunAdmitted, RunFinished, RunAborted)
+// Unfinished returns the run.admitted records of the runs never finished or
+// aborted, oldest first: after a crash of the daemon, the runs that were in flight
+// (each record's UID and detail name who started it).
+func (s *Store) Unfinished(ctx context.Context) ([]Event, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT seq, time, kind, uid, run_id, detail, hash FROM audit
+		WHERE kind = ? AND run_id NOT IN (SELECT run_id FROM audit WHERE kind IN (?, ?)) ORDER BY seq`,
+		RunAdmitted, RunFinished, RunAborted)
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)
 	}
 	defer rows.Close()
-	var ids []string
+	var out []Event
 	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
+		var e Event
+		var t, detail string
+		if err := rows.Scan(&e.Seq, &t, &e.Kind, &e.UID, &e.RunID, &detail, &e.Hash); err != nil {
 			return nil, fmt.Errorf("store: %w", err)
 		}
-		ids = append(ids, id)
+		e.Time, _ = time.Parse(time.RFC3339Nano, t)
+		e.Detail = json.RawMessage(detail)
+		out = append(out, e)
 	}
-	return ids, rows.Err()
+	return out, rows.Err()
 }

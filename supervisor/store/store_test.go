@@ -137,3 +137,29 @@ func TestPrune(t *testing.T) {
 		t.Fatalf("anchor removed: %v", err)
 	}
 }
+
+// Unfinished gives the run.admitted records (who started each run) of the runs with
+// neither run.finished nor run.aborted.
+func TestUnfinished(t *testing.T) {
+	s, err := Open(filepath.Join(t.TempDir(), "audit.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	for _, e := range []Event{
+		{Kind: RunAdmitted, UID: -1, RunID: "a", Detail: json.RawMessage(`{"token":"alice"}`)},
+		{Kind: RunAdmitted, UID: 1000, RunID: "b"},
+		{Kind: RunAdmitted, UID: 1000, RunID: "c"},
+		{Kind: RunFinished, UID: 1000, RunID: "b"},
+		{Kind: RunAborted, UID: 1000, RunID: "c"},
+	} {
+		if _, err := s.Append(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.Unfinished(ctx)
+	if err != nil || len(got) != 1 || got[0].RunID != "a" || got[0].UID != -1 || string(got[0].Detail) != `{"token":"alice"}` {
+		t.Fatalf("%+v %v", got, err)
+	}
+}
