@@ -20,6 +20,10 @@ export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 # Packages: the version comes from `git describe` (a v* tag), else 0.1.0 with the
 # commit count and hash; SOURCE_DATE_EPOCH (the last commit's time) dates everything.
 NFPM_VERSION      := v2.45.2
+STATICCHECK_VERSION := v0.8.2
+# The packages whose tests need no bundle, run again under the race detector.
+RACE_PACKAGES := ./healthz ./sandbox/protocol ./sandbox/policy ./supervisor ./supervisor/config \
+  ./supervisor/store ./supervisor/workspace ./supervisor/wire
 NFPM              := build/tools/nfpm
 PKG_ARCH          := $(shell go env GOARCH 2>/dev/null || echo amd64)
 PKG_VERSION       ?= $(shell v=$$(git describe --tags --match 'v[0-9]*' 2>/dev/null) && echo "$${v\#v}" | tr - + || echo "0.1.0~git$$(git rev-list --count HEAD 2>/dev/null || echo 0).$$(git rev-parse --short=8 HEAD 2>/dev/null || echo unknown)")
@@ -73,11 +77,13 @@ bench: bundle ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_W
 	go test -run '^$$' -bench 'BenchmarkColdRun|BenchmarkWarmRun' -benchtime 20x -count 1 ./sandbox
 	go run ./bench -sandcell $(BIN)
 
-check: ## vet, gofmt, go mod tidy, import rules, clean tree
+check: ## vet, staticcheck, gofmt, go mod tidy, import rules and package docs, the race detector on the packages that need no bundle
 	go vet ./...
+	go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go mod tidy -diff
-	go test -count=1 -run TestImportRules .
+	go test -count=1 -run 'TestImportRules|TestAuditKindsFromTheCatalog|TestPackageDocs' .
+	go test -race -short -count=1 $(RACE_PACKAGES)
 
 $(NFPM):
 	GOBIN=$(CURDIR)/build/tools go install github.com/goreleaser/nfpm/v2/cmd/nfpm@$(NFPM_VERSION)

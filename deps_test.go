@@ -149,3 +149,13 @@ func TestAuditKindsFromTheCatalog(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Every package of code says what it is: a package doc comment, in one of its files.
+// (Directories of tests only, like this one, are not packages anyone imports.)
+func TestPackageDocs(t *testing.T) {
+	for pkg, f := range goList(t, "{{.ImportPath}} {{len .GoFiles}} {{.Doc}}", "./...") {
+		if f[0] != "0" && len(f) < 2 {
+			t.Errorf("%s has no package doc", pkg)
+		}
+	}
+}

@@ -40,6 +40,8 @@ type Runner interface {
 	RunStreaming(ctx context.Context, req protocol.Request, observe sandbox.Observer) (protocol.Result, error)
 }
 
+var _ Runner = (*sandbox.Spawner)(nil)
+
 // Manager admits and runs requests. Create it with NewManager.
 type Manager struct {
 	runner    Runner

@@ -176,9 +176,12 @@ func (d *daemon) run() error {
 	if err := os.MkdirAll(cfg.State.Dir, 0o700); err != nil {
 		return err
 	}
-	if err := lockStateDir(cfg.State.Dir); err != nil {
+	lock, err := lockStateDir(cfg.State.Dir)
+	if err != nil {
 		return err
 	}
+	// Held until the daemon ends (a closed file would drop the lock).
+	defer lock.Close()
 	d.health.Add(checkSelftest, healthz.Readiness)
 	d.health.Add(checkCanary, healthz.Readiness)
 	d.health.Add(checkManager, healthz.Liveness)
@@ -553,28 +556,24 @@ func (d *daemon) listenUnix(cfg config.Config) (*net.UnixListener, error) {
 	return l, nil
 }
 
-// lockStateDir takes an exclusive lock on DIR/lock (flock(2)) for the life of the
-// process: two daemons sharing a state directory would break each other's audit
+// lockStateDir takes an exclusive lock on DIR/lock (flock(2)), held while the file
+// returned is open: two daemons sharing a state directory would break each other's audit
 // chain and workspaces (a second container on the same volume, say). The kernel
 // drops the lock when the process ends, however it ends.
-func lockStateDir(dir string) error {
+func lockStateDir(dir string) (*os.File, error) {
 	f, err := os.OpenFile(filepath.Join(dir, "lock"), os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
-		return fmt.Errorf("state directory: %w", err)
+		return nil, fmt.Errorf("state directory: %w", err)
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return fmt.Errorf("state directory %s is in use by another sandcell serve (its lock file is held)", dir)
+			return nil, fmt.Errorf("state directory %s is in use by another sandcell serve (its lock file is held)", dir)
 		}
-		return fmt.Errorf("state directory %s: lock: %w", dir, err)
+		return nil, fmt.Errorf("state directory %s: lock: %w", dir, err)
 	}
-	lockFile = f // held until exit
-	return nil
+	return f, nil
 }
-
-// lockFile is the state directory's lock, kept open (see lockStateDir).
-var lockFile *os.File
 
 // shutdown stops accepting, lets runs finish for runs.shutdown_grace, kills the rest.
 func (d *daemon) shutdown() {

@@ -88,6 +88,12 @@ type Auditor interface {
 	Events(ctx context.Context, after int64, runID string, limit int) (any, error)
 }
 
+// The daemon's parts are what the API needs (checked when it compiles).
+var (
+	_ Service = (*supervisor.Manager)(nil)
+	_ Auditor = (*supervisor.Audit)(nil)
+)
+
 // Service is what the API needs from the daemon.
 type Service interface {
 	Start(req protocol.Request, caller supervisor.Caller) (*supervisor.Run, error)

@@ -95,6 +95,8 @@ type managerRunner struct {
 	caller supervisor.Caller
 }
 
+var _ sqltool.Runner = managerRunner{}
+
 func (m managerRunner) Run(ctx context.Context, req protocol.Request) (protocol.Result, error) {
 	return m.s.o.Service.Do(ctx, supervisor.JobSQL, req, m.caller)
 }
