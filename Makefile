@@ -15,7 +15,7 @@ BUNDLE   := build/bundle
 export SANDCELL_BUNDLE_DIR := $(CURDIR)/$(BUNDLE)
 export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 
-.PHONY: help build interpreter interpreter-verify bundle demo test test-short bench check clean stage deb rpm lint-packages test-packages image-root image test-image
+.PHONY: help prereqs build interpreter interpreter-verify bundle demo test test-short bench check clean stage deb rpm lint-packages test-packages image-root image test-image
 
 # Packages: the version comes from `git describe` (a v* tag), else 0.1.0 with the
 # commit count and hash; SOURCE_DATE_EPOCH (the last commit's time) dates everything.
@@ -35,13 +35,24 @@ RPM := dist/sandcell_$(PKG_VERSION)_$(PKG_ARCH).rpm
 help: ## List the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
 
-build: ## Build bin/sandcell (version stamped)
+# The Debian packages the build needs (the interpreter is built in a debootstrapped
+# root; libseccomp compiles the seccomp filter, through cgo). As root they are
+# installed when missing; as another user the one apt-get line is printed.
+BUILD_DEPS := debootstrap:debootstrap curl:curl xz:xz-utils pkg-config:pkg-config gcc:gcc
+prereqs: ## Install the Debian packages the build needs, if any is missing (as root)
+	@need=""; for d in $(BUILD_DEPS); do command -v $${d%%:*} >/dev/null || need="$$need $${d#*:}"; done; \
+	  pkg-config --exists libseccomp 2>/dev/null || need="$$need libseccomp-dev"; \
+	  [ -z "$$need" ] && exit 0; \
+	  if [ "$$(id -u)" != 0 ]; then echo "the build needs:$$need; run: sudo apt-get install -y$$need" >&2; exit 1; fi; \
+	  echo "installing:$$need"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need
+
+build: prereqs ## Build bin/sandcell (version stamped)
 	go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/appliance
 
 # Static, so it runs in the trixie build root whatever the host's glibc. (The linker's
 # warnings about getpwuid_r/getaddrinfo/dlopen in static binaries concern code that
 # wasirun never calls, so they are filtered out.)
-build/wasirun: FORCE
+build/wasirun: prereqs FORCE
 	set -o pipefail; go build -trimpath -ldflags '-linkmode external -extldflags -static' -o $@ ./bundle/interpreter/wasirun 2>&1 | \
 	  { grep -vE 'statically linked applications|^/usr/bin/ld: .*in function|^# github.com/sandcell/sandcell/bundle/interpreter/wasirun$$' || true; }
 

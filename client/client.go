@@ -1,4 +1,4 @@
-// Package client talks to a Sandcell daemon over its Unix socket (see README, "The
+// Package client talks to a Sandcell daemon over its Unix socket (see docs/api.md, "The
 // daemon"). Errors from the daemon are *wire.Problem values carrying its stable code.
 package client
 

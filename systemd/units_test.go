@@ -103,8 +103,8 @@ func TestUnitsVerify(t *testing.T) {
 // maxExposure is the exposure the service reaches: what remains is what the worker's
 // own sandbox needs (creating user, mount, network, PID, IPC and UTS namespaces;
 // the new mount API, pivot_root and capset; Unix sockets; no W^X for the JIT) and
-// PrivateUsers=, which would turn every client's SO_PEERCRED uid into nobody. README
-// ("Under systemd") gives each remaining item.
+// PrivateUsers=, which would turn every client's SO_PEERCRED uid into nobody. docs/operator.md
+// ("Verified readiness and systemd") gives each remaining item.
 const maxExposure = 1.3
 
 func TestExposure(t *testing.T) {

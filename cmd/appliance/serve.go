@@ -53,7 +53,7 @@ func newServeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the daemon: the HTTP API on a Unix socket",
-		Long: `Run the daemon: the HTTP API (see README) on a Unix socket (or the one passed by
+		Long: `Run the daemon: the HTTP API (see docs/api.md) on a Unix socket (or the one passed by
 systemd socket activation). It loads the configuration (--config, else
 ` + defaultConfigPath + ` when it exists, else the built-in defaults, with the
 SANDCELL_* environment over it), then verifies the sandbox on this host (the same
