@@ -36,7 +36,7 @@ func BenchmarkColdRun(b *testing.B) {
 				ModulePath: bundletest.Module(b, false), LibDir: bundletest.LibDir(b), Hardening: c.make(limits)}
 			// One spawner, as the daemon has: the sealed copy of the module is made
 			// once (the CLI makes it on every run).
-			sp := sandbox.SelfSpawner()
+			sp := sandbox.NewSpawner()
 			times := make([]time.Duration, 0, b.N)
 			cpu := childrenCPU()
 			for i := 0; i < b.N; i++ {
@@ -62,7 +62,7 @@ func BenchmarkWarmRun(b *testing.B) {
 	req := protocol.Request{Code: "print(6*7)", Workspace: b.TempDir(), Limits: limits,
 		ModulePath: bundletest.Module(b, false), LibDir: bundletest.LibDir(b), Hardening: policy.Default().Hardening(limits)}
 	root, _ := filepath.EvalSymlinks(os.TempDir())
-	sp := sandbox.SelfSpawner()
+	sp := sandbox.NewSpawner()
 	if err := sp.Warm(sandbox.PoolOptions{Template: req, Roots: []string{root}, Size: 1}); err != nil {
 		b.Fatal(err)
 	}

@@ -531,7 +531,7 @@ func TestEscapeWithoutPidNamespace(t *testing.T) {
 		h.Require = slices.DeleteFunc(slices.Clone(protocol.Layers), func(l string) bool { return l == protocol.LayerPidNS })
 		return h
 	}, func(protocol.Request) (*sandbox.Spawner, func()) {
-		sp := sandbox.SelfSpawner()
+		sp := sandbox.NewSpawner()
 		sp.Command = escapeCommand
 		sandbox.WithoutPidNamespace(sp, "test")
 		return sp, func() {}
@@ -885,7 +885,7 @@ func TestWorkspaceOnKernelFilesystemRefused(t *testing.T) {
 		if _, err := os.Stat(ws); err != nil {
 			continue
 		}
-		_, err := sandbox.SelfSpawner().Run(context.Background(), protocol.Request{Code: "1", Workspace: ws,
+		_, err := sandbox.NewSpawner().Run(context.Background(), protocol.Request{Code: "1", Workspace: ws,
 			ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t), Limits: policy.Default().Default})
 		if !errors.Is(err, sandbox.ErrBadRequest) {
 			t.Errorf("workspace %s: err = %v", ws, err)

@@ -160,8 +160,17 @@ func checkContract(rep protocol.Report, require []string) string {
 	return ""
 }
 
-// SelfSpawner re-executes the running binary.
-func SelfSpawner() *Spawner { return &Spawner{Exe: "/proc/self/exe"} }
+// NewSpawner returns the spawner of workers that re-execute the running binary,
+// with protected (the bundle and its .cwasm cache, say) and the binary's own
+// directory as Protected: a guest must not replace the binary that runs later
+// workers either.
+func NewSpawner(protected ...string) *Spawner {
+	sp := &Spawner{Exe: "/proc/self/exe", Protected: protected}
+	if exe, err := os.Executable(); err == nil {
+		sp.Protected = append(sp.Protected, filepath.Dir(exe))
+	}
+	return sp
+}
 
 // Observer receives the guest's output as the parent reads it, in order per stream:
 // stream is "stdout" or "stderr", and b, valid only during the call, holds exactly

@@ -544,12 +544,12 @@ print("héllo wörld ✓ 日本 🐍")`, nil)
 func TestOddSource(t *testing.T) {
 	t.Parallel()
 	ws := t.TempDir()
-	_, err := sandbox.SelfSpawner().Run(context.Background(), protocol.Request{
+	_, err := sandbox.NewSpawner().Run(context.Background(), protocol.Request{
 		Code: "print(1)\x00", Workspace: ws, ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t), Limits: policy.Default().Default})
 	if !errors.Is(err, sandbox.ErrBadRequest) {
 		t.Fatalf("NUL in code: %v", err)
 	}
-	_, err = sandbox.SelfSpawner().Run(context.Background(), protocol.Request{
+	_, err = sandbox.NewSpawner().Run(context.Background(), protocol.Request{
 		Code: "print('\xff\xfe')", Workspace: ws, ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t), Limits: policy.Default().Default})
 	if !errors.Is(err, sandbox.ErrBadRequest) {
 		t.Fatalf("invalid UTF-8: %v", err)
@@ -569,7 +569,7 @@ func TestOddSource(t *testing.T) {
 func TestOversizedRequest(t *testing.T) {
 	t.Parallel()
 	start := time.Now()
-	_, err := sandbox.SelfSpawner().Run(context.Background(), protocol.Request{
+	_, err := sandbox.NewSpawner().Run(context.Background(), protocol.Request{
 		Code: "x = '" + strings.Repeat("<", 3<<20) + "'", Stdin: make([]byte, 8<<20),
 		Workspace: t.TempDir(), ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t), Limits: policy.Default().Default})
 	if !errors.Is(err, sandbox.ErrBadRequest) || time.Since(start) > 10*time.Second {
@@ -584,7 +584,7 @@ func TestWorkspaceMustNotOverlapTheBundle(t *testing.T) {
 	mod := bundletest.Module(t, false)
 	bundleDir := filepath.Dir(mod)
 	cache := t.TempDir()
-	sp := sandbox.SelfSpawner()
+	sp := sandbox.NewSpawner()
 	sp.Protected = []string{cache}
 	for _, ws := range []string{bundleDir, filepath.Dir(bundleDir), "/", cache, filepath.Join(cache)} {
 		_, err := sp.Run(context.Background(), protocol.Request{Code: "1", Workspace: ws, ModulePath: mod, LibDir: bundletest.LibDir(t), Limits: policy.Default().Default})
@@ -599,7 +599,7 @@ func TestWorkspaceMustNotOverlapTheBundle(t *testing.T) {
 	os.Mkdir(existing, 0o755)
 	rel, _ := filepath.Rel(wd, existing)
 	for _, prot := range []string{rel, filepath.Join(parent, "new", "sandcell")} {
-		sp := sandbox.SelfSpawner()
+		sp := sandbox.NewSpawner()
 		sp.Protected = []string{prot}
 		_, err := sp.Run(context.Background(), protocol.Request{Code: "1", Workspace: parent, ModulePath: mod, LibDir: bundletest.LibDir(t), Limits: policy.Default().Default})
 		if !errors.Is(err, sandbox.ErrBadRequest) {
@@ -633,7 +633,7 @@ func TestBadRequests(t *testing.T) {
 		"binary arg":    {Code: "1", Args: []string{"\xff"}, Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
 		"binary env":    {Code: "1", Env: map[string]string{"A": "\xfe"}, Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
 	} {
-		if _, err := sandbox.SelfSpawner().Run(context.Background(), req); !errors.Is(err, sandbox.ErrBadRequest) {
+		if _, err := sandbox.NewSpawner().Run(context.Background(), req); !errors.Is(err, sandbox.ErrBadRequest) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
@@ -644,7 +644,7 @@ func TestDamagedModule(t *testing.T) {
 	t.Parallel()
 	bad := filepath.Join(t.TempDir(), "bad.cwasm")
 	os.WriteFile(bad, []byte("not a module"), 0o644)
-	res, err := sandbox.SelfSpawner().Run(context.Background(), protocol.Request{
+	res, err := sandbox.NewSpawner().Run(context.Background(), protocol.Request{
 		Code: "print(1)", Workspace: t.TempDir(), ModulePath: bad, LibDir: bundletest.LibDir(t), Limits: policy.Default().Default})
 	if err != nil {
 		t.Fatal(err)
@@ -701,7 +701,7 @@ func TestWorkspaceBindMountOfTheBundle(t *testing.T) {
 		if err := unix.Mount(src, target, "", unix.MS_BIND, ""); err != nil {
 			t.Fatalf("bind mount: %v", err)
 		}
-		_, err := sandbox.SelfSpawner().Run(context.Background(), protocol.Request{Code: "1", Workspace: target,
+		_, err := sandbox.NewSpawner().Run(context.Background(), protocol.Request{Code: "1", Workspace: target,
 			ModulePath: mod, LibDir: bundletest.LibDir(t), Limits: policy.Default().Default})
 		unix.Unmount(target, unix.MNT_DETACH)
 		if !errors.Is(err, sandbox.ErrBadRequest) {

@@ -38,7 +38,7 @@ func tempRoot(t *testing.T) string {
 // that the run was served warm, and stops the pool.
 func spawnerFor(t *testing.T, req protocol.Request, command string) (sp *sandbox.Spawner, done func()) {
 	t.Helper()
-	sp = sandbox.SelfSpawner()
+	sp = sandbox.NewSpawner()
 	sp.Command = command
 	if !warmMode || !req.Hardening.Namespaces || req.Limits.Fuel > 0 {
 		return sp, func() {}
@@ -79,7 +79,7 @@ func defaultRequest(t *testing.T, code string) protocol.Request {
 // leaves everything it can behind; the second, in another workspace, finds none of
 // it. (Run with both ways in one pool, so they differ only in what came before.)
 func TestWarmRunsShareNothing(t *testing.T) {
-	sp := sandbox.SelfSpawner()
+	sp := sandbox.NewSpawner()
 	first := defaultRequest(t, `
 import builtins, os, sys
 builtins.print = lambda *a, **k: sys.stdout.write("patched\n")
@@ -129,7 +129,7 @@ builtins.print("clean")
 // A run the pool cannot serve (other memory, fuel, a workspace outside its roots)
 // runs cold; an empty pool's miss runs cold; the pool refills.
 func TestWarmPoolFallsBackAndRefills(t *testing.T) {
-	sp := sandbox.SelfSpawner()
+	sp := sandbox.NewSpawner()
 	tmpl := defaultRequest(t, "")
 	waitWarm(t, sp, sandbox.PoolOptions{Template: tmpl, Roots: []string{tempRoot(t)}, Size: 1}, 1)
 	defer sp.Warm(sandbox.PoolOptions{})
@@ -176,7 +176,7 @@ func TestWarmCPULimitCountsFromClaim(t *testing.T) {
 	req := defaultRequest(t, "while True: pass")
 	req.Limits.CPUMS = 300
 	req.Limits.TimeoutMS = 20_000
-	sp := sandbox.SelfSpawner()
+	sp := sandbox.NewSpawner()
 	waitWarm(t, sp, sandbox.PoolOptions{Template: req, Roots: []string{tempRoot(t)}, Size: 1}, 1)
 	defer sp.Warm(sandbox.PoolOptions{})
 	time.Sleep(500 * time.Millisecond) // idle time is no CPU time either
@@ -200,7 +200,7 @@ func TestWarmCPULimitCountsFromClaim(t *testing.T) {
 // An idle worker that dies (the OOM killer picks workers first) costs no run: the
 // run that takes it runs cold, and the pool replaces it.
 func TestWarmDeadIdleWorkerGoesCold(t *testing.T) {
-	sp := sandbox.SelfSpawner()
+	sp := sandbox.NewSpawner()
 	req := defaultRequest(t, "print(6*7)")
 	waitWarm(t, sp, sandbox.PoolOptions{Template: req, Roots: []string{tempRoot(t)}, Size: 1}, 1)
 	defer sp.Warm(sandbox.PoolOptions{})
@@ -273,7 +273,7 @@ func TestWithoutPidNamespace(t *testing.T) {
 	}
 	for _, warm := range []bool{false, true} {
 		t.Run(map[bool]string{false: "cold", true: "warm"}[warm], func(t *testing.T) {
-			sp := sandbox.SelfSpawner()
+			sp := sandbox.NewSpawner()
 			sandbox.WithoutPidNamespace(sp, why)
 			r := req
 			r.Workspace = t.TempDir()
@@ -331,7 +331,7 @@ func TestWarmClockStartsAtTheRun(t *testing.T) {
 			}
 		}
 	}
-	sp := sandbox.SelfSpawner()
+	sp := sandbox.NewSpawner()
 	req := defaultRequest(t, code)
 	waitWarm(t, sp, sandbox.PoolOptions{Template: req, Roots: []string{tempRoot(t)}, Size: 1}, 1)
 	defer sp.Warm(sandbox.PoolOptions{})
@@ -344,7 +344,7 @@ func TestWarmClockStartsAtTheRun(t *testing.T) {
 		t.Fatalf("not served warm: %+v", st)
 	}
 	check("warm", res)
-	cold := sandbox.SelfSpawner()
+	cold := sandbox.NewSpawner()
 	res, err = cold.Run(context.Background(), defaultRequest(t, code))
 	if err != nil {
 		t.Fatal(err)

@@ -567,4 +567,14 @@ func TestCLISQL(t *testing.T) {
 	if r := cli(t, "", "sql", "--workspace", dir, "t.db", "SELEC"); r.code != 1 || !strings.Contains(r.stderr, "sql_syntax_error") {
 		t.Fatalf("syntax: %+v", r)
 	}
+	// The binary's own directory is never a workspace, for statements as for runs.
+	exeDir := filepath.Dir(os.Args[0])
+	db := filepath.Join(exeDir, "t.db")
+	if err := os.WriteFile(db, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(db)
+	if r := cli(t, "", "sql", "--workspace", exeDir, "t.db", "SELECT 1"); r.code == 0 || !strings.Contains(r.stderr, "overlaps") {
+		t.Fatalf("the binary's directory as the workspace: %+v", r)
+	}
 }

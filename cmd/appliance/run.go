@@ -200,12 +200,7 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
-	sp := sandbox.SelfSpawner()
-	sp.Protected = []string{f.bundleDir, f.cacheDir}
-	if exe, err := os.Executable(); err == nil {
-		// A guest must not replace the binary that runs later workers either.
-		sp.Protected = append(sp.Protected, filepath.Dir(exe))
-	}
+	sp := sandbox.NewSpawner(f.bundleDir, f.cacheDir)
 	res, err := sp.Run(ctx, req)
 	if errors.Is(err, sandbox.ErrBadRequest) {
 		return rejected{err}

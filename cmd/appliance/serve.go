@@ -122,12 +122,7 @@ func loadConfig(f *serveFlags) (config.Config, string, error) {
 // spawner is the worker spawner for cfg: the bundle, its cache and this binary's
 // directory are never a workspace.
 func spawner(cfg config.Config) *sandbox.Spawner {
-	sp := sandbox.SelfSpawner()
-	sp.Protected = []string{cfg.Bundle.Dir, cfg.Bundle.CacheDir}
-	if exe, err := os.Executable(); err == nil {
-		sp.Protected = append(sp.Protected, filepath.Dir(exe))
-	}
-	return sp
+	return sandbox.NewSpawner(cfg.Bundle.Dir, cfg.Bundle.CacheDir)
 }
 
 // daemon is `sandcell serve` wired together.

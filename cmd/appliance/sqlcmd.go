@@ -69,9 +69,7 @@ success, 1 when SQLite fails, 126 when the statement is refused.`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			sp := sandbox.SelfSpawner()
-			sp.Protected = []string{bundleDir, cacheDir}
-			out, err := sqltool.Run(ctx, sp, dir, req, base)
+			out, err := sqltool.Run(ctx, sandbox.NewSpawner(bundleDir, cacheDir), dir, req, base)
 			if err != nil {
 				return err
 			}

@@ -76,7 +76,7 @@ func start(t *testing.T, s setup) *daemon {
 		s.concurrency = 2
 	}
 	dir := t.TempDir()
-	mgr, err := supervisor.NewManager(sandbox.SelfSpawner(), supervisor.Options{Concurrency: s.concurrency,
+	mgr, err := supervisor.NewManager(sandbox.NewSpawner(), supervisor.Options{Concurrency: s.concurrency,
 		QueueLength: s.queue, MaxPerCaller: s.perCaller, Retention: time.Minute, WorkDir: filepath.Join(dir, "work")})
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ func TestMain(m *testing.M) {
 
 func options(t *testing.T, bundleDir string) Options {
 	return Options{BundleDir: bundleDir, CacheDir: t.TempDir(), Policy: policy.Default(),
-		Spawner: sandbox.SelfSpawner(), WorkDir: t.TempDir()}
+		Spawner: sandbox.NewSpawner(), WorkDir: t.TempDir()}
 }
 
 func TestPasses(t *testing.T) {

@@ -51,7 +51,7 @@ func newFixture(t *testing.T) *fixture {
 
 func (f *fixture) run(r Request) Outcome {
 	f.t.Helper()
-	out, err := Run(context.Background(), sandbox.SelfSpawner(), f.dir, r, f.b)
+	out, err := Run(context.Background(), sandbox.NewSpawner(), f.dir, r, f.b)
 	if err != nil {
 		f.t.Fatalf("%s: %v", r.SQL, err)
 	}
@@ -192,13 +192,13 @@ func TestErrors(t *testing.T) {
 	for db, want := range map[string]error{"../t.db": workspace.ErrBadPath, "/etc/passwd": workspace.ErrBadPath,
 		"missing.db": workspace.ErrNotFound, "link.db": workspace.ErrUnsafe, "dir.db": workspace.ErrUnsafe,
 		"file:t.db?mode=rwc": ErrBadRequest, "t.db?mode=rw": ErrBadRequest} {
-		if _, err := Run(context.Background(), sandbox.SelfSpawner(), f.dir, Request{DB: db, SQL: "SELECT 1"}, f.b); !errors.Is(err, want) {
+		if _, err := Run(context.Background(), sandbox.NewSpawner(), f.dir, Request{DB: db, SQL: "SELECT 1"}, f.b); !errors.Is(err, want) {
 			t.Errorf("db %q: %v, want %v", db, err, want)
 		}
 	}
 	for _, r := range []Request{{DB: "t.db", SQL: " "}, {DB: "t.db", SQL: "SELECT 1", MaxRows: -1},
 		{DB: "t.db", SQL: "SELECT ?", Params: json.RawMessage(`"x"`)}} {
-		if _, err := Run(context.Background(), sandbox.SelfSpawner(), f.dir, r, f.b); !errors.Is(err, ErrBadRequest) {
+		if _, err := Run(context.Background(), sandbox.NewSpawner(), f.dir, r, f.b); !errors.Is(err, ErrBadRequest) {
 			t.Errorf("%+v: %v", r, err)
 		}
 	}
@@ -289,7 +289,7 @@ func stdlibNames(t *testing.T, f *fixture) []string {
 	t.Helper()
 	req := f.b
 	req.Code, req.Workspace = "import sys; print('\\n'.join(sorted(sys.stdlib_module_names)))", t.TempDir()
-	res, err := sandbox.SelfSpawner().Run(context.Background(), req)
+	res, err := sandbox.NewSpawner().Run(context.Background(), req)
 	if err != nil || res.Reason != protocol.Exited || res.ExitCode != 0 {
 		t.Fatalf("%v %+v", err, res)
 	}
