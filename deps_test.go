@@ -43,7 +43,7 @@ func TestImportRules(t *testing.T) {
 	leaves := map[string][]string{
 		module + "/sandbox/protocol": nil,
 		module + "/sandbox/seccomp":  nil,
-		module + "/healthz":          nil,
+		module + "/healthz":          {module + "/supervisor/wire", module + "/sandbox/protocol"},
 		module + "/sandbox/policy":   {module + "/sandbox/protocol", module + "/sandbox/seccomp"},
 		module + "/supervisor/wire":  {module + "/sandbox/protocol"},
 	}

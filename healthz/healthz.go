@@ -14,6 +14,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 // Kind says which probe a check belongs to.
@@ -132,19 +134,23 @@ func (r *Registry) status(pass func(*Check) bool) (bool, []Check) {
 func Handler(probe func() (bool, []Check), failCode string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ok, checks := probe()
-		body := map[string]any{"status": "ok"}
-		status, ctype := http.StatusOK, "application/json"
-		if !ok {
-			status, ctype = http.StatusServiceUnavailable, "application/problem+json"
-			body = map[string]any{"type": "urn:sandcell:problem:" + failCode, "title": http.StatusText(status),
-				"status": status, "code": failCode, "detail": firstFailure(checks)}
-		}
+		var ext map[string]any
 		if r.URL.Query().Has("verbose") {
-			body["checks"] = slices.Clip(checks)
+			ext = map[string]any{"checks": slices.Clip(checks)}
 		}
-		w.Header().Set("Content-Type", ctype)
 		w.Header().Set("Cache-Control", "no-store")
-		w.WriteHeader(status)
+		if !ok {
+			w.Header().Set("Content-Type", wire.ContentType)
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write(append(wire.NewProblem(http.StatusServiceUnavailable, failCode, firstFailure(checks)).JSON(ext), '\n'))
+			return
+		}
+		body := map[string]any{"status": "ok"}
+		for k, v := range ext {
+			body[k] = v
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
 		json.NewEncoder(w).Encode(body)
 	})
 }

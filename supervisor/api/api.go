@@ -73,11 +73,14 @@ var Statuses = map[string][]int{
 	"POST /v1/approvals/:id": {200, 400, 401, 403, 404, 409, 413, 415},
 }
 
+// problem answers a problem document (wire.NewProblem: the one way one is built).
 func problem(c echo.Context, status int, code, detail string) error {
-	p := wire.Problem{Type: "urn:sandcell:problem:" + code, Title: http.StatusText(status), Status: status,
-		Detail: detail, Code: code}
-	b, _ := json.Marshal(p)
-	return c.Blob(status, "application/problem+json", b)
+	return problemWith(c, status, code, detail, nil)
+}
+
+// problemWith answers a problem with extension members (RFC 9457 section 3.2).
+func problemWith(c echo.Context, status int, code, detail string, ext map[string]any) error {
+	return c.Blob(status, wire.ContentType, wire.NewProblem(status, code, detail).JSON(ext))
 }
 
 // Auditor records decisions (an error means nothing was recorded) and reads them back.

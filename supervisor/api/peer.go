@@ -316,9 +316,9 @@ func (l *connLimit[K]) release(key K, c *limitedConn) {
 // over the global one with no connection idle),
 // sent before its request is read (RFC 9110 lets a server answer early) and closed.
 var tooManyConnections = func() []byte {
-	body := `{"type":"urn:sandcell:problem:` + wire.CodeConnLimit + `","title":"Too Many Requests","status":429,` +
-		`"detail":"too many connections are open to the daemon, from this uid or in all","code":"` + wire.CodeConnLimit + `"}`
-	return []byte("HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/problem+json\r\n" +
+	body := string(wire.NewProblem(http.StatusTooManyRequests, wire.CodeConnLimit,
+		"too many connections are open to the daemon, from this uid or in all").JSON(nil))
+	return []byte("HTTP/1.1 429 Too Many Requests\r\nContent-Type: " + wire.ContentType + "\r\n" +
 		"Retry-After: 1\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 }()
 

@@ -46,17 +46,6 @@ type SQLResult struct {
 	Approval string `json:"approval,omitempty"`
 }
 
-// problemWith answers a problem with extension members (RFC 9457 section 3.2).
-func problemWith(c echo.Context, status int, code, detail string, ext map[string]any) error {
-	m := map[string]any{"type": "urn:sandcell:problem:" + code, "title": http.StatusText(status), "status": status,
-		"detail": detail, "code": code}
-	for k, v := range ext {
-		m[k] = v
-	}
-	b, _ := json.Marshal(m)
-	return c.Blob(status, "application/problem+json", b)
-}
-
 // sqlDigest identifies a request for an approval: what runs and where. The bytes
 // it runs on are bound too, but not here: the tool's worker hashes the database file
 // when it holds a write for approval (the approval keeps that SHA-256 as its

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"time"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
@@ -61,6 +62,36 @@ type Problem struct {
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
 	Code   string `json:"code"`
+}
+
+// ProblemType is the prefix of every problem's type URI; the code follows it.
+const ProblemType = "urn:sandcell:problem:"
+
+// NewProblem is the problem document of status and code, the one way the daemon
+// builds one: its type is ProblemType+code, its title the status's text.
+func NewProblem(status int, code, detail string) Problem {
+	return Problem{Type: ProblemType + code, Title: http.StatusText(status), Status: status, Detail: detail, Code: code}
+}
+
+// ContentType is the media type of a problem document (RFC 9457 section 3).
+const ContentType = "application/problem+json"
+
+// JSON encodes p, with ext as extension members beside its own (RFC 9457 section
+// 3.2; a member of p's own is never replaced).
+func (p Problem) JSON(ext map[string]any) []byte {
+	b, _ := json.Marshal(p)
+	if len(ext) == 0 {
+		return b
+	}
+	var m map[string]any
+	json.Unmarshal(b, &m)
+	for k, v := range ext {
+		if _, own := m[k]; !own {
+			m[k] = v
+		}
+	}
+	b, _ = json.Marshal(m)
+	return b
 }
 
 // Error makes a Problem an error (what the client package returns).
