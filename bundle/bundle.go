@@ -63,27 +63,29 @@ type Interpreter struct {
 // Pinned is the interpreter this build accepts: CPython 3.13.5 for wasm32-wasip1 at
 // -O2 with zlib, bz2, lzma and sqlite3, built reproducibly by
 // bundle/interpreter/build.sh from the sources listed (its recipe.sh pins them).
-var Pinned = Interpreter{
-	Version: "3.13.5",
-	Build:   "clang 19.1.7 -O2 -DNDEBUG, wasi-libc 0.0~git20241209.574b88d-2, wasm32-wasip1, Debian trixie",
-	Wasm: Artifact{
-		Name:   "python.wasm",
-		Size:   wasmSize,
-		SHA256: wasmSHA256,
-	},
-	Stdlib: Artifact{
-		Name:   "python313.zip",
-		Size:   stdlibSize,
-		SHA256: stdlibSHA256,
-	},
-	Sources: []Source{
-		{"python3.13_3.13.5.orig.tar.xz", "93e583f243454e6e9e4588ca2c2662206ad961659863277afcdb96801647d640"},
-		{"zlib_1.3.dfsg+really1.3.1.orig.tar.gz", "60dd315c07f616887caa029408308a018ace66e3d142726a97db164b3b8f69fb"},
-		{"sqlite3_3.46.1.orig.tar.xz", "d0cdd2ece271b29e7ce18095745d892517ee26d0f270065b3a25c2e9eb11639c"},
-		{"bzip2_1.0.8.orig.tar.gz", "ab5a03176ee106d3f0fa90e381da478ddae405918153cca248e682cd0c4a2269"},
-		{"xz-utils_5.8.1.orig.tar.xz", "0b54f79df85912504de0b14aec7971e3f964491af1812d83447005807513cd9e"},
-	},
-	Licenses: []string{"PSF-2.0 (CPython)", "Zlib (zlib)", "blessing (SQLite, public domain)", "bzip2-1.0.6 (bzip2)", "0BSD (liblzma)"},
+func Pinned() Interpreter {
+	return Interpreter{
+		Version: "3.13.5",
+		Build:   "clang 19.1.7 -O2 -DNDEBUG, wasi-libc 0.0~git20241209.574b88d-2, wasm32-wasip1, Debian trixie",
+		Wasm: Artifact{
+			Name:   "python.wasm",
+			Size:   wasmSize,
+			SHA256: wasmSHA256,
+		},
+		Stdlib: Artifact{
+			Name:   "python313.zip",
+			Size:   stdlibSize,
+			SHA256: stdlibSHA256,
+		},
+		Sources: []Source{
+			{"python3.13_3.13.5.orig.tar.xz", "93e583f243454e6e9e4588ca2c2662206ad961659863277afcdb96801647d640"},
+			{"zlib_1.3.dfsg+really1.3.1.orig.tar.gz", "60dd315c07f616887caa029408308a018ace66e3d142726a97db164b3b8f69fb"},
+			{"sqlite3_3.46.1.orig.tar.xz", "d0cdd2ece271b29e7ce18095745d892517ee26d0f270065b3a25c2e9eb11639c"},
+			{"bzip2_1.0.8.orig.tar.gz", "ab5a03176ee106d3f0fa90e381da478ddae405918153cca248e682cd0c4a2269"},
+			{"xz-utils_5.8.1.orig.tar.xz", "0b54f79df85912504de0b14aec7971e3f964491af1812d83447005807513cd9e"},
+		},
+		Licenses: []string{"PSF-2.0 (CPython)", "Zlib (zlib)", "blessing (SQLite, public domain)", "bzip2-1.0.6 (bzip2)", "0BSD (liblzma)"},
+	}
 }
 
 // Files of a bundle directory.
@@ -137,25 +139,25 @@ func (a Artifact) Verify(path string) error {
 // MANIFEST into dir, creating dir if needed. Files are replaced atomically. Nothing
 // is written when an artifact does not match.
 func Install(src, dir string) error {
-	wasm, err := readVerified(Pinned.Wasm, filepath.Join(src, Pinned.Wasm.Name))
+	wasm, err := readVerified(Pinned().Wasm, filepath.Join(src, Pinned().Wasm.Name))
 	if err != nil {
 		return err
 	}
-	stdlib, err := readVerified(Pinned.Stdlib, filepath.Join(src, Pinned.Stdlib.Name))
+	stdlib, err := readVerified(Pinned().Stdlib, filepath.Join(src, Pinned().Stdlib.Name))
 	if err != nil {
 		return err
 	}
-	manifest, err := json.MarshalIndent(Pinned, "", "  ")
+	manifest, err := json.MarshalIndent(Pinned(), "", "  ")
 	if err != nil {
 		return fmt.Errorf("bundle: encode manifest: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Join(dir, LibDir, dynloadDir), 0o755); err != nil {
 		return fmt.Errorf("bundle: create %s: %w", dir, err)
 	}
-	if err := writeAtomic(filepath.Join(dir, Pinned.Wasm.Name), wasm, 0o644); err != nil {
+	if err := writeAtomic(filepath.Join(dir, Pinned().Wasm.Name), wasm, 0o644); err != nil {
 		return err
 	}
-	if err := writeAtomic(filepath.Join(dir, LibDir, Pinned.Stdlib.Name), stdlib, 0o644); err != nil {
+	if err := writeAtomic(filepath.Join(dir, LibDir, Pinned().Stdlib.Name), stdlib, 0o644); err != nil {
 		return err
 	}
 	extras, _ := filepath.Glob(filepath.Join(src, "LICENSE.*"))
@@ -207,23 +209,23 @@ func Open(dir string) (*Bundle, error) {
 	if err := dec.Decode(&m); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrManifest, err)
 	}
-	if m.Version != Pinned.Version || m.Wasm != Pinned.Wasm || m.Stdlib != Pinned.Stdlib {
+	if m.Version != Pinned().Version || m.Wasm != Pinned().Wasm || m.Stdlib != Pinned().Stdlib {
 		return nil, fmt.Errorf("%w: it names CPython %s python.wasm sha256 %s, this build pins CPython %s sha256 %s",
-			ErrManifest, m.Version, m.Wasm.SHA256, Pinned.Version, Pinned.Wasm.SHA256)
+			ErrManifest, m.Version, m.Wasm.SHA256, Pinned().Version, Pinned().Wasm.SHA256)
 	}
 	return &Bundle{Dir: dir}, nil
 }
 
 // Verify checks the bundle's python.wasm and standard library against Pinned.
 func (b *Bundle) Verify() error {
-	if err := Pinned.Wasm.Verify(b.WasmPath()); err != nil {
+	if err := Pinned().Wasm.Verify(b.WasmPath()); err != nil {
 		return err
 	}
-	return Pinned.Stdlib.Verify(filepath.Join(b.LibPath(), Pinned.Stdlib.Name))
+	return Pinned().Stdlib.Verify(filepath.Join(b.LibPath(), Pinned().Stdlib.Name))
 }
 
 // WasmPath is the path of python.wasm.
-func (b *Bundle) WasmPath() string { return filepath.Join(b.Dir, Pinned.Wasm.Name) }
+func (b *Bundle) WasmPath() string { return filepath.Join(b.Dir, Pinned().Wasm.Name) }
 
 // LibPath is the host directory to preopen read-only at GuestLibDir.
 func (b *Bundle) LibPath() string { return filepath.Join(b.Dir, LibDir) }

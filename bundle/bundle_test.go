@@ -18,8 +18,8 @@ import (
 )
 
 func TestPinnedInterpreter(t *testing.T) {
-	if len(bundle.Pinned.Wasm.SHA256) != 64 || len(bundle.Pinned.Stdlib.SHA256) != 64 || len(bundle.Pinned.Sources) != 5 {
-		t.Fatalf("incomplete pin: %+v", bundle.Pinned)
+	if len(bundle.Pinned().Wasm.SHA256) != 64 || len(bundle.Pinned().Stdlib.SHA256) != 64 || len(bundle.Pinned().Sources) != 5 {
+		t.Fatalf("incomplete pin: %+v", bundle.Pinned())
 	}
 	b := bundletest.Open(t)
 	if err := b.Verify(); err != nil {
@@ -29,7 +29,7 @@ func TestPinnedInterpreter(t *testing.T) {
 
 func TestVerifyNamesExpectedAndActual(t *testing.T) {
 	dir := t.TempDir()
-	pin := bundle.Pinned.Wasm
+	pin := bundle.Pinned().Wasm
 	p := filepath.Join(dir, "python.wasm")
 	os.WriteFile(p, []byte("short"), 0o644)
 	err := pin.Verify(p)
@@ -58,8 +58,8 @@ func installCopy(t *testing.T) string {
 	t.Helper()
 	src := bundletest.Open(t)
 	build := t.TempDir()
-	copyFile(t, src.WasmPath(), filepath.Join(build, bundle.Pinned.Wasm.Name))
-	copyFile(t, filepath.Join(src.LibPath(), bundle.Pinned.Stdlib.Name), filepath.Join(build, bundle.Pinned.Stdlib.Name))
+	copyFile(t, src.WasmPath(), filepath.Join(build, bundle.Pinned().Wasm.Name))
+	copyFile(t, filepath.Join(src.LibPath(), bundle.Pinned().Stdlib.Name), filepath.Join(build, bundle.Pinned().Stdlib.Name))
 	os.WriteFile(filepath.Join(build, "BUILDINFO"), []byte("test\n"), 0o644)
 	dir := t.TempDir()
 	if err := bundle.Install(build, dir); err != nil {
@@ -79,7 +79,7 @@ func TestInstallAndOpen(t *testing.T) {
 	}
 	// A manifest for another artifact is refused.
 	raw, _ := os.ReadFile(filepath.Join(dir, bundle.ManifestName))
-	os.WriteFile(filepath.Join(dir, bundle.ManifestName), []byte(strings.Replace(string(raw), bundle.Pinned.Version, "3.13.4", 1)), 0o644)
+	os.WriteFile(filepath.Join(dir, bundle.ManifestName), []byte(strings.Replace(string(raw), bundle.Pinned().Version, "3.13.4", 1)), 0o644)
 	if _, err := bundle.Open(dir); !errors.Is(err, bundle.ErrManifest) {
 		t.Fatalf("foreign manifest: %v", err)
 	}
@@ -170,8 +170,8 @@ func TestPrecompiledFallsBackToCacheDir(t *testing.T) {
 }
 
 func TestKey(t *testing.T) {
-	a := bundle.Key("wasmtime=39.0.1 fuel=0", bundle.Pinned.Wasm.SHA256)
-	if a == bundle.Key("wasmtime=39.0.1 fuel=1", bundle.Pinned.Wasm.SHA256) || a == bundle.Key("wasmtime=39.0.1 fuel=0", strings.Repeat("0", 64)) {
+	a := bundle.Key("wasmtime=39.0.1 fuel=0", bundle.Pinned().Wasm.SHA256)
+	if a == bundle.Key("wasmtime=39.0.1 fuel=1", bundle.Pinned().Wasm.SHA256) || a == bundle.Key("wasmtime=39.0.1 fuel=0", strings.Repeat("0", 64)) {
 		t.Fatal("key ignores an input")
 	}
 	if len(a) != 32 {

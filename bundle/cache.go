@@ -77,7 +77,7 @@ type Precompiled struct {
 // python.wasm into cacheDir (which may be the bundle directory). Compiling takes
 // seconds; results are written atomically, so concurrent callers are safe.
 func (b *Bundle) Precompiled(c Compiler, cacheDir string) (Precompiled, error) {
-	key := Key(c.Fingerprint(), Pinned.Wasm.SHA256)
+	key := Key(c.Fingerprint(), Pinned().Wasm.SHA256)
 	out := Precompiled{Key: key}
 	dirs := []string{b.Dir}
 	if cacheDir != "" && filepath.Clean(cacheDir) != filepath.Clean(b.Dir) {
@@ -172,11 +172,11 @@ func (b *Bundle) Unpack(c Compiler, key, dir string) (string, error) {
 func (b *Bundle) Precompile(c Compiler, dir string) (string, error) {
 	wasm, err := os.ReadFile(b.WasmPath())
 	if err != nil {
-		return "", fmt.Errorf("bundle: read %s: %w", Pinned.Wasm.Name, err)
+		return "", fmt.Errorf("bundle: read %s: %w", Pinned().Wasm.Name, err)
 	}
 	// The bytes we compile are the bytes we hash: a file swapped after Open is caught.
-	if sum := hashBytes(wasm); sum != Pinned.Wasm.SHA256 {
-		return "", fmt.Errorf("%w: %s: sha256 %s, expected %s", ErrMismatch, Pinned.Wasm.Name, sum, Pinned.Wasm.SHA256)
+	if sum := hashBytes(wasm); sum != Pinned().Wasm.SHA256 {
+		return "", fmt.Errorf("%w: %s: sha256 %s, expected %s", ErrMismatch, Pinned().Wasm.Name, sum, Pinned().Wasm.SHA256)
 	}
 	// The directory first: compiling takes seconds, wasted if the result has nowhere to go.
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -186,8 +186,8 @@ func (b *Bundle) Precompile(c Compiler, dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	key := Key(c.Fingerprint(), Pinned.Wasm.SHA256)
-	sc := Sidecar{Key: key, Fingerprint: c.Fingerprint(), WasmSHA256: Pinned.Wasm.SHA256,
+	key := Key(c.Fingerprint(), Pinned().Wasm.SHA256)
+	sc := Sidecar{Key: key, Fingerprint: c.Fingerprint(), WasmSHA256: Pinned().Wasm.SHA256,
 		Size: int64(len(code)), SHA256: hashBytes(code)}
 	side, err := json.MarshalIndent(sc, "", "  ")
 	if err != nil {

@@ -4,7 +4,8 @@ package packaging
 
 import _ "embed"
 
-// DefaultConfig is packaging/sandcell.toml, installed as /etc/sandcell/sandcell.toml.
-//
 //go:embed sandcell.toml
-var DefaultConfig string
+var defaultConfig string
+
+// DefaultConfig returns packaging/sandcell.toml, installed as /etc/sandcell/sandcell.toml.
+func DefaultConfig() string { return defaultConfig }

@@ -428,7 +428,7 @@ func layers(l protocol.Limits, sc, ll, ns bool) protocol.Hardening {
 	}
 	h.Namespaces = ns
 	if ns {
-		for l := range protocol.Namespaces {
+		for l := range protocol.Namespaces() {
 			h.Require = append(h.Require, l)
 		}
 	}
@@ -528,7 +528,7 @@ func TestEscapeWithoutPidNamespace(t *testing.T) {
 	tg, check := escapeTargets(t)
 	got, res := runEscape(t, &tg, "all", func(l protocol.Limits) protocol.Hardening {
 		h := policy.Default().Hardening(l)
-		h.Require = slices.DeleteFunc(slices.Clone(protocol.Layers), func(l string) bool { return l == protocol.LayerPidNS })
+		h.Require = slices.DeleteFunc(slices.Clone(protocol.Layers()), func(l string) bool { return l == protocol.LayerPidNS })
 		return h
 	}, func(protocol.Request) (*sandbox.Spawner, func()) {
 		sp := sandbox.NewSpawner()
@@ -559,7 +559,7 @@ func TestEscapeMatrix(t *testing.T) {
 			return spawnerFor(t, req, escapeCommand)
 		})
 		if c.name == "all" {
-			if miss := res.Enforcement.Missing(protocol.Layers); len(miss) > 0 {
+			if miss := res.Enforcement.Missing(protocol.Layers()); len(miss) > 0 {
 				t.Errorf("all: layers not active: %v (%v)", miss, res.Enforcement.Errors)
 			}
 		}
@@ -719,7 +719,7 @@ except OSError as e:
 	if e == nil {
 		t.Fatal("no contract in the result")
 	}
-	if miss := e.Missing(protocol.Layers); len(miss) > 0 {
+	if miss := e.Missing(protocol.Layers()); len(miss) > 0 {
 		t.Fatalf("layers not active: %v: %v", miss, e.Errors)
 	}
 	if !e.Seccomp.Active || len(e.Seccomp.SHA256) != 64 || e.Landlock.ABI < 1 || e.Capabilities != "=" ||
@@ -904,7 +904,7 @@ func TestSymlinkedWorkspace(t *testing.T) {
 	}
 	res, _ := run(t, `open("f", "w").write("x")`, func(r *protocol.Request) { r.Workspace = link })
 	wantExit(t, res, 0)
-	if miss := res.Enforcement.Missing(protocol.Layers); len(miss) > 0 {
+	if miss := res.Enforcement.Missing(protocol.Layers()); len(miss) > 0 {
 		t.Fatalf("missing %v: %v", miss, res.Enforcement.Errors)
 	}
 	if b, _ := os.ReadFile(filepath.Join(real, "f")); string(b) != "x" {

@@ -125,7 +125,7 @@ func (s *Spawner) command() string {
 // links, for the worker to tell its own from the parent's.
 func hostNamespaces() map[string]string {
 	out := map[string]string{}
-	for _, name := range protocol.Namespaces {
+	for _, name := range protocol.Namespaces() {
 		if link, err := os.Readlink("/proc/self/ns/" + name); err == nil {
 			out[name] = link
 		}
@@ -135,7 +135,7 @@ func hostNamespaces() map[string]string {
 
 func requiresNamespace(require []string) bool {
 	for _, l := range require {
-		if _, ok := protocol.Namespaces[l]; ok {
+		if _, ok := protocol.Namespaces()[l]; ok {
 			return true
 		}
 	}

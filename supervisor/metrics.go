@@ -37,7 +37,7 @@ func NewMetrics(m *Manager, version, revision string) *Metrics {
 			Help:    "Wall time of finished runs, from admission to the final state.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 600}}),
 	}
-	for _, r := range protocol.Reasons {
+	for _, r := range protocol.Reasons() {
 		x.runs.WithLabelValues(string(r)) // every reason present from the start, at 0
 	}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{Name: "sandcell_build_info",

@@ -28,7 +28,7 @@ func newBundleCmd() *cobra.Command {
 			if err := bundle.Install(args[0], dir); err != nil {
 				return err
 			}
-			fmt.Printf("installed CPython %s (python.wasm sha256 %s) in %s\n", bundle.Pinned.Version, bundle.Pinned.Wasm.SHA256, dir)
+			fmt.Printf("installed CPython %s (python.wasm sha256 %s) in %s\n", bundle.Pinned().Version, bundle.Pinned().Wasm.SHA256, dir)
 			return nil
 		},
 	}
@@ -81,10 +81,10 @@ needed.`,
 			if err := b.Verify(); err != nil {
 				return err
 			}
-			fmt.Printf("%s: CPython %s python.wasm and %s ok\n", b.Dir, bundle.Pinned.Version, bundle.Pinned.Stdlib.Name)
+			fmt.Printf("%s: CPython %s python.wasm and %s ok\n", b.Dir, bundle.Pinned().Version, bundle.Pinned().Stdlib.Name)
 			for _, fuel := range []bool{false, true} {
 				e := engine.New(engine.Options{Fuel: fuel})
-				key := bundle.Key(e.Fingerprint(), bundle.Pinned.Wasm.SHA256)
+				key := bundle.Key(e.Fingerprint(), bundle.Pinned().Wasm.SHA256)
 				p := filepath.Join(b.Dir, bundle.PrecompiledName(key))
 				err := bundle.CheckPrecompiled(e, p, key)
 				if errors.Is(err, os.ErrNotExist) {
@@ -134,7 +134,7 @@ func newVersionCmd() *cobra.Command {
 		Short: "Print the version, the wasmtime release and the pinned interpreter",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, args []string) {
-			p := bundle.Pinned
+			p := bundle.Pinned()
 			fmt.Printf("sandcell %s (revision %s)\nwasmtime %s\nCPython %s for WASI: %s\n  %s sha256 %s\n  %s sha256 %s\n",
 				version, revision, engine.WasmtimeVersion, p.Version, p.Build, p.Wasm.Name, p.Wasm.SHA256, p.Stdlib.Name, p.Stdlib.SHA256)
 		},

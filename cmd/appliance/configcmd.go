@@ -51,7 +51,7 @@ func newConfigCmd() *cobra.Command {
 		Short: "Print the commented default configuration (the packaged " + defaultConfigPath + ")",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			_, err := fmt.Fprint(cmd.OutOrStdout(), packaging.DefaultConfig)
+			_, err := fmt.Fprint(cmd.OutOrStdout(), packaging.DefaultConfig())
 			return err
 		},
 	}

@@ -228,7 +228,7 @@ func TestCLIEnforcementContract(t *testing.T) {
 	if res.Enforcement == nil {
 		t.Fatalf("no enforcement in %s", r.stdout)
 	}
-	if miss := res.Enforcement.Missing(protocol.Layers); len(miss) > 0 {
+	if miss := res.Enforcement.Missing(protocol.Layers()); len(miss) > 0 {
 		t.Fatalf("layers not active: %v %v", miss, res.Enforcement.Errors)
 	}
 	r = cli(t, "", "run", "--require", "seccomp,selinux", "-c", "print(1)")

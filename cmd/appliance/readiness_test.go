@@ -142,7 +142,7 @@ func TestServeSabotaged(t *testing.T) {
 	cases := map[string]sabotage{
 		"python.wasm hash": {func(t *testing.T, dir string) ([]string, []string) {
 			b := bundletest.Copy(t)
-			bundletest.Damage(t, filepath.Join(b, bundle.Pinned.Wasm.Name), 4096)
+			bundletest.Damage(t, filepath.Join(b, bundle.Pinned().Wasm.Name), 4096)
 			return []string{"--bundle-dir", b}, nil
 		}, "STATUS=failed: self-test: bundle: "},
 		"damaged module, unwritable cache": {func(t *testing.T, dir string) ([]string, []string) {

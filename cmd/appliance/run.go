@@ -84,7 +84,7 @@ ends the run as rejected (exit 126) with no code run.`,
 	fl.BoolVar(&f.json, "json", false, "print the result as JSON")
 	fl.StringVar(&f.bundleDir, "bundle-dir", defaultBundleDir(), "directory holding python.wasm and MANIFEST ($SANDCELL_BUNDLE_DIR)")
 	fl.StringVar(&f.cacheDir, "cache-dir", defaultCacheDir(), "where a rebuilt .cwasm is kept ($SANDCELL_CACHE_DIR)")
-	fl.StringSliceVar(&f.require, "require", protocol.Layers, "enforcement layers without which no code runs (comma-separated; \"none\" for none)")
+	fl.StringSliceVar(&f.require, "require", protocol.Layers(), "enforcement layers without which no code runs (comma-separated; \"none\" for none)")
 	fl.StringVar(&f.profile, "seccomp-profile", "", "OCI seccomp profile (JSON) to use instead of the built-in one")
 	fl.StringVar(&f.socket, "socket", os.Getenv("SANDCELL_SOCKET"), "run through the daemon listening on this Unix socket ($SANDCELL_SOCKET) instead of a local worker")
 	return cmd

@@ -307,7 +307,7 @@ func (d *daemon) run() error {
 		d.keepChecking()
 		layers := d.report.Load().Enforcement.ActiveLayers()
 		d.status = fmt.Sprintf("sandcell %s, CPython %s: ready, %d layers active (%s)", version,
-			bundle.Pinned.Version, len(layers), strings.Join(layers, ","))
+			bundle.Pinned().Version, len(layers), strings.Join(layers, ","))
 		d.notify.Ready(d.status)
 		d.log.Info("ready", "layers", layers, "socket", cfg.Socket.Path)
 	}
@@ -387,7 +387,7 @@ func (d *daemon) info() any {
 	cfg := d.cfg.Load()
 	pol, _ := cfg.Policy()
 	info := map[string]any{
-		"version": version, "revision": revision, "interpreter": bundle.Pinned,
+		"version": version, "revision": revision, "interpreter": bundle.Pinned(),
 		"limits":  map[string]any{"default": pol.Default, "max": pol.Max},
 		"require": pol.Require,
 		"pool":    d.sp.PoolStats(),

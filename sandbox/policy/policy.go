@@ -44,7 +44,7 @@ type Policy struct {
 	// EnvAllow lists the environment variable names a request may pass to the guest.
 	// Empty means the guest gets an empty environment.
 	EnvAllow []string
-	// Require names the enforcement layers (protocol.Layers) without which no code
+	// Require names the enforcement layers (protocol.Layers()) without which no code
 	// runs: a run whose worker cannot verify one of them ends rejected.
 	Require []string
 	// Seccomp is the worker's seccomp profile; nil means seccomp.Rules().
@@ -63,7 +63,9 @@ type Policy struct {
 }
 
 // Disableable are the names Policy.Disable accepts.
-var Disableable = []string{"seccomp", "landlock", "namespaces"}
+func Disableable() []string {
+	return []string{"seccomp", "landlock", "namespaces"}
+}
 
 // Hardening returns the hardening request for a run with limits l (already
 // resolved): every layer asked for, the rlimits, and the layers policy requires.
@@ -102,7 +104,7 @@ func (p Policy) Hardening(l protocol.Limits) protocol.Hardening {
 // 1 GiB, 256 descriptors, 256 threads, and every enforcement layer required.
 func Default() Policy {
 	return Policy{
-		Require:      append([]string(nil), protocol.Layers...),
+		Require:      append([]string(nil), protocol.Layers()...),
 		MaxFileBytes: 1024 * MiB,
 		MaxOpenFiles: 256,
 		MaxThreads:   256,
@@ -140,8 +142,8 @@ func (p Policy) Validate() error {
 		errs = multierror.Append(errs, fmt.Errorf("require: %w", err))
 	}
 	for _, d := range p.Disable {
-		if !contains(Disableable, d) {
-			errs = multierror.Append(errs, fmt.Errorf("disable: %q is not one of %v", d, Disableable))
+		if !contains(Disableable(), d) {
+			errs = multierror.Append(errs, fmt.Errorf("disable: %q is not one of %v", d, Disableable()))
 		}
 	}
 	if p.Seccomp != nil {

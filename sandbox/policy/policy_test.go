@@ -66,7 +66,7 @@ func TestFilterEnv(t *testing.T) {
 func TestHardening(t *testing.T) {
 	p := Default()
 	h := p.Hardening(protocol.Limits{TimeoutMS: 1500, CPUMS: 4200})
-	if h.Seccomp == nil || !h.Landlock || !h.Namespaces || len(h.Require) != len(protocol.Layers) {
+	if h.Seccomp == nil || !h.Landlock || !h.Namespaces || len(h.Require) != len(protocol.Layers()) {
 		t.Fatalf("%+v", h)
 	}
 	// The CPU backstop: a second above the larger limit, rounded up.

@@ -23,12 +23,16 @@ const (
 )
 
 // Layers lists every layer name, in the order the worker applies them.
-var Layers = []string{LayerRlimits, LayerUserNS, LayerNetNS, LayerMountNS, LayerPidNS, LayerIPCNS,
-	LayerUTSNS, LayerCapabilities, LayerLandlock, LayerNoNewPrivs, LayerSeccomp}
+func Layers() []string {
+	return []string{LayerRlimits, LayerUserNS, LayerNetNS, LayerMountNS, LayerPidNS, LayerIPCNS,
+		LayerUTSNS, LayerCapabilities, LayerLandlock, LayerNoNewPrivs, LayerSeccomp}
+}
 
 // Namespaces maps each namespace layer to its name under /proc/PID/ns (namespaces(7)).
-var Namespaces = map[string]string{LayerUserNS: "user", LayerNetNS: "net", LayerMountNS: "mnt",
-	LayerPidNS: "pid", LayerIPCNS: "ipc", LayerUTSNS: "uts"}
+func Namespaces() map[string]string {
+	return map[string]string{LayerUserNS: "user", LayerNetNS: "net", LayerMountNS: "mnt",
+		LayerPidNS: "pid", LayerIPCNS: "ipc", LayerUTSNS: "uts"}
+}
 
 // Hardening is what the parent asks of a worker before the guest runs. The parent
 // fills it from policy; the worker applies each layer it is given, verifies it, and
@@ -133,7 +137,7 @@ func (e Enforcement) Active(layer string) bool {
 	case LayerCapabilities:
 		return e.Capabilities == "="
 	}
-	if _, ok := Namespaces[layer]; ok {
+	if _, ok := Namespaces()[layer]; ok {
 		return e.Namespaces[layer]
 	}
 	return false
@@ -153,7 +157,7 @@ func (e Enforcement) Missing(require []string) []string {
 // ActiveLayers returns the names of the active layers, in Layers order.
 func (e Enforcement) ActiveLayers() []string {
 	var out []string
-	for _, l := range Layers {
+	for _, l := range Layers() {
 		if e.Active(l) {
 			out = append(out, l)
 		}
@@ -166,7 +170,7 @@ func CheckLayers(names []string) error {
 	var bad []string
 	for _, n := range names {
 		known := false
-		for _, l := range Layers {
+		for _, l := range Layers() {
 			known = known || n == l
 		}
 		if !known {
@@ -175,7 +179,7 @@ func CheckLayers(names []string) error {
 	}
 	if len(bad) > 0 {
 		sort.Strings(bad)
-		return fmt.Errorf("unknown enforcement layer %v (known: %v)", bad, Layers)
+		return fmt.Errorf("unknown enforcement layer %v (known: %v)", bad, Layers())
 	}
 	return nil
 }

@@ -88,7 +88,9 @@ const (
 )
 
 // Reasons lists every Reason, in documentation order.
-var Reasons = []Reason{Exited, Timeout, Cancelled, CPULimit, OutputLimit, Trap, Rejected, InternalError}
+func Reasons() []Reason {
+	return []Reason{Exited, Timeout, Cancelled, CPULimit, OutputLimit, Trap, Rejected, InternalError}
+}
 
 // Limits bounds one run. Zero means "no limit of this kind" only where a field says so;
 // the parent fills every field from policy before sending a Request.

@@ -64,7 +64,7 @@ func prepare(req *protocol.Request) *hardened {
 		warm:      req.Warm,
 	}
 	fail := func(layer string, err error) { st.enf.Errors[layer] = err.Error() }
-	for layer, name := range protocol.Namespaces {
+	for layer, name := range protocol.Namespaces() {
 		link, err := os.Readlink("/proc/self/ns/" + name)
 		host := h.HostNamespaces[name]
 		st.enf.Namespaces[layer] = h.Namespaces && err == nil && host != "" && link != host

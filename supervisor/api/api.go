@@ -18,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -39,38 +40,41 @@ import (
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
-// OpenAPI is the API's contract (OpenAPI 3.1), served at /v1/openapi.json.
-//
 //go:embed openapi.json
-var OpenAPI []byte
+var openAPI []byte
+
+// OpenAPI returns the API's contract (OpenAPI 3.1, JSON), served at /v1/openapi.json.
+func OpenAPI() []byte { return slices.Clone(openAPI) }
 
 // Statuses lists, per route ("METHOD /path" as echo names it), every status the
 // route answers with. TestOpenAPI checks that the document and this list agree and
 // that the server has exactly these routes.
-var Statuses = map[string][]int{
-	"GET /livez":              {200, 503},
-	"GET /healthz":            {200, 503},
-	"GET /readyz":             {200, 503},
-	"GET /metrics":            {200},
-	"GET /v1/openapi.json":    {200},
-	"GET /v1/info":            {200, 401, 403},
-	"POST /v1/runs":           {200, 202, 400, 401, 403, 404, 408, 409, 413, 415, 429, 500, 503, 507},
-	"GET /v1/runs/:id":        {200, 401, 403, 404},
-	"DELETE /v1/runs/:id":     {200, 401, 403, 404, 500},
-	"GET /v1/runs/:id/events": {200, 400, 401, 403, 404},
-	"GET /v1/audit":           {200, 400, 401, 403, 500},
+func Statuses() map[string][]int {
+	return map[string][]int{
+		"GET /livez":              {200, 503},
+		"GET /healthz":            {200, 503},
+		"GET /readyz":             {200, 503},
+		"GET /metrics":            {200},
+		"GET /v1/openapi.json":    {200},
+		"GET /v1/info":            {200, 401, 403},
+		"POST /v1/runs":           {200, 202, 400, 401, 403, 404, 408, 409, 413, 415, 429, 500, 503, 507},
+		"GET /v1/runs/:id":        {200, 401, 403, 404},
+		"DELETE /v1/runs/:id":     {200, 401, 403, 404, 500},
+		"GET /v1/runs/:id/events": {200, 400, 401, 403, 404},
+		"GET /v1/audit":           {200, 400, 401, 403, 500},
 
-	"POST /v1/workspaces":               {201, 401, 403, 500, 503, 507},
-	"GET /v1/workspaces/:id":            {200, 401, 403, 404, 500},
-	"DELETE /v1/workspaces/:id":         {204, 401, 403, 404, 409, 500},
-	"PUT /v1/workspaces/:id/files/*":    {201, 400, 401, 403, 404, 408, 409, 500, 507},
-	"GET /v1/workspaces/:id/files/*":    {200, 400, 401, 403, 404, 409, 500},
-	"DELETE /v1/workspaces/:id/files/*": {204, 400, 401, 403, 404, 409, 500},
+		"POST /v1/workspaces":               {201, 401, 403, 500, 503, 507},
+		"GET /v1/workspaces/:id":            {200, 401, 403, 404, 500},
+		"DELETE /v1/workspaces/:id":         {204, 401, 403, 404, 409, 500},
+		"PUT /v1/workspaces/:id/files/*":    {201, 400, 401, 403, 404, 408, 409, 500, 507},
+		"GET /v1/workspaces/:id/files/*":    {200, 400, 401, 403, 404, 409, 500},
+		"DELETE /v1/workspaces/:id/files/*": {204, 400, 401, 403, 404, 409, 500},
 
-	"POST /v1/sql":           {200, 400, 401, 403, 404, 409, 413, 415, 422, 429, 500, 503},
-	"GET /v1/approvals":      {200, 400, 401, 403},
-	"GET /v1/approvals/:id":  {200, 401, 403, 404},
-	"POST /v1/approvals/:id": {200, 400, 401, 403, 404, 409, 413, 415},
+		"POST /v1/sql":           {200, 400, 401, 403, 404, 409, 413, 415, 422, 429, 500, 503},
+		"GET /v1/approvals":      {200, 400, 401, 403},
+		"GET /v1/approvals/:id":  {200, 401, 403, 404},
+		"POST /v1/approvals/:id": {200, 400, 401, 403, 404, 409, 413, 415},
+	}
 }
 
 // problem answers a problem document (wire.NewProblem: the one way one is built).
@@ -289,7 +293,7 @@ func New(o Options) *Server {
 	e.GET("/livez", live)
 	e.GET("/healthz", live)
 	e.GET("/readyz", echo.WrapHandler(healthz.Handler(o.Health.Ready, wire.CodeNotReady)))
-	e.GET("/v1/openapi.json", func(c echo.Context) error { return c.Blob(http.StatusOK, "application/json", OpenAPI) })
+	e.GET("/v1/openapi.json", func(c echo.Context) error { return c.Blob(http.StatusOK, "application/json", openAPI) })
 	if o.Metrics != nil {
 		e.GET("/metrics", echo.WrapHandler(o.Metrics))
 	}

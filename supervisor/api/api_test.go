@@ -175,7 +175,7 @@ func TestRunOverSocket(t *testing.T) {
 	if v.State != wire.Done || v.Result == nil || string(v.Result.Stdout) != "42\n" || v.Result.Reason != protocol.Exited {
 		t.Fatalf("%s", body)
 	}
-	if v.Result.Enforcement == nil || len(v.Result.Enforcement.Missing(protocol.Layers)) > 0 {
+	if v.Result.Enforcement == nil || len(v.Result.Enforcement.Missing(protocol.Layers())) > 0 {
 		t.Fatalf("contract: %s", body)
 	}
 	resp, body = d.do(t, "GET", "/v1/runs/"+v.ID, "")
@@ -581,22 +581,22 @@ func TestOpenAPI(t *testing.T) {
 			inDoc[strings.ToUpper(method)+" "+echoPath] = codes
 		}
 	}
-	for route, want := range api.Statuses {
+	for route, want := range api.Statuses() {
 		if got := inDoc[route]; fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("%s: document says %v, server %v", route, got, want)
 		}
 	}
 	for route := range inDoc {
-		if _, ok := api.Statuses[route]; !ok {
+		if _, ok := api.Statuses()[route]; !ok {
 			t.Errorf("%s is in the document, not in the server", route)
 		}
 	}
 	for _, route := range d.server.Routes() {
-		if _, ok := api.Statuses[route]; !ok {
+		if _, ok := api.Statuses()[route]; !ok {
 			t.Errorf("the server has %s, the document does not", route)
 		}
 	}
-	if len(d.server.Routes()) != len(api.Statuses) {
+	if len(d.server.Routes()) != len(api.Statuses()) {
 		t.Errorf("server routes %v", d.server.Routes())
 	}
 	var codes struct {
@@ -615,7 +615,7 @@ func TestOpenAPI(t *testing.T) {
 	json.Unmarshal(body, &codes)
 	inDocCodes := codes.Components.Schemas.Problem.Properties.Code.Enum
 	sort.Strings(inDocCodes)
-	want := append([]string(nil), wire.Codes...)
+	want := append([]string(nil), wire.Codes()...)
 	sort.Strings(want)
 	if fmt.Sprint(inDocCodes) != fmt.Sprint(want) {
 		t.Errorf("problem codes: document %v, server %v", inDocCodes, want)

@@ -23,7 +23,7 @@ func write(t *testing.T, text string) string {
 
 // The packaged, commented file shows exactly the built-in defaults.
 func TestPackagedFileIsTheDefault(t *testing.T) {
-	c, err := Load(write(t, packaging.DefaultConfig), nil)
+	c, err := Load(write(t, packaging.DefaultConfig()), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -96,7 +96,7 @@ func Run(ctx context.Context, o Options) *Report {
 		return r
 	}
 	r.LibDir = b.LibPath()
-	r.add("bundle", OK, "CPython %s, python.wasm sha256 %s", bundle.Pinned.Version, bundle.Pinned.Wasm.SHA256[:16])
+	r.add("bundle", OK, "CPython %s, python.wasm sha256 %s", bundle.Pinned().Version, bundle.Pinned().Wasm.SHA256[:16])
 	for _, fuel := range []bool{false, true} {
 		name := "module"
 		if fuel {
@@ -202,7 +202,7 @@ func (r *Report) layers(require []string, res protocol.Result) {
 	}
 	active := e.ActiveLayers()
 	var missingReq, missingOpt []string
-	for _, l := range protocol.Layers {
+	for _, l := range protocol.Layers() {
 		if slices.Contains(active, l) {
 			continue
 		}

@@ -47,7 +47,7 @@ func TestPasses(t *testing.T) {
 	if want := "bundle,module,module (fuel),layers,canary,probe network,probe host_file,probe environment,probe write_outside,probe workspace"; strings.Join(names, ",") != want {
 		t.Fatalf("checks %s", strings.Join(names, ","))
 	}
-	if len(slow) != 2 || r.Enforcement == nil || len(r.Enforcement.Missing(protocol.Layers)) > 0 {
+	if len(slow) != 2 || r.Enforcement == nil || len(r.Enforcement.Missing(protocol.Layers())) > 0 {
 		t.Fatalf("slow %v, contract %+v", slow, r.Enforcement)
 	}
 	if err := Light(context.Background(), o, r.Modules[false], r.LibDir); err != nil {
@@ -58,7 +58,7 @@ func TestPasses(t *testing.T) {
 func TestFailures(t *testing.T) {
 	t.Run("python.wasm hash", func(t *testing.T) {
 		dir := bundletest.Copy(t)
-		bundletest.Damage(t, filepath.Join(dir, bundle.Pinned.Wasm.Name), 1000)
+		bundletest.Damage(t, filepath.Join(dir, bundle.Pinned().Wasm.Name), 1000)
 		r := Run(context.Background(), options(t, dir))
 		if r.OK() || !strings.HasPrefix(r.Failure(), "bundle: ") || !strings.Contains(r.Failure(), "sha256") {
 			t.Fatalf("%q", r.Failure())

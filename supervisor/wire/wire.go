@@ -49,11 +49,13 @@ const (
 )
 
 // Codes lists every problem code (TestOpenAPI keeps the document's list equal).
-var Codes = []string{CodeInvalidJSON, CodeUnknownField, CodeBadRequest, CodeLimitExceeded, CodeForbidden,
-	CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeCallerLimit, CodeDisabled, CodeNotReady, CodeNotAlive, CodeStopping,
-	CodeInternal, CodeUnsupportedMed, CodeUnauthorized, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota,
-	CodeStatementRefused, CodeApprovalRequired, CodeApprovalUnavailable, CodeApprovalInvalid, CodeSQLError,
-	CodeTooManyPending, CodeWorkspaceBusy}
+func Codes() []string {
+	return []string{CodeInvalidJSON, CodeUnknownField, CodeBadRequest, CodeLimitExceeded, CodeForbidden,
+		CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeCallerLimit, CodeDisabled, CodeNotReady, CodeNotAlive, CodeStopping,
+		CodeInternal, CodeUnsupportedMed, CodeUnauthorized, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota,
+		CodeStatementRefused, CodeApprovalRequired, CodeApprovalUnavailable, CodeApprovalInvalid, CodeSQLError,
+		CodeTooManyPending, CodeWorkspaceBusy}
+}
 
 // Problem is an RFC 9457 problem document.
 type Problem struct {
