@@ -782,7 +782,9 @@ func TestEscapeMatrixUnprivileged(t *testing.T) {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	tmp := filepath.Join(dir, "tmp")
-	bin := filepath.Join(dir, "sandbox.test")
+	// The binary's directory is never a workspace, nor holds one: it gets its own.
+	os.Mkdir(filepath.Join(dir, "bin"), 0o755)
+	bin := filepath.Join(dir, "bin", "sandbox.test")
 	src, err := os.ReadFile(os.Args[0])
 	if err != nil {
 		t.Fatal(err)
