@@ -233,3 +233,66 @@ func (s *Server) deleteFile(c echo.Context) error {
 	}
 	return c.NoContent(http.StatusNoContent)
 }
+
+// acquire marks workspace id in use (it cannot be deleted meanwhile): errWorkspaceGone
+// when it is being deleted, errWorkspaceBusy while an approved write holds it alone.
+func (s *Server) acquire(id string) error { return s.use(id, false) }
+
+// acquireAlone marks workspace id in use by nothing else (an approved SQL write: no
+// run or upload may change the file between the worker's check of its bytes and the
+// write); errWorkspaceBusy while anything else uses it.
+func (s *Server) acquireAlone(id string) error { return s.use(id, true) }
+
+func (s *Server) use(id string, alone bool) error {
+	s.wsMu.Lock()
+	defer s.wsMu.Unlock()
+	switch {
+	case s.deleting[id]:
+		return errWorkspaceGone
+	case s.alone[id]:
+		return fmt.Errorf("%w: an approved SQL write holds it alone", errWorkspaceBusy)
+	case alone && s.inUse[id] > 0:
+		return fmt.Errorf("%w: a run, statement or upload is using it, and an approved write waits for none", errWorkspaceBusy)
+	}
+	s.inUse[id]++
+	if alone {
+		s.alone[id] = true
+	}
+	return nil
+}
+
+// soleUse reports whether the one use of workspace id is the caller's own (its
+// acquire, shared or alone), and if so holds it alone until its release: nothing
+// else may start in it meanwhile.
+func (s *Server) soleUse(id string) bool {
+	s.wsMu.Lock()
+	defer s.wsMu.Unlock()
+	if s.inUse[id] != 1 {
+		return false
+	}
+	s.alone[id] = true
+	return true
+}
+
+// acquireError answers a failed acquire.
+func acquireError(c echo.Context, id string, err error) error {
+	if errors.Is(err, errWorkspaceBusy) {
+		return problem(c, http.StatusConflict, wire.CodeWorkspaceBusy, fmt.Sprintf("workspace %s: %v", id, err))
+	}
+	return problem(c, http.StatusNotFound, wire.CodeNotFound, "no workspace "+id)
+}
+
+func (s *Server) release(id string) {
+	s.wsMu.Lock()
+	defer s.wsMu.Unlock()
+	if s.inUse[id]--; s.inUse[id] <= 0 {
+		delete(s.inUse, id)
+		delete(s.alone, id)
+	}
+}
+
+// Why a workspace cannot be acquired.
+var (
+	errWorkspaceGone = errors.New("the workspace is being deleted")
+	errWorkspaceBusy = errors.New("the workspace is busy")
+)

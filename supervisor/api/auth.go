@@ -1,0 +1,68 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/store"
+	"github.com/sandcell/sandcell/supervisor/wire"
+)
+
+// require admits only callers holding role: a Unix peer by its SO_PEERCRED
+// credentials, any other (TCP) by its bearer token, which then identifies it.
+func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
+	return func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			ctx := c.Request().Context()
+			role := roles[0]
+			peer, ok := PeerFrom(ctx)
+			if !ok {
+				t, found := s.access().Tokens.Authenticate(c.Request())
+				if !found {
+					if s.denials.Allow() {
+						s.record(ctx, store.AccessDenied, "", map[string]any{"method": c.Request().Method,
+							"path": c.Path(), "role": role, "remote": c.Request().RemoteAddr, "reason": "no valid bearer token",
+							"unrecorded_before": s.skipped.Swap(0)})
+					} else {
+						s.skipped.Add(1)
+					}
+					c.Response().Header().Set("WWW-Authenticate", `Bearer realm="sandcell"`)
+					return problem(c, http.StatusUnauthorized, wire.CodeUnauthorized, "present a configured bearer token")
+				}
+				peer, ok = Peer{PID: -1, UID: -1, GID: -1, Token: t.Name}, true
+				authenticated(ctx)
+				c.Response().Header().Del("Connection")
+				c.SetRequest(c.Request().WithContext(context.WithValue(ctx, peerKey{}, peer)))
+			}
+			allowed := false
+			for _, role := range roles {
+				allowed = allowed || s.access().Allows(peer, role)
+			}
+			if !allowed {
+				who := fmt.Sprintf("uid %d", peer.UID)
+				if peer.Token != "" {
+					who = fmt.Sprintf("token %q", peer.Token)
+				}
+				s.record(c.Request().Context(), store.AccessDenied, "", map[string]any{"method": c.Request().Method,
+					"path": c.Path(), "role": role, "pid": peer.PID})
+				c.Response().Header().Set("Connection", "close") // nor wait for its body
+				return problem(c, http.StatusForbidden, wire.CodeForbidden, fmt.Sprintf("%s is not allowed the %s role", who, role))
+			}
+			return next(c)
+		}
+	}
+}
+
+// record appends an audit record of the request of ctx by its caller (uid -1 before
+// anyone is known); a TCP caller's token name goes into detail["token"] (see
+// supervisor.Audit.Record). Every record the API writes names its caller this way.
+func (s *Server) record(ctx context.Context, kind store.Kind, runID string, detail map[string]any) error {
+	who := supervisor.Caller{UID: -1}
+	if peer, ok := PeerFrom(ctx); ok {
+		who = peer.Caller()
+	}
+	return s.o.Audit.Record(ctx, kind, who, runID, detail)
+}

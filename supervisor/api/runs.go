@@ -1,0 +1,228 @@
+package api
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/store"
+	"github.com/sandcell/sandcell/supervisor/wire"
+)
+
+func (s *Server) createRun(c echo.Context) error {
+	ctx := c.Request().Context()
+	peer, _ := PeerFrom(ctx)
+	refuse := func(status int, code, detail string) error {
+		// A refusal is audited too; if it cannot be, the caller still gets it.
+		s.record(ctx, store.RunRefused, "", map[string]any{"status": status, "code": code, "detail": detail})
+		return problem(c, status, code, detail)
+	}
+	if s.o.Disabled() {
+		return refuse(http.StatusServiceUnavailable, wire.CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
+	}
+	if why := s.o.Health.Why(); why != "" {
+		return refuse(http.StatusServiceUnavailable, wire.CodeNotReady, why)
+	}
+	var body wire.RunRequest
+	if bad := s.decode(c, &body); bad != nil {
+		return refuse(bad.status, bad.code, bad.detail)
+	}
+	req, perr := s.request(body)
+	if perr != nil {
+		return refuse(perr.status, perr.code, perr.detail)
+	}
+	acquired := ""
+	defer func() {
+		if acquired != "" {
+			s.release(acquired)
+		}
+	}()
+	if body.Workspace != "" {
+		w := s.workspace(c, body.Workspace)
+		if w == nil {
+			s.record(ctx, store.RunRefused, "", map[string]any{"status": http.StatusNotFound,
+				"code": wire.CodeNotFound, "detail": "no workspace " + body.Workspace})
+			return nil
+		}
+		over, u, err := w.OverQuota()
+		if err != nil {
+			return refuse(workspaceStatus(err))
+		}
+		if over {
+			q := s.o.Workspaces.Quota()
+			return refuse(http.StatusInsufficientStorage, wire.CodeQuota, fmt.Sprintf(
+				"workspace %s holds %d bytes in %d names, over its quota of %d bytes and %d names: remove files first",
+				w.ID, u.Bytes, u.Files, q.Bytes, q.Files))
+		}
+		req.Workspace = w.Dir()
+		if err := s.acquire(w.ID); errors.Is(err, errWorkspaceBusy) {
+			return refuse(http.StatusConflict, wire.CodeWorkspaceBusy, fmt.Sprintf("workspace %s: %v", w.ID, err))
+		} else if err != nil {
+			return refuse(http.StatusNotFound, wire.CodeNotFound, "no workspace "+w.ID)
+		}
+		acquired = w.ID
+		// No single file the run writes may be larger than the whole quota.
+		req.Hardening.Rlimits.FSIZE = min(req.Hardening.Rlimits.FSIZE, uint64(s.o.Workspaces.Quota().Bytes))
+	}
+	sum := sha256.Sum256([]byte(req.Code))
+	detail := map[string]any{"code_sha256": hex.EncodeToString(sum[:]), "limits": req.Limits,
+		"args": len(req.Args), "stdin_bytes": len(req.Stdin), "env": envNames(req.Env),
+		"workspace": body.Workspace}
+	if s.o.RecordCode {
+		detail["code"] = req.Code
+	}
+	// No record, no run: the request is audited before a worker is spent on it.
+	if err := s.record(ctx, store.RunRequested, "", detail); err != nil {
+		return problem(c, http.StatusServiceUnavailable, wire.CodeAuditDown, "the audit log cannot be written: "+err.Error())
+	}
+	run, err := s.o.Service.Start(req, peer.Caller())
+	switch {
+	case errors.Is(err, supervisor.ErrQueueFull):
+		c.Response().Header().Set("Retry-After", "1")
+		return refuse(http.StatusTooManyRequests, wire.CodeQueueFull, err.Error())
+	case errors.Is(err, supervisor.ErrCallerLimit):
+		c.Response().Header().Set("Retry-After", "1")
+		return refuse(http.StatusTooManyRequests, wire.CodeCallerLimit, err.Error())
+	case errors.Is(err, supervisor.ErrStopping):
+		return refuse(http.StatusServiceUnavailable, wire.CodeStopping, err.Error())
+	case err != nil:
+		return refuse(http.StatusInternalServerError, wire.CodeInternal, err.Error())
+	}
+	if acquired != "" {
+		// The workspace stays in use until the run ends, not until this answer.
+		ws := acquired
+		s.acquire(ws) // cannot fail: the acquire above still holds it
+		go func() { <-run.Done(); s.release(ws) }()
+	}
+	s.record(ctx, store.RunAdmitted, run.ID, map[string]any{"code_sha256": detail["code_sha256"]})
+	if body.Wait != nil && !*body.Wait {
+		c.Response().Header().Set("Location", "/v1/runs/"+run.ID)
+		return runJSON(c, http.StatusAccepted, run)
+	}
+	select {
+	case <-run.Done():
+	case <-ctx.Done():
+		// The caller went away: nobody will read the result, so stop the work.
+		s.o.Service.Cancel(run.ID)
+		<-run.Done()
+	}
+	return runJSON(c, http.StatusOK, run)
+}
+
+func envNames(env map[string]string) []string {
+	names := make([]string, 0, len(env))
+	for k := range env {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// request turns a body into a sandbox request under policy.
+func (s *Server) request(b wire.RunRequest) (protocol.Request, *badRequest) {
+	if b.Limits.MemoryMiB > 1<<20 {
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeLimitExceeded,
+			fmt.Sprintf("limits.memory_mib %d is above any maximum", b.Limits.MemoryMiB)}
+	}
+	limits, err := s.policy().Resolve(protocol.Limits{
+		TimeoutMS: b.Limits.TimeoutMS, CPUMS: b.Limits.CPUMS, MemoryBytes: b.Limits.MemoryMiB * policy.MiB,
+		Fuel: b.Limits.Fuel, MaxStdoutBytes: b.Limits.MaxOutputBytes, MaxStderrBytes: b.Limits.MaxOutputBytes,
+	})
+	if err != nil {
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeLimitExceeded, strings.Join(policy.Describe(err, apiLimitName), "; ")}
+	}
+	env, err := s.policy().FilterEnv(b.Env)
+	if err != nil {
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest, err.Error()}
+	}
+	if b.Code == "" {
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest, "code is required"}
+	}
+	stdin := []byte(b.Stdin)
+	switch b.StdinEncoding {
+	case "":
+	case "base64":
+		if stdin, err = base64.StdEncoding.DecodeString(b.Stdin); err != nil {
+			return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest, "stdin: " + err.Error()}
+		}
+	default:
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest,
+			fmt.Sprintf("stdin_encoding %q: only \"base64\" (or none)", b.StdinEncoding)}
+	}
+	if err := sandbox.CheckProgram(&protocol.Request{Code: b.Code, Args: b.Args, Stdin: stdin, Env: env}); err != nil {
+		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest, err.Error()}
+	}
+	module, lib, err := s.o.Module(limits.Fuel > 0)
+	if err != nil {
+		return protocol.Request{}, &badRequest{http.StatusInternalServerError, wire.CodeInternal, err.Error()}
+	}
+	return protocol.Request{Code: b.Code, Args: b.Args, Stdin: stdin, Env: env, Limits: limits,
+		Hardening: s.policy().Hardening(limits), ModulePath: module, LibDir: lib}, nil
+}
+
+// apiLimitName names a limit as a caller of the API knows it (see wire.RunLimits).
+func apiLimitName(e *policy.LimitError, v int64) (string, string) {
+	switch e.Field {
+	case "memory_bytes":
+		return "limits.memory_mib", mib(v)
+	case "max_stdout_bytes", "max_stderr_bytes":
+		return "limits.max_output_bytes", strconv.FormatInt(v, 10)
+	}
+	return "limits." + e.Field, strconv.FormatInt(v, 10)
+}
+
+// mib says n bytes in MiB, with a fraction only when there is one.
+func mib(n int64) string { return strconv.FormatFloat(float64(n)/policy.MiB, 'f', -1, 64) }
+
+// visible reports whether the caller may see run: its owner or an admin. Others get
+// 404, as if it did not exist.
+// runJSON answers with the run's View, its output streamed (see View.WriteJSON).
+func runJSON(c echo.Context, status int, run *supervisor.Run) error {
+	c.Response().Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
+	c.Response().WriteHeader(status)
+	return run.View().WriteJSON(c.Response())
+}
+
+func (s *Server) visible(c echo.Context, run *supervisor.Run) bool {
+	peer, ok := PeerFrom(c.Request().Context())
+	return ok && (peer.Caller() == run.Caller || s.access().Allows(peer, RoleAdmin))
+}
+
+func (s *Server) getRun(c echo.Context) error {
+	run, err := s.o.Service.Get(c.Param("id"))
+	if err != nil || !s.visible(c, run) {
+		return problem(c, http.StatusNotFound, wire.CodeNotFound, "no run "+c.Param("id"))
+	}
+	return runJSON(c, http.StatusOK, run)
+}
+
+// cancelRun kills the run's worker and answers with its final state; a finished run
+// keeps the state it had.
+func (s *Server) cancelRun(c echo.Context) error {
+	run, err := s.o.Service.Get(c.Param("id"))
+	if err != nil || !s.visible(c, run) {
+		return problem(c, http.StatusNotFound, wire.CodeNotFound, "no run "+c.Param("id"))
+	}
+	if run.View().State != wire.Done {
+		s.o.Service.Cancel(run.ID)
+		s.record(c.Request().Context(), store.RunCancel, run.ID, map[string]any{})
+	}
+	select {
+	case <-run.Done():
+	case <-time.After(10 * time.Second):
+		return problem(c, http.StatusInternalServerError, wire.CodeInternal, "the worker did not end after cancel")
+	}
+	return runJSON(c, http.StatusOK, run)
+}
