@@ -66,6 +66,7 @@ type setup struct {
 	quota              workspace.Quota // of every workspace; zero: 1 MiB and 100 names
 	readTimeout        time.Duration
 	approvalTTL        time.Duration
+	writesHeld         *bool // policy holds SQL writes for approval; nil: yes
 }
 
 // start serves the real API with real workers on a Unix socket in a temporary
@@ -108,8 +109,12 @@ func start(t *testing.T, s setup) *daemon {
 	if s.approvalTTL == 0 {
 		s.approvalTTL = time.Minute
 	}
+	held := []string{api.ActionSQLWrite}
+	if s.writesHeld != nil && !*s.writesHeld {
+		held = nil
+	}
 	srv := api.New(api.Options{Service: mgr, Workspaces: workspaces, ReadTimeout: s.readTimeout,
-		Approvals: supervisor.NewApprovals(s.approvalTTL, time.Minute), ApprovalActions: []string{api.ActionSQLWrite}, Audit: audit, Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
+		Approvals: supervisor.NewApprovals(s.approvalTTL, time.Minute), ApprovalActions: held, Audit: audit, Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
 		Module: func(fuel bool) (string, string, error) {
 			if fuel {
 				return fuelMod, lib, nil

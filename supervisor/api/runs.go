@@ -164,12 +164,23 @@ func (s *Server) request(b wire.RunRequest) (protocol.Request, *badRequest) {
 	if err := sandbox.CheckProgram(&protocol.Request{Code: b.Code, Args: b.Args, Stdin: stdin, Env: env}); err != nil {
 		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest, err.Error()}
 	}
+	req, bad := s.base(limits)
+	if bad != nil {
+		return protocol.Request{}, bad
+	}
+	req.Code, req.Args, req.Stdin, req.Env = b.Code, b.Args, stdin, env
+	return req, nil
+}
+
+// base is the worker request every job starts from, runs and statements alike:
+// limits (resolved by policy), policy's hardening for them, and the module and
+// library to run; the program is the job's to fill in.
+func (s *Server) base(limits protocol.Limits) (protocol.Request, *badRequest) {
 	module, lib, err := s.o.Module(limits.Fuel > 0)
 	if err != nil {
 		return protocol.Request{}, &badRequest{http.StatusInternalServerError, wire.CodeInternal, err.Error()}
 	}
-	return protocol.Request{Code: b.Code, Args: b.Args, Stdin: stdin, Env: env, Limits: limits,
-		Hardening: s.policy().Hardening(limits), ModulePath: module, LibDir: lib}, nil
+	return protocol.Request{Limits: limits, Hardening: s.policy().Hardening(limits), ModulePath: module, LibDir: lib}, nil
 }
 
 // apiLimitName names a limit as a caller of the API knows it (see wire.RunLimits).

@@ -158,6 +158,11 @@ func (s *Server) sql(c echo.Context) error {
 		}
 		return nil
 	}
+	if body.Approval == "" && !s.approvalRequired(ActionSQLWrite) {
+		// Policy does not hold SQL writes for approval: a write runs as it is
+		// classified, in the one worker (a read still reads on a read-only connection).
+		req.Write = true
+	}
 	out, err := s.runSQL(c, w, req, caller)
 	if err == nil && out.Error != nil && out.Error.Code == "sql_busy" && s.soleUse(w.ID) {
 		// Locked with nothing else in the workspace: a worker stopped while it held
@@ -180,13 +185,6 @@ func (s *Server) sql(c echo.Context) error {
 	}
 	if err != nil {
 		return failed(err)
-	}
-	if out.Status == "approval_required" && !s.approvalRequired(ActionSQLWrite) {
-		// Policy does not hold SQL writes for approval.
-		req.Write = true
-		if out, err = s.runSQL(c, w, req, caller); err != nil {
-			return failed(err)
-		}
 	}
 	d := map[string]any{"workspace": w.ID, "db": body.DB, "sql_sha256": digest, "status": out.Status,
 		"classification": out.Classification, "changes": out.Changes, "elapsed_ms": out.ElapsedMS, "layers": out.Layers}
@@ -257,7 +255,12 @@ func started(err error) bool {
 
 // runSQL runs the tool; when it could not, it answers the request and returns why.
 func (s *Server) runSQL(c echo.Context, w *workspace.Workspace, req sqltool.Request, caller supervisor.Caller) (sqltool.Outcome, error) {
-	base, perr := s.request(wire.RunRequest{Code: "pass"})
+	limits, err := s.policy().Resolve(protocol.Limits{})
+	if err != nil {
+		problem(c, http.StatusInternalServerError, wire.CodeInternal, err.Error())
+		return sqltool.Outcome{}, fmt.Errorf("%w: %v", errNotRun, err)
+	}
+	base, perr := s.base(limits)
 	if perr != nil {
 		problem(c, perr.status, perr.code, perr.detail)
 		return sqltool.Outcome{}, fmt.Errorf("%w: %s", errNotRun, perr.detail)

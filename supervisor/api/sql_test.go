@@ -468,3 +468,21 @@ func TestSQLIsNotARun(t *testing.T) {
 		t.Fatalf("a statement counted as a run: %s", body)
 	}
 }
+
+// Where policy does not hold SQL writes for approval, a write runs at once, as it is
+// classified, and a read still only reads.
+func TestSQLWritesNotHeld(t *testing.T) {
+	no := false
+	d, ws, dbPath := sqlDaemon(t, setup{writesHeld: &no})
+	code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "CREATE TABLE t (x)"})
+	if cl, _ := m["classification"].(map[string]any); code != 200 || m["status"] != "ok" || cl["kind"] != "write" {
+		t.Fatalf("write: %d %v", code, m)
+	}
+	before := fileSum(t, dbPath)
+	if code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "SELECT count(*) FROM t"}); code != 200 || fmt.Sprint(m["rows"]) != "[[0]]" {
+		t.Fatalf("read: %d %v", code, m)
+	}
+	if fileSum(t, dbPath) != before {
+		t.Fatal("a read changed the file")
+	}
+}
