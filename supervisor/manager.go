@@ -482,7 +482,12 @@ func (m *Manager) finish(r *Run, res protocol.Result, err error) {
 	for _, f := range m.onFinish {
 		f(r, v)
 	}
-	m.retain(r, kept)
+	if r.Job == JobRun {
+		// Only runs are kept. A job of Do's is its caller's answer, held until Do
+		// returns (bounded by the workers and the job's own output cap), and must
+		// not push other callers' results out of the budget.
+		m.retain(r, kept)
+	}
 	close(r.done)
 }
 
@@ -553,7 +558,9 @@ func (m *Manager) drop(id string) {
 	size := r.keptLocked()
 	r.mu.Unlock()
 	if done {
-		m.retained -= size
+		if r.Job == JobRun {
+			m.retained -= size
+		}
 		delete(m.runs, id)
 	}
 }

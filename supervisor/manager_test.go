@@ -109,6 +109,36 @@ func TestRetainedOutputBounded(t *testing.T) {
 	}
 }
 
+// A job of Do's is not kept: its output never pushes a run's out of the budget, it
+// is gone once Do returns, and no one can Get or Cancel it.
+func TestJobsAreNotKept(t *testing.T) {
+	m, err := NewManager(big{}, Options{Concurrency: 2, QueueLength: 100, Retention: time.Hour,
+		WorkDir: t.TempDir(), MaxRetainedOutputBytes: 3 << 20 / 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := m.Start(protocol.Request{Code: "1"}, Caller{UID: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-r.Done()
+	for i := 0; i < 5; i++ {
+		res, err := m.Do(context.Background(), JobSQL, protocol.Request{Code: "1"}, Caller{UID: 2})
+		if err != nil || len(res.Stdout) != 1<<20 {
+			t.Fatalf("job: %d bytes, %v", len(res.Stdout), err)
+		}
+	}
+	if v := r.View(); len(v.Result.Stdout) != 1<<20 {
+		t.Fatalf("the run lost its output to jobs: %v", v.Result.Diagnostics)
+	}
+	m.mu.Lock()
+	n, kept := len(m.runs), m.retained
+	m.mu.Unlock()
+	if n != 1 || kept != r.keptLocked() {
+		t.Fatalf("%d kept, %d bytes", n, kept)
+	}
+}
+
 // No test leaves a goroutine behind (a run's executor, a cancel waiter).
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 

@@ -289,13 +289,18 @@ func TestErrorsAreProblems(t *testing.T) {
 	// A limit refused is named as the caller named it, in its units, once.
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","limits":{"memory_mib":100000,"max_output_bytes":1099511627776,"timeout_ms":-1}}`)
 	wantProblem(t, resp, body, 400, wire.CodeLimitExceeded)
-	for _, want := range []string{"limits.memory_mib 100000 is above the maximum ", "limits.timeout_ms is negative (-1)"} {
+	for _, want := range []string{"limits.memory_mib 100000 exceeds the 4096 a wasm32 guest can address", "limits.timeout_ms is negative (-1)"} {
 		if !bytes.Contains(body, []byte(want)) {
 			t.Errorf("no %q in %s", want, body)
 		}
 	}
 	if bytes.Count(body, []byte("limits.max_output_bytes 1099511627776 is above the maximum")) != 1 || bytes.Contains(body, []byte("memory_bytes")) || bytes.Contains(body, []byte("max_stdout")) {
 		t.Errorf("limits not in the API's names: %s", body)
+	}
+	// Values that would overflow as bytes are refused, not wrapped into range.
+	for _, m := range []string{"-17592186044416", "-17592186044160", "-9223372036854775808", "17592186044416"} {
+		resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","limits":{"memory_mib":`+m+`}}`)
+		wantProblem(t, resp, body, 400, wire.CodeLimitExceeded)
 	}
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1","limits":{"memory_mb":256}}`)
 	wantProblem(t, resp, body, 400, wire.CodeUnknownField)

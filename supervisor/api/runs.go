@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -132,9 +133,10 @@ func envNames(env map[string]string) []string {
 
 // request turns a body into a sandbox request under policy.
 func (s *Server) request(b wire.RunRequest) (protocol.Request, *badRequest) {
-	if b.Limits.MemoryMiB > 1<<20 {
+	// Checked before it becomes bytes, where a value this far out would overflow.
+	if m := b.Limits.MemoryMiB; m < 0 || m > 1<<20 {
 		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeLimitExceeded,
-			fmt.Sprintf("limits.memory_mib %d is above any maximum", b.Limits.MemoryMiB)}
+			fmt.Sprintf("limits.memory_mib %d is out of range: between 0 and the maximum %s", m, mib(cmp.Or(s.policy().Max.MemoryBytes, 4<<30)))}
 	}
 	limits, err := s.policy().Resolve(protocol.Limits{
 		TimeoutMS: b.Limits.TimeoutMS, CPUMS: b.Limits.CPUMS, MemoryBytes: b.Limits.MemoryMiB * policy.MiB,

@@ -478,6 +478,10 @@ func TestSQLWritesNotHeld(t *testing.T) {
 	if cl, _ := m["classification"].(map[string]any); code != 200 || m["status"] != "ok" || cl["kind"] != "write" {
 		t.Fatalf("write: %d %v", code, m)
 	}
+	code, m = d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "PRAGMA user_version = 5"})
+	if cl, _ := m["classification"].(map[string]any); code != 200 || fmt.Sprint(cl["pragmas"]) != "[PRAGMA user_version = 5]" {
+		t.Fatalf("pragma: %d %v", code, m)
+	}
 	before := fileSum(t, dbPath)
 	if code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "SELECT count(*) FROM t"}); code != 200 || fmt.Sprint(m["rows"]) != "[[0]]" {
 		t.Fatalf("read: %d %v", code, m)

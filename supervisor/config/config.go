@@ -271,6 +271,9 @@ func fromLimits(l protocol.Limits) RunLimits {
 		Fuel: l.Fuel, MaxOutputBytes: l.MaxStdoutBytes}
 }
 
+// maxMemoryMiB is the most guest memory in MiB: the 4 GiB a wasm32 guest can address.
+const maxMemoryMiB = 4096
+
 func (r RunLimits) limits() protocol.Limits {
 	return protocol.Limits{TimeoutMS: r.Timeout.Milliseconds(), CPUMS: r.CPU.Milliseconds(),
 		MemoryBytes: r.MemoryMiB * policy.MiB, Fuel: r.Fuel, MaxStdoutBytes: r.MaxOutputBytes,
@@ -327,6 +330,12 @@ func (c Config) Validate() error {
 	var errs *multierror.Error
 	add := func(key, format string, a ...any) {
 		errs = multierror.Append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...)))
+	}
+	// MiB beyond what a wasm32 guest can address would overflow as bytes.
+	for key, m := range map[string]int64{"limits.default.memory_mib": c.Limits.Default.MemoryMiB, "limits.max.memory_mib": c.Limits.Max.MemoryMiB} {
+		if m < 0 || m > maxMemoryMiB {
+			add(key, "must be between 0 and %d (the 4 GiB a wasm32 guest can address), is %d", maxMemoryMiB, m)
+		}
 	}
 	for key, p := range map[string]string{"bundle.dir": c.Bundle.Dir, "bundle.cache_dir": c.Bundle.CacheDir,
 		"state.dir": c.State.Dir, "socket.path": c.Socket.Path} {

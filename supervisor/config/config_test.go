@@ -90,6 +90,11 @@ max_files = 0
 			t.Errorf("error does not name %s:\n%v", key, err)
 		}
 	}
+	for _, m := range []string{"-17592186044416", "17592186044416", "-1"} {
+		if _, err := Load(write(t, "[limits.max]\nmemory_mib = "+m+"\n"), nil); err == nil || !strings.Contains(err.Error(), "limits.max.memory_mib: must be between 0 and 4096") {
+			t.Errorf("memory_mib %s: %v", m, err)
+		}
+	}
 	if _, err := Load(write(t, "[runs]\nresult_retention = \"soon\"\n"), nil); err == nil || !strings.Contains(err.Error(), "soon") {
 		t.Errorf("bad duration: %v", err)
 	}

@@ -237,7 +237,8 @@ try:
         finish(status="refused", reason="refused: transaction control (each statement runs in its own transaction)")
     writes = sorted(ops & (WRITE_OPS | {"Transaction(write)"}))
     kind = "write" if writes or actions else "read"
-    out["classification"] = {"kind": kind, "bytecode": writes, "pragmas": actions}
+    # (a copy: compiling again on a read-write connection runs the authorizer again)
+    out["classification"] = {"kind": kind, "bytecode": writes, "pragmas": list(actions)}
     if kind == "write" and not req["write"]:
         finish(status="approval_required", db_sha256=file_sha256())
     if kind == "write":
