@@ -234,6 +234,21 @@ func TestFairShare(t *testing.T) {
 	if running, queued := m.Busy(); running != 2 || queued != 2 {
 		t.Fatalf("busy: %d running, %d queued", running, queued)
 	}
+	// (A run given a worker says running once its executor has started it.)
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		n := 0
+		for _, r := range mine {
+			if r.View().State == wire.Running {
+				n++
+			}
+		}
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of a's runs running, want 2", n)
+		}
+	}
 	theirs, err := m.Start(protocol.Request{Code: "b", Limits: protocol.Limits{TimeoutMS: 60_000}}, b)
 	if err != nil {
 		t.Fatalf("b's run: %v", err)
