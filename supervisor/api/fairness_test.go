@@ -199,23 +199,10 @@ func TestProbesWithIdleConnections(t *testing.T) {
 func TestProbesWithSlowBodies(t *testing.T) {
 	d := start(t, setup{access: &api.Access{Tokens: api.Tokens{aliceToken}}})
 	addr := d.serveTCP(t)
-	var wg sync.WaitGroup
-	for a := 2; a <= 5; a++ {
-		for i := 0; i < 64; i++ {
-			wg.Add(1)
-			go func(from string) {
-				defer wg.Done()
-				dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
-				c, err := dl.Dial("tcp", addr)
-				if err != nil {
-					return
-				}
-				t.Cleanup(func() { c.Close() })
-				fmt.Fprintf(c, "POST /v1/runs HTTP/1.1\r\nHost: sandcell\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n")
-			}(fmt.Sprintf("127.0.0.%d", a))
-		}
-	}
-	wg.Wait()
+	fromFourAddresses(t, addr, func(c net.Conn) {
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprintf(c, "POST /v1/runs HTTP/1.1\r\nHost: sandcell\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n")
+	})
 	time.Sleep(200 * time.Millisecond)
 	start := time.Now()
 	c, err := net.DialTimeout("tcp", addr, 2*time.Second)
@@ -232,6 +219,26 @@ func TestProbesWithSlowBodies(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second {
 		t.Fatalf("/readyz took %s", took)
 	}
+}
+
+// fromFourAddresses opens 64 connections to addr from each of 127.0.0.2-5 (the
+// per-address bound of serveTCP, so 256 in all) and gives each to use.
+func fromFourAddresses(t *testing.T, addr string, use func(net.Conn)) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for a := 2; a <= 5; a++ {
+		for i := 0; i < 64; i++ {
+			wg.Add(1)
+			go func(from string) {
+				defer wg.Done()
+				dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+				if c, err := dl.Dial("tcp", addr); err == nil {
+					use(c)
+				}
+			}(fmt.Sprintf("127.0.0.%d", a))
+		}
+	}
+	wg.Wait()
 }
 
 // serveTCP serves the daemon on a loopback port through ListenTCP as the daemon
@@ -259,25 +266,12 @@ func TestProbesWhileCallersHoldEveryConnection(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		fmt.Fprintf(c, "POST /v1/runs HTTP/1.1\r\nHost: sandcell\r\n%sContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n{", token)
 	}
-	var wg sync.WaitGroup
-	for a := 2; a <= 5; a++ {
-		for i := 0; i < 64; i++ {
-			wg.Add(1)
-			go func(from string) {
-				defer wg.Done()
-				dl := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
-				if c, err := dl.Dial("tcp", addr); err == nil {
-					hold(c, "Authorization: Bearer "+aliceSecret+"\r\n")
-				}
-			}(fmt.Sprintf("127.0.0.%d", a))
-		}
-	}
+	fromFourAddresses(t, addr, func(c net.Conn) { hold(c, "Authorization: Bearer "+aliceSecret+"\r\n") })
 	for i := 0; i < 64; i++ {
 		if c, err := net.Dial("unix", d.socket); err == nil {
 			hold(c, "")
 		}
 	}
-	wg.Wait()
 	time.Sleep(300 * time.Millisecond)
 	// Meanwhile one address opens connections that send nothing, as fast as it can.
 	flood, flooded := make(chan struct{}), make(chan struct{})

@@ -233,16 +233,8 @@ func TestSQLApprovalVoidWhenFileChanges(t *testing.T) {
 		t.Fatalf("%d %v", code, m)
 	}
 	id := m["approval_id"].(string)
-	req, _ := http.NewRequest("POST", d.listenTCP(t)+"/v1/approvals/"+id, strings.NewReader(`{"decision":"approve"}`))
-	req.Header.Set("Authorization", "Bearer "+approverSecret)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Fatalf("approve: %d", resp.StatusCode)
+	if status := approveOverTCP(t, d.listenTCP(t), id); status != 200 {
+		t.Fatalf("approve: %d", status)
 	}
 	os.WriteFile(dbPath, []byte("SQLite format 3\x00 but changed"), 0o644)
 	code, m = d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "CREATE TABLE t (x)", "approval": id})
