@@ -620,7 +620,7 @@ func (m *Manager) sweep() {
 		old := r.state == wire.Done && r.finished.Before(cut)
 		size := r.keptLocked()
 		r.mu.Unlock()
-		if old {
+		if old && r.Job == JobRun { // (a job of Do's is Do's to drop, and never counted)
 			m.retained -= size
 			delete(m.runs, id)
 		}

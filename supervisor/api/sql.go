@@ -132,11 +132,13 @@ func (s *Server) sql(c echo.Context) error {
 		ap, err := s.o.Approvals.Redeem(body.Approval, caller, digest)
 		audit(store.ApprovalRedeemed, map[string]any{"approval": body.Approval, "sql_sha256": digest, "error": errString(err)})
 		switch {
-		case errors.Is(err, supervisor.ErrApprovalNotFound):
+		case errors.Is(err, supervisor.ErrApprovalNotFound), ap.Requester != caller:
+			// Another caller's approval is, to this one, no approval: its statement and
+			// parameters are not shown (as GET /v1/approvals/{id} shows them not).
 			return problem(c, http.StatusNotFound, wire.CodeNotFound, "no approval "+body.Approval)
 		case errors.Is(err, supervisor.ErrApprovalMismatch):
 			return problemWith(c, http.StatusConflict, wire.CodeApprovalInvalid,
-				"the approval is for another request or another caller",
+				"the approval is for another request",
 				map[string]any{"approval": ap})
 		case err != nil:
 			return problemWith(c, http.StatusConflict, wire.CodeApprovalInvalid, err.Error(), map[string]any{"approval": ap})

@@ -482,3 +482,25 @@ func TestSQLWritesNotHeld(t *testing.T) {
 		t.Fatal("a read changed the file")
 	}
 }
+
+// Another caller's approval is no approval to this one: 404, and nothing of its
+// statement shown.
+func TestSQLApprovalOfAnotherCaller(t *testing.T) {
+	d, ws, _ := sqlDaemon(t, setup{access: &api.Access{Admins: api.Principals{UIDs: map[int]bool{os.Getuid(): true}},
+		Approvers: api.Principals{UIDs: map[int]bool{os.Getuid(): true}}, Tokens: api.Tokens{approverToken, aliceToken}}})
+	stmt := `{"workspace":"` + ws + `","db":"t.db","sql":"CREATE TABLE secret_name (x)"`
+	code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "CREATE TABLE secret_name (x)"})
+	id, _ := m["approval_id"].(string)
+	if code != 403 || id == "" {
+		t.Fatalf("write: %d %v", code, m)
+	}
+	// Alice presents it with a workspace of her own, where her request is checked.
+	base := d.listenTCP(t)
+	_, w := tcpDo(t, base, aliceSecret, "POST", "/v1/workspaces", "")
+	mine, _ := w["id"].(string)
+	tcpDo(t, base, aliceSecret, "PUT", "/v1/workspaces/"+mine+"/files/t.db", "")
+	status, m := tcpDo(t, base, aliceSecret, "POST", "/v1/sql", strings.Replace(stmt, ws, mine, 1)+`,"approval":"`+id+`"}`)
+	if status != 404 || strings.Contains(fmt.Sprint(m), "secret_name") || m["code"] != wire.CodeNotFound {
+		t.Fatalf("another caller's approval: %d %v", status, m)
+	}
+}
