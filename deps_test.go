@@ -30,6 +30,10 @@ func TestImportRules(t *testing.T) {
 			if strings.HasPrefix(dep, module+"/cmd/") {
 				t.Errorf("%s imports %s: nothing imports cmd/", pkg, dep)
 			}
+			// The daemon is the whole program's wiring: only the binary builds one.
+			if dep == module+"/supervisor/daemon" && pkg != module+"/cmd/appliance" {
+				t.Errorf("%s imports %s: only cmd/appliance wires a daemon", pkg, dep)
+			}
 			if strings.HasPrefix(pkg, module+"/sandbox") && strings.HasPrefix(dep, module+"/supervisor") {
 				t.Errorf("%s imports %s: sandbox/ never imports supervisor/", pkg, dep)
 			}

@@ -16,23 +16,21 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/goleak"
 
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/client"
-	"github.com/sandcell/sandcell/healthz"
-	"github.com/sandcell/sandcell/sandbox"
-	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/sandbox/worker"
-	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/config"
+	sdaemon "github.com/sandcell/sandcell/supervisor/daemon"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
@@ -47,13 +45,19 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// daemon is a real daemon (package daemon, as `sandcell serve` builds it) in a
+// temporary directory, with its parts at hand.
 type daemon struct {
-	server   *api.Server
-	client   *http.Client
-	socket   string
-	disabled atomic.Bool
-	store    *store.Store
-	handler  http.Handler
+	d       *sdaemon.Daemon
+	cfg     config.Config // what Load returns: change it, then reload
+	server  *api.Server
+	client  *http.Client
+	socket  string
+	store   *store.Store
+	handler http.Handler
+	// since is the audit seq of the daemon's own daemon.start: a test's records
+	// come after it.
+	since int64
 	// workspaces is the workspace store's directory.
 	workspaces string
 	auditPath  string
@@ -67,80 +71,95 @@ type setup struct {
 	readTimeout        time.Duration
 	approvalTTL        time.Duration
 	writesHeld         *bool // policy holds SQL writes for approval; nil: yes
+	pool               int   // warm workers; 0: none
 }
 
-// start serves the real API with real workers on a Unix socket in a temporary
-// directory.
+// start opens and runs a real daemon with real workers on a Unix socket in a
+// temporary directory, configured as s says, and waits until it is ready (its
+// self-test passed). s.access, when set, replaces the configured access as a reload
+// would (it holds tokens and ids no configuration file names).
 func start(t *testing.T, s setup) *daemon {
 	t.Helper()
 	if s.concurrency == 0 {
 		s.concurrency = 2
 	}
 	dir := t.TempDir()
-	mgr, err := supervisor.NewManager(sandbox.NewSpawner(), supervisor.Options{Concurrency: s.concurrency,
-		QueueLength: s.queue, MaxPerCaller: s.perCaller, Retention: time.Minute, WorkDir: filepath.Join(dir, "work")})
-	if err != nil {
-		t.Fatal(err)
+	bundleDir := bundletest.Dir(t)
+	bundletest.Module(t, false) // compiled into the bundle directory once
+	bundletest.Module(t, true)
+	d := &daemon{socket: filepath.Join(dir, "s.sock"), workspaces: filepath.Join(dir, "state", "workspaces"),
+		auditPath: filepath.Join(dir, "state", "audit.db")}
+	cfg := config.Default()
+	cfg.Bundle = config.Bundle{Dir: bundleDir, CacheDir: bundleDir}
+	cfg.State.Dir = filepath.Join(dir, "state")
+	cfg.Socket = config.Socket{Path: d.socket, Mode: "0660"}
+	cfg.Runs.MaxConcurrent, cfg.Runs.QueueLength = s.concurrency, s.queue
+	cfg.Runs.MaxPerCaller = s.perCaller
+	if s.perCaller == 0 {
+		cfg.Runs.MaxPerCaller = s.concurrency + s.queue // as many as there are places: no bound
 	}
-	access := api.Access{Admins: api.Principals{UIDs: map[int]bool{os.Getuid(): true}},
-		Approvers: api.Principals{UIDs: map[int]bool{os.Getuid(): true}}}
-	if s.access != nil {
-		access = *s.access
+	cfg.Runs.ResultRetention.Duration = time.Minute
+	cfg.Runs.ShutdownGrace.Duration = time.Second
+	cfg.Runs.MaxConnections, cfg.Runs.MaxConnectionsPerUID = 64, 64
+	if s.readTimeout != 0 {
+		cfg.Runs.RequestTimeout.Duration = s.readTimeout
 	}
-	mod, lib := bundletest.Module(t, false), bundletest.LibDir(t)
-	fuelMod := bundletest.Module(t, true)
-	health := healthz.New()
-	health.Set("canary", nil)
-	d := &daemon{socket: filepath.Join(dir, "s.sock"), workspaces: filepath.Join(dir, "workspaces")}
+	uid := strconv.Itoa(os.Getuid())
+	cfg.Access = config.Access{Runners: []string{}, Approvers: []string{uid}, Admins: []string{uid}}
 	if s.quota == (workspace.Quota{}) {
 		s.quota = workspace.Quota{Bytes: 1 << 20, Files: 100}
 	}
-	workspaces, err := workspace.Open(d.workspaces, s.quota)
-	if err != nil {
-		t.Fatal(err)
+	cfg.Workspaces = config.Workspaces{MaxBytes: s.quota.Bytes, MaxFiles: s.quota.Files}
+	if s.approvalTTL != 0 {
+		cfg.Approvals.TTL.Duration = s.approvalTTL
 	}
-	metrics := supervisor.NewMetrics(mgr, "test", "abc")
-	d.auditPath = filepath.Join(dir, "audit.db")
-	if d.store, err = store.Open(d.auditPath); err != nil {
-		t.Fatal(err)
-	}
-	audit := &supervisor.Audit{Store: d.store}
-	audit.Attach(mgr)
-	if s.approvalTTL == 0 {
-		s.approvalTTL = time.Minute
-	}
-	held := []string{api.ActionSQLWrite}
+	cfg.Approvals.Window.Duration = time.Minute
 	if s.writesHeld != nil && !*s.writesHeld {
-		held = nil
+		cfg.Approvals.Required = []string{}
 	}
-	srv := api.New(api.Options{Service: mgr, Workspaces: workspaces, ReadTimeout: s.readTimeout,
-		Approvals: supervisor.NewApprovals(s.approvalTTL, time.Minute), ApprovalActions: held, Audit: audit, Metrics: promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}), Access: access, Policy: policy.Default(), MaxBodyBytes: 1 << 20,
-		Module: func(fuel bool) (string, string, error) {
-			if fuel {
-				return fuelMod, lib, nil
-			}
-			return mod, lib, nil
-		},
-		Disabled: d.disabled.Load,
-		Health:   health,
-		Info:     func() any { return map[string]string{"version": "test"} },
-	})
-	d.handler = srv.Handler()
-	d.server = srv
-	l, err := api.ListenUnix(d.socket, 0o660, -1)
+	cfg.Pool.Size = s.pool
+	d.cfg = cfg
+	var err error
+	d.d, err = sdaemon.Open(sdaemon.Options{Load: func() (config.Config, string, error) { return d.cfg, "", d.cfg.Validate() },
+		Version: "test", Revision: "abc"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(api.Listen(l, 64, 64))
+	ctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- d.d.Run(ctx) }()
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		mgr.Shutdown(time.Second)
-		d.store.Close()
+		stop()
+		if err := <-ran; err != nil {
+			t.Errorf("the daemon's end: %v", err)
+		}
 	})
+	select {
+	case <-d.d.Ready():
+	case err := <-ran:
+		ran <- err
+		t.Fatalf("the daemon did not become ready: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the daemon did not become ready in 2 minutes")
+	}
+	d.server, d.store = d.d.Server(), d.d.Store()
+	d.handler = d.server.Handler()
+	if s.access != nil {
+		d.server.SetAccess(*s.access)
+	}
+	evs, err := d.store.Events(ctx, 0, "", 100)
+	if err != nil || len(evs) != 1 || evs[0].Kind != store.DaemonStart {
+		t.Fatalf("the daemon's first records: %v %+v", err, evs)
+	}
+	d.since = evs[0].Seq
 	d.client = client.HTTP(d.socket)
 	return d
+}
+
+// reload changes the configuration and reloads it, as SIGHUP does.
+func (d *daemon) reload(change func(*config.Config)) {
+	change(&d.cfg)
+	d.d.Reload()
 }
 
 func (d *daemon) do(t *testing.T, method, path, body string, headers ...string) (*http.Response, []byte) {
@@ -309,7 +328,7 @@ func TestErrorsAreProblems(t *testing.T) {
 	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`ufffd`)) {
 		t.Fatalf("U+FFFD: %d %s", resp.StatusCode, body)
 	}
-	d.disabled.Store(true)
+	d.reload(func(c *config.Config) { c.Disabled = true })
 	resp, body = d.do(t, "POST", "/v1/runs", `{"code":"1"}`)
 	wantProblem(t, resp, body, 503, wire.CodeDisabled)
 }
@@ -443,7 +462,7 @@ func TestAudit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	evs, _ := d.store.Events(ctx, 0, "", 100)
+	evs, _ := d.store.Events(ctx, d.since, "", 100)
 	var kinds []string
 	for _, e := range evs {
 		kinds = append(kinds, string(e.Kind))
@@ -453,7 +472,7 @@ func TestAudit(t *testing.T) {
 	}
 	got := strings.Join(kinds, ",")
 	// The finish may be recorded before or after the admission reaches the log.
-	if n != 4 || !strings.Contains(got, "run.requested") || !strings.Contains(got, "run.admitted") ||
+	if n != 5 || !strings.Contains(got, "run.requested") || !strings.Contains(got, "run.admitted") ||
 		!strings.Contains(got, "run.finished") || !strings.HasSuffix(got, "run.refused") {
 		t.Fatalf("%d events: %s", n, got)
 	}
@@ -491,6 +510,20 @@ func TestAuditRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn.Close()
+	// Unready while the log cannot be written; ready again once it can, with no
+	// request needed to find out (the daemon looks every 5 s).
+	if resp, body := d.do(t, "GET", "/readyz", ""); resp.StatusCode != 503 || !bytes.Contains(body, []byte("audit")) {
+		t.Fatalf("readyz with the log locked: %d %s", resp.StatusCode, body)
+	}
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		resp, body := d.do(t, "GET", "/readyz", "")
+		if resp.StatusCode == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readyz after the lock went: %d %s", resp.StatusCode, body)
+		}
+	}
 	if resp, body := d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`); resp.StatusCode != 200 {
 		t.Fatalf("after the lock: %d %s", resp.StatusCode, body)
 	}
@@ -504,7 +537,7 @@ func TestDeniedCallerAudited(t *testing.T) {
 	d := start(t, setup{access: &other})
 	resp, body := d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
 	wantProblem(t, resp, body, 403, wire.CodeForbidden)
-	evs, _ := d.store.Events(context.Background(), 0, "", 10)
+	evs, _ := d.store.Events(context.Background(), d.since, "", 10)
 	if len(evs) != 1 || evs[0].Kind != "access.denied" || evs[0].UID != os.Getuid() {
 		t.Fatalf("%+v", evs)
 	}
@@ -543,7 +576,7 @@ func TestOtherUIDRefused(t *testing.T) {
 	if err != nil || !bytes.Contains(out, []byte(`"code":"forbidden"`)) || !bytes.Contains(out, []byte("uid 65534")) {
 		t.Fatalf("uid 65534: %v %s", err, out)
 	}
-	evs, _ := d.store.Events(context.Background(), 0, "", 10)
+	evs, _ := d.store.Events(context.Background(), d.since, "", 10)
 	if len(evs) != 1 || evs[0].Kind != "access.denied" || evs[0].UID != 65534 {
 		t.Fatalf("%+v", evs)
 	}
@@ -771,7 +804,7 @@ func TestSlowBody(t *testing.T) {
 func TestAuditEndpoint(t *testing.T) {
 	d := start(t, setup{}) // the caller is an admin
 	d.do(t, "POST", "/v1/runs", `{"code":"print(1)"}`)
-	resp, body := d.do(t, "GET", "/v1/audit?limit=2", "")
+	resp, body := d.do(t, "GET", fmt.Sprintf("/v1/audit?after=%d&limit=2", d.since), "")
 	var page struct {
 		Events []struct {
 			Seq  int64  `json:"seq"`

@@ -353,7 +353,7 @@ func TestAuditNamesTheToken(t *testing.T) {
 	if status, m = tcpDo(t, base, aliceSecret, "DELETE", "/v1/workspaces/"+ws+"/files/a.txt", ""); status/100 != 2 {
 		t.Fatalf("delete: %d %v", status, m)
 	}
-	evs, _ := d.store.Events(t.Context(), 0, "", 1000)
+	evs, _ := d.store.Events(t.Context(), d.since, "", 1000)
 	kinds := map[string]bool{}
 	for _, e := range evs {
 		var detail map[string]any

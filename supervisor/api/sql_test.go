@@ -157,7 +157,7 @@ func TestSQLApprovals(t *testing.T) {
 		t.Fatalf("uri: %d %v", code, m)
 	}
 	// Every step is audited.
-	evs, _ := d.store.Events(t.Context(), 0, "", 1000)
+	evs, _ := d.store.Events(t.Context(), d.since, "", 1000)
 	kinds := map[string]int{}
 	for _, e := range evs {
 		kinds[string(e.Kind)]++
@@ -419,7 +419,7 @@ func TestSQLStoppedWriterRecovered(t *testing.T) {
 			t.Errorf("%s is still there: %v", p, err)
 		}
 	}
-	all, _ := d.store.Events(t.Context(), 0, "", 1000)
+	all, _ := d.store.Events(t.Context(), d.since, "", 1000)
 	var evs []store.Event
 	for _, e := range all {
 		if e.Kind == "sql.recovered" {
@@ -444,7 +444,7 @@ func TestSQLIsNotARun(t *testing.T) {
 	if code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "SELECT 1"}); code != 200 {
 		t.Fatalf("read: %d %v", code, m)
 	}
-	evs, _ := d.store.Events(t.Context(), 0, "", 1000)
+	evs, _ := d.store.Events(t.Context(), d.since, "", 1000)
 	var kinds []string
 	for _, e := range evs {
 		kinds = append(kinds, string(e.Kind))

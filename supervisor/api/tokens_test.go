@@ -102,7 +102,7 @@ func TestTCPBearerTokens(t *testing.T) {
 	if resp, _ := d.do(t, "GET", "/v1/runs/"+v.ID, ""); resp.StatusCode != 200 {
 		t.Fatalf("unix admin: %d", resp.StatusCode)
 	}
-	evs, _ := d.store.Events(context.Background(), 0, "", 100)
+	evs, _ := d.store.Events(context.Background(), d.since, "", 100)
 	var denied, finished int
 	for _, e := range evs {
 		switch {

@@ -72,7 +72,7 @@ func TestWorkspaceFiles(t *testing.T) {
 	resp, body = d.do(t, "GET", files+"data/in%20put.txt", "")
 	wantProblem(t, resp, body, 404, "not_found")
 	// Runs and file operations of a workspace are audited.
-	evs, _ := d.store.Events(t.Context(), 0, "", 100)
+	evs, _ := d.store.Events(t.Context(), d.since, "", 100)
 	kinds := map[string]int{}
 	for _, e := range evs {
 		kinds[string(e.Kind)]++

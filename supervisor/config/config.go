@@ -133,6 +133,9 @@ type Runs struct {
 	ShutdownGrace Duration `toml:"shutdown_grace" env:"SHUTDOWN_GRACE"`
 	// MaxRequestBytes bounds a request body (413 above it).
 	MaxRequestBytes int64 `toml:"max_request_bytes" env:"MAX_REQUEST_BYTES"`
+	// RequestTimeout bounds how long a caller may take to send one request, headers
+	// and body (408 request_timeout past it).
+	RequestTimeout Duration `toml:"request_timeout" env:"REQUEST_TIMEOUT"`
 	// MaxRetainedOutputBytes bounds what the daemon keeps for callers: the output and
 	// event records of finished and running runs; past it the oldest finished
 	// results lose their stdout and stderr.
@@ -248,7 +251,7 @@ func Default() Config {
 		State:  State{Dir: "/var/lib/sandcell"},
 		Socket: Socket{Path: "/run/sandcell/sandcell.sock", Mode: "0660", Group: "sandcell"},
 		Runs: Runs{MaxConcurrent: 0, QueueLength: 64, ResultRetention: Duration{time.Hour}, ShutdownGrace: Duration{30 * time.Second},
-			MaxRequestBytes: 1 << 20, MaxRetainedOutputBytes: 256 << 20, MaxConnections: 256, MaxConnectionsPerUID: 64},
+			MaxRequestBytes: 1 << 20, RequestTimeout: Duration{30 * time.Second}, MaxRetainedOutputBytes: 256 << 20, MaxConnections: 256, MaxConnectionsPerUID: 64},
 		Audit:      Audit{Retention: Duration{90 * 24 * time.Hour}},
 		Workspaces: Workspaces{MaxBytes: 256 << 20, MaxFiles: 10_000},
 		Pool:       Pool{Size: 4, MemoryBudget: 512 << 20},
@@ -365,6 +368,9 @@ func (c Config) Validate() error {
 	}
 	if c.Runs.MaxRequestBytes < 1024 || c.Runs.MaxRequestBytes > protocol.MaxFrame {
 		add("runs.max_request_bytes", "must be between 1024 and %d, is %d", protocol.MaxFrame, c.Runs.MaxRequestBytes)
+	}
+	if c.Runs.RequestTimeout.Duration < 100*time.Millisecond {
+		add("runs.request_timeout", "must be at least 100ms, is %v", c.Runs.RequestTimeout.Duration)
 	}
 	if c.Runs.MaxRetainedOutputBytes < 1<<20 {
 		add("runs.max_retained_output_bytes", "must be at least 1048576, is %d", c.Runs.MaxRetainedOutputBytes)

@@ -113,6 +113,26 @@ func (s *Store) migrate() error {
 	return nil
 }
 
+// Writable reports whether a record could be appended now: it takes the database's
+// write lock (waiting up to the 5 s busy timeout) and gives it back, writing nothing.
+// The error is SQLite's (SQLITE_BUSY while another process holds the lock).
+func (s *Store) Writable(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	if _, err := conn.ExecContext(ctx, "ROLLBACK"); err != nil {
+		return fmt.Errorf("store: %w", err)
+	}
+	return nil
+}
+
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
