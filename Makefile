@@ -93,7 +93,7 @@ check: ## vet, staticcheck, gofmt, go mod tidy, import rules and package docs, t
 	go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	go mod tidy -diff
-	go test -count=1 -run 'TestImportRules|TestAuditKindsFromTheCatalog|TestPackageDocs|TestNoExportedVariables' .
+	go test -count=1 -run 'TestImportRules|TestOneProblemWriter|TestAuditKindsFromTheCatalog|TestPackageDocs|TestNoExportedVariables' .
 	go test -race -short -count=1 $(RACE_PACKAGES)
 
 $(NFPM):

@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io/fs"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -208,6 +209,38 @@ func TestNoExportedVariables(t *testing.T) {
 					}
 					t.Errorf("%s: exported variable %s", fset.Position(name.Pos()), name.Name)
 				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Problem documents are written in one way (wire.WriteProblem) from three places: the
+// API's error edge, the health probes and the connection limiter. A handler that
+// wrote its own would skip the edge's refusal record.
+func TestOneProblemWriter(t *testing.T) {
+	allowed := map[string]bool{"supervisor/api/errors.go": true, "supervisor/api/peer.go": true,
+		"healthz/healthz.go": true, "supervisor/wire/wire.go": true}
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && (d.Name() == "build" || strings.HasPrefix(d.Name(), ".")) {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for _, call := range []string{"WriteProblem(", "NewProblem(", "ContentType)"} {
+			if strings.Contains(string(b), call) && !allowed[path] {
+				t.Errorf("%s calls %s: return the error to the API's edge instead", path, call)
 			}
 		}
 		return nil

@@ -140,9 +140,7 @@ func Handler(probe func() (bool, []Check), failCode string) http.Handler {
 		}
 		w.Header().Set("Cache-Control", "no-store")
 		if !ok {
-			w.Header().Set("Content-Type", wire.ContentType)
-			w.WriteHeader(http.StatusServiceUnavailable)
-			w.Write(append(wire.NewProblem(http.StatusServiceUnavailable, failCode, firstFailure(checks)).JSON(ext), '\n'))
+			wire.WriteProblem(w, wire.NewProblem(http.StatusServiceUnavailable, failCode, firstFailure(checks)), ext)
 			return
 		}
 		body := map[string]any{"status": "ok"}

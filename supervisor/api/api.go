@@ -3,7 +3,8 @@
 // "code" member; the codes are wire's Code* constants, listed in wire.Codes.
 //
 // The files: api.go the server, its options and routes; auth.go who may do what;
-// errors.go strict decoding and the problem answers; runs.go runs; events.go their
+// errors.go the one error edge (handlers return errors; one table gives each
+// its status and code; refusals are recorded there) and strict decoding; runs.go runs; events.go their
 // event streams; workspaces.go workspaces and their use; sql.go statements and
 // approvals; peer.go and tokens.go callers' identities and connection bounds.
 package api
@@ -184,8 +185,7 @@ func New(o Options) *Server {
 			c.Response().Header().Set("Connection", "close")
 			if lc.probe && !healthPaths[c.Request().URL.Path] {
 				lc.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-				c.Response().Header().Set("Retry-After", "1")
-				return problem(c, http.StatusTooManyRequests, wire.CodeConnLimit,
+				return fail(wire.CodeConnLimit,
 					"every connection to the daemon is in the middle of a request: this one is kept for /livez, /healthz and /readyz")
 			}
 			err := next(c)
@@ -271,20 +271,20 @@ func (s *Server) audit(c echo.Context) error {
 	if v := c.QueryParam("after"); v != "" {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
-			return problem(c, http.StatusBadRequest, wire.CodeBadRequest, "after: a record number")
+			return fail(wire.CodeBadRequest, "after: a record number")
 		}
 		after = n
 	}
 	if v := c.QueryParam("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 1000 {
-			return problem(c, http.StatusBadRequest, wire.CodeBadRequest, "limit: 1 to 1000")
+			return fail(wire.CodeBadRequest, "limit: 1 to 1000")
 		}
 		limit = n
 	}
 	evs, err := s.o.Audit.Events(c.Request().Context(), after, c.QueryParam("run"), limit)
 	if err != nil {
-		return problem(c, http.StatusInternalServerError, wire.CodeInternal, err.Error())
+		return err
 	}
 	return c.JSON(http.StatusOK, map[string]any{"events": evs})
 }

@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"fmt"
-	"net/http"
 
 	"github.com/labstack/echo/v4"
 	"github.com/sandcell/sandcell/supervisor"
@@ -22,15 +21,17 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 			if !ok {
 				t, found := s.access().Tokens.Authenticate(c.Request())
 				if !found {
-					if s.denials.Allow() {
-						s.record(ctx, store.AccessDenied, "", map[string]any{"method": c.Request().Method,
-							"path": c.Path(), "role": role, "remote": c.Request().RemoteAddr, "reason": "no valid bearer token",
-							"unrecorded_before": s.skipped.Swap(0)})
-					} else {
-						s.skipped.Add(1)
-					}
 					c.Response().Header().Set("WWW-Authenticate", `Bearer realm="sandcell"`)
-					return problem(c, http.StatusUnauthorized, wire.CodeUnauthorized, "present a configured bearer token")
+					e := fail(wire.CodeUnauthorized, "present a configured bearer token")
+					if !s.denials.Allow() {
+						// A flood of them is one record, with the count, when it ends.
+						s.skipped.Add(1)
+						return e.audited()
+					}
+					e.kind, e.record = store.AccessDenied, map[string]any{"method": c.Request().Method, "path": c.Path(),
+						"role": role, "remote": c.Request().RemoteAddr, "reason": "no valid bearer token",
+						"unrecorded_before": s.skipped.Swap(0)}
+					return e
 				}
 				peer, ok = Peer{PID: -1, UID: -1, GID: -1, Token: t.Name}, true
 				authenticated(ctx)
@@ -46,10 +47,11 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 				if peer.Token != "" {
 					who = fmt.Sprintf("token %q", peer.Token)
 				}
-				s.record(c.Request().Context(), store.AccessDenied, "", map[string]any{"method": c.Request().Method,
-					"path": c.Path(), "role": role, "pid": peer.PID})
 				c.Response().Header().Set("Connection", "close") // nor wait for its body
-				return problem(c, http.StatusForbidden, wire.CodeForbidden, fmt.Sprintf("%s is not allowed the %s role", who, role))
+				e := failf(wire.CodeForbidden, "%s is not allowed the %s role", who, role)
+				e.kind, e.record = store.AccessDenied, map[string]any{"method": c.Request().Method, "path": c.Path(),
+					"role": role, "pid": peer.PID}
+				return e
 			}
 			return next(c)
 		}

@@ -13,54 +13,186 @@ import (
 	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
+	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/sqltool"
+	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
+	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
-// problem answers a problem document (wire.NewProblem: the one way one is built).
-func problem(c echo.Context, status int, code, detail string) error {
-	return problemWith(c, status, code, detail, nil)
+// apiError is a handler's refusal: what the caller is told (status, stable code,
+// detail, extension members, Retry-After) and what the audit log is told. Handlers
+// return one (fail, or any error that problemOf maps); errorHandler, the one edge,
+// records the refusal and writes the problem document.
+type apiError struct {
+	status       int
+	code, detail string
+	ext          map[string]any
+	// kind is the record of the refusal: "" means the route's (refusalKinds), if it
+	// has one; record holds its members beyond status, code and detail.
+	kind   store.Kind
+	record map[string]any
+	// recorded: no record here. The handler has written the outcome's record
+	// itself, or the audit log is what failed, or the refusal is one of a flood
+	// counted into the next record.
+	recorded bool
 }
 
-// problemWith answers a problem with extension members (RFC 9457 section 3.2).
-func problemWith(c echo.Context, status int, code, detail string, ext map[string]any) error {
-	return c.Blob(status, wire.ContentType, wire.NewProblem(status, code, detail).JSON(ext))
+func (e *apiError) Error() string { return e.code + ": " + e.detail }
+
+// fail is the refusal of code, with its status (statusOf).
+func fail(code, detail string) *apiError {
+	return &apiError{status: statusOf(code), code: code, detail: detail}
 }
 
+// failf is fail with a formatted detail.
+func failf(code, format string, a ...any) *apiError { return fail(code, fmt.Sprintf(format, a...)) }
+
+// with adds extension members to the problem document.
+func (e *apiError) with(ext map[string]any) *apiError { e.ext = ext; return e }
+
+// audited says the refusal needs no record from the edge (see recorded).
+func (e *apiError) audited() *apiError { e.recorded = true; return e }
+
+// statusOf is the HTTP status of each code (wire.Codes): the one table. sql_error's
+// status depends on SQLite's error (sqlStatus) and is set where it is made.
+func statusOf(code string) int {
+	switch code {
+	case wire.CodeInvalidJSON, wire.CodeUnknownField, wire.CodeBadRequest, wire.CodeLimitExceeded, wire.CodeSQLError:
+		return http.StatusBadRequest
+	case wire.CodeUnauthorized:
+		return http.StatusUnauthorized
+	case wire.CodeForbidden, wire.CodeStatementRefused, wire.CodeApprovalRequired, wire.CodeApprovalUnavailable:
+		return http.StatusForbidden
+	case wire.CodeNotFound:
+		return http.StatusNotFound
+	case wire.CodeMethod:
+		return http.StatusMethodNotAllowed
+	case wire.CodeTimeout:
+		return http.StatusRequestTimeout
+	case wire.CodeUnsafeFile, wire.CodeApprovalInvalid, wire.CodeWorkspaceBusy:
+		return http.StatusConflict
+	case wire.CodeBodyTooLarge:
+		return http.StatusRequestEntityTooLarge
+	case wire.CodeUnsupportedMed:
+		return http.StatusUnsupportedMediaType
+	case wire.CodeQueueFull, wire.CodeCallerLimit, wire.CodeConnLimit, wire.CodeTooManyPending:
+		return http.StatusTooManyRequests
+	case wire.CodeDisabled, wire.CodeNotReady, wire.CodeNotAlive, wire.CodeStopping, wire.CodeAuditDown:
+		return http.StatusServiceUnavailable
+	case wire.CodeQuota:
+		return http.StatusInsufficientStorage
+	}
+	return http.StatusInternalServerError
+}
+
+// retryAfter is the Retry-After of a code's answer, in seconds, or "": a refusal
+// that passes with time says when to try again.
+func retryAfter(code string) string {
+	switch code {
+	case wire.CodeQueueFull, wire.CodeCallerLimit, wire.CodeConnLimit:
+		return "1"
+	case wire.CodeTooManyPending:
+		return "60"
+	}
+	return ""
+}
+
+// problemOf maps an error to its refusal: an *apiError as it is; the errors of the
+// parts the API drives (the run manager, workspaces, the SQL tool), each to its code
+// with the error's own words; echo's own (no route, wrong method); anything else is
+// internal_error.
+func problemOf(err error) *apiError {
+	var e *apiError
+	if errors.As(err, &e) {
+		return e
+	}
+	var he *echo.HTTPError
+	if errors.As(err, &he) {
+		switch he.Code {
+		case http.StatusNotFound:
+			return fail(wire.CodeNotFound, fmt.Sprint(he.Message))
+		case http.StatusMethodNotAllowed:
+			return fail(wire.CodeMethod, fmt.Sprint(he.Message))
+		}
+		return &apiError{status: he.Code, code: wire.CodeInternal, detail: fmt.Sprint(he.Message)}
+	}
+	for _, m := range []struct {
+		target error
+		code   string
+	}{
+		{supervisor.ErrQueueFull, wire.CodeQueueFull},
+		{supervisor.ErrCallerLimit, wire.CodeCallerLimit},
+		{supervisor.ErrStopping, wire.CodeStopping},
+		{workspace.ErrBadPath, wire.CodeBadRequest},
+		{workspace.ErrNotFound, wire.CodeNotFound},
+		{workspace.ErrUnsafe, wire.CodeUnsafeFile},
+		{workspace.ErrQuota, wire.CodeQuota},
+		{errWorkspaceBusy, wire.CodeWorkspaceBusy},
+		{sqltool.ErrBadRequest, wire.CodeBadRequest},
+	} {
+		if errors.Is(err, m.target) {
+			return fail(m.code, err.Error())
+		}
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// A body (an upload's, say) stalled past the server's read timeout.
+		return fail(wire.CodeTimeout, "the body did not arrive within runs.request_timeout")
+	}
+	return fail(wire.CodeInternal, err.Error())
+}
+
+// refusalKinds is the record a refusal of each route gets when the handler has not
+// recorded its outcome: a request that could have run code or a statement leaves a
+// trace even when it did not.
+func refusalKinds(route string) store.Kind {
+	switch route {
+	case "POST /v1/runs":
+		return store.RunRefused
+	case "POST /v1/sql":
+		return store.SQLRefused
+	}
+	return ""
+}
+
+// errorHandler is the API's one error edge (echo's HTTPErrorHandler): every error a
+// handler or middleware returns becomes a problem document here, and a refusal not
+// yet recorded is recorded here.
 func (s *Server) errorHandler(err error, c echo.Context) {
 	if c.Response().Committed {
 		return
 	}
-	var he *echo.HTTPError
-	if errors.As(err, &he) {
-		code := wire.CodeInternal
-		switch he.Code {
-		case http.StatusNotFound:
-			code = wire.CodeNotFound
-		case http.StatusMethodNotAllowed:
-			code = wire.CodeMethod
-		}
-		problem(c, he.Code, code, fmt.Sprint(he.Message))
-		return
+	e := problemOf(err)
+	kind := e.kind
+	if kind == "" {
+		kind = refusalKinds(c.Request().Method + " " + c.Path())
 	}
-	problem(c, http.StatusInternalServerError, wire.CodeInternal, "")
-}
-
-type badRequest struct {
-	status       int
-	code, detail string
+	if kind != "" && !e.recorded {
+		d := map[string]any{"status": e.status, "code": e.code, "detail": e.detail}
+		for k, v := range e.record {
+			if _, own := d[k]; !own {
+				d[k] = v
+			}
+		}
+		// If it cannot be recorded, the caller still gets its answer.
+		s.record(c.Request().Context(), kind, "", d)
+	}
+	if ra := retryAfter(e.code); ra != "" {
+		c.Response().Header().Set("Retry-After", ra)
+	}
+	wire.WriteProblem(c.Response(), wire.NewProblem(e.status, e.code, e.detail), e.ext)
 }
 
 // decode reads a JSON body strictly: at most MaxBodyBytes (413 beyond, before reading
 // the rest), UTF-8, no unknown, repeated or differently cased members, one value.
-func (s *Server) decode(c echo.Context, v any) *badRequest {
+func (s *Server) decode(c echo.Context, v any) error {
 	r := c.Request()
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err != nil || mt != "application/json" {
-			return &badRequest{http.StatusUnsupportedMediaType, wire.CodeUnsupportedMed, "send application/json"}
+			return fail(wire.CodeUnsupportedMed, "send application/json")
 		}
 	}
-	tooLarge := &badRequest{http.StatusRequestEntityTooLarge, wire.CodeBodyTooLarge,
-		fmt.Sprintf("at most %d bytes are accepted", s.o.MaxBodyBytes)}
+	tooLarge := failf(wire.CodeBodyTooLarge, "at most %d bytes are accepted", s.o.MaxBodyBytes)
 	if r.ContentLength > s.o.MaxBodyBytes {
 		return tooLarge
 	}
@@ -70,14 +202,14 @@ func (s *Server) decode(c echo.Context, v any) *badRequest {
 	case errors.As(err, &maxErr):
 		return tooLarge
 	case errors.Is(err, os.ErrDeadlineExceeded):
-		return &badRequest{http.StatusRequestTimeout, wire.CodeTimeout, "the body did not arrive within the read timeout"}
+		return problemOf(err)
 	case err != nil:
-		return &badRequest{http.StatusBadRequest, wire.CodeInvalidJSON, err.Error()}
+		return fail(wire.CodeInvalidJSON, err.Error())
 	case !utf8.Valid(raw):
-		return &badRequest{http.StatusBadRequest, wire.CodeInvalidJSON, "the body is not valid UTF-8"}
+		return fail(wire.CodeInvalidJSON, "the body is not valid UTF-8")
 	}
 	if code, err := checkKeys(raw); err != nil {
-		return &badRequest{http.StatusBadRequest, code, err.Error()}
+		return fail(code, err.Error())
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
@@ -90,13 +222,12 @@ func (s *Server) decode(c echo.Context, v any) *badRequest {
 	case err == nil:
 		return nil
 	case strings.HasPrefix(err.Error(), "json: unknown field"):
-		return &badRequest{http.StatusBadRequest, wire.CodeUnknownField, err.Error()}
+		return fail(wire.CodeUnknownField, err.Error())
 	case errors.As(err, &typeErr):
 		// Name the member and the JSON type given, not the Go types behind them.
-		return &badRequest{http.StatusBadRequest, wire.CodeInvalidJSON, fmt.Sprintf(
-			"member %q: a JSON %s is not accepted here", typeErr.Field, typeErr.Value)}
+		return failf(wire.CodeInvalidJSON, "member %q: a JSON %s is not accepted here", typeErr.Field, typeErr.Value)
 	default:
-		return &badRequest{http.StatusBadRequest, wire.CodeInvalidJSON, err.Error()}
+		return fail(wire.CodeInvalidJSON, err.Error())
 	}
 }
 

@@ -71,7 +71,7 @@ const sseCoalesce = 20 * time.Millisecond
 func (s *Server) runEvents(c echo.Context) error {
 	run, err := s.o.Service.Get(c.Param("id"))
 	if err != nil || !s.visible(c, run) {
-		return problem(c, http.StatusNotFound, wire.CodeNotFound, "no run "+c.Param("id"))
+		return fail(wire.CodeNotFound, "no run "+c.Param("id"))
 	}
 	next := 0
 	if v := c.Request().Header.Get("Last-Event-ID"); v != "" {
@@ -80,7 +80,7 @@ func (s *Server) runEvents(c echo.Context) error {
 		_, count, _, _ := run.Output(1 << 62)
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 || n >= count {
-			return problem(c, http.StatusBadRequest, wire.CodeBadRequest, "Last-Event-ID: an event id this stream has sent")
+			return fail(wire.CodeBadRequest, "Last-Event-ID: an event id this stream has sent")
 		}
 		next = n + 1
 	}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -316,11 +317,26 @@ func (l *connLimit[K]) release(key K, c *limitedConn) {
 // over the global one with no connection idle),
 // sent before its request is read (RFC 9110 lets a server answer early) and closed.
 var tooManyConnections = func() []byte {
-	body := string(wire.NewProblem(http.StatusTooManyRequests, wire.CodeConnLimit,
-		"too many connections are open to the daemon, from this uid or in all").JSON(nil))
-	return []byte("HTTP/1.1 429 Too Many Requests\r\nContent-Type: " + wire.ContentType + "\r\n" +
-		"Retry-After: 1\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+	a := &rawAnswer{header: http.Header{"Retry-After": {retryAfter(wire.CodeConnLimit)}, "Connection": {"close"}}}
+	wire.WriteProblem(a, wire.NewProblem(http.StatusTooManyRequests, wire.CodeConnLimit,
+		"too many connections are open to the daemon, from this uid or in all"), nil)
+	var out bytes.Buffer
+	(&http.Response{StatusCode: a.status, ProtoMajor: 1, ProtoMinor: 1, Header: a.header,
+		ContentLength: int64(a.body.Len()), Body: io.NopCloser(&a.body)}).Write(&out)
+	return out.Bytes()
 }()
+
+// rawAnswer keeps an answer written as to an http.ResponseWriter, to be sent on a
+// connection no server reads.
+type rawAnswer struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (a *rawAnswer) Header() http.Header         { return a.header }
+func (a *rawAnswer) WriteHeader(status int)      { a.status = status }
+func (a *rawAnswer) Write(b []byte) (int, error) { return a.body.Write(b) }
 
 // refuse answers a connection over a limit and closes it gracefully: the
 // answer, then the end of our side, then whatever the client still sends is read

@@ -5,8 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
-	"errors"
-	"fmt"
 	"net/http"
 	"sort"
 	"strconv"
@@ -25,24 +23,20 @@ import (
 func (s *Server) createRun(c echo.Context) error {
 	ctx := c.Request().Context()
 	peer, _ := PeerFrom(ctx)
-	refuse := func(status int, code, detail string) error {
-		// A refusal is audited too; if it cannot be, the caller still gets it.
-		s.record(ctx, store.RunRefused, "", map[string]any{"status": status, "code": code, "detail": detail})
-		return problem(c, status, code, detail)
-	}
+	// Every refusal returned is recorded as run.refused (refusalKinds).
 	if s.o.Disabled() {
-		return refuse(http.StatusServiceUnavailable, wire.CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
+		return fail(wire.CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
 	}
 	if why := s.o.Health.Why(); why != "" {
-		return refuse(http.StatusServiceUnavailable, wire.CodeNotReady, why)
+		return fail(wire.CodeNotReady, why)
 	}
 	var body wire.RunRequest
-	if bad := s.decode(c, &body); bad != nil {
-		return refuse(bad.status, bad.code, bad.detail)
+	if err := s.decode(c, &body); err != nil {
+		return err
 	}
-	req, perr := s.request(body)
-	if perr != nil {
-		return refuse(perr.status, perr.code, perr.detail)
+	req, err := s.request(body)
+	if err != nil {
+		return err
 	}
 	acquired := ""
 	defer func() {
@@ -51,27 +45,23 @@ func (s *Server) createRun(c echo.Context) error {
 		}
 	}()
 	if body.Workspace != "" {
-		w := s.workspace(c, body.Workspace)
-		if w == nil {
-			s.record(ctx, store.RunRefused, "", map[string]any{"status": http.StatusNotFound,
-				"code": wire.CodeNotFound, "detail": "no workspace " + body.Workspace})
-			return nil
+		w, err := s.workspace(c, body.Workspace)
+		if err != nil {
+			return err
 		}
 		over, u, err := w.OverQuota()
 		if err != nil {
-			return refuse(workspaceStatus(err))
+			return err
 		}
 		if over {
 			q := s.o.Workspaces.Quota()
-			return refuse(http.StatusInsufficientStorage, wire.CodeQuota, fmt.Sprintf(
+			return failf(wire.CodeQuota,
 				"workspace %s holds %d bytes in %d names, over its quota of %d bytes and %d names: remove files first",
-				w.ID, u.Bytes, u.Files, q.Bytes, q.Files))
+				w.ID, u.Bytes, u.Files, q.Bytes, q.Files)
 		}
 		req.Workspace = w.Dir()
-		if err := s.acquire(w.ID); errors.Is(err, errWorkspaceBusy) {
-			return refuse(http.StatusConflict, wire.CodeWorkspaceBusy, fmt.Sprintf("workspace %s: %v", w.ID, err))
-		} else if err != nil {
-			return refuse(http.StatusNotFound, wire.CodeNotFound, "no workspace "+w.ID)
+		if err := s.acquire(w.ID); err != nil {
+			return acquireError(w.ID, err)
 		}
 		acquired = w.ID
 		// No single file the run writes may be larger than the whole quota.
@@ -86,20 +76,11 @@ func (s *Server) createRun(c echo.Context) error {
 	}
 	// No record, no run: the request is audited before a worker is spent on it.
 	if err := s.record(ctx, store.RunRequested, "", detail); err != nil {
-		return problem(c, http.StatusServiceUnavailable, wire.CodeAuditDown, "the audit log cannot be written: "+err.Error())
+		return fail(wire.CodeAuditDown, "the audit log cannot be written: "+err.Error()).audited()
 	}
 	run, err := s.o.Service.Start(req, peer.Caller())
-	switch {
-	case errors.Is(err, supervisor.ErrQueueFull):
-		c.Response().Header().Set("Retry-After", "1")
-		return refuse(http.StatusTooManyRequests, wire.CodeQueueFull, err.Error())
-	case errors.Is(err, supervisor.ErrCallerLimit):
-		c.Response().Header().Set("Retry-After", "1")
-		return refuse(http.StatusTooManyRequests, wire.CodeCallerLimit, err.Error())
-	case errors.Is(err, supervisor.ErrStopping):
-		return refuse(http.StatusServiceUnavailable, wire.CodeStopping, err.Error())
-	case err != nil:
-		return refuse(http.StatusInternalServerError, wire.CodeInternal, err.Error())
+	if err != nil {
+		return err // queue_full, caller_limit, stopping (problemOf)
 	}
 	if acquired != "" {
 		// The workspace stays in use until the run ends, not until this answer.
@@ -132,43 +113,42 @@ func envNames(env map[string]string) []string {
 }
 
 // request turns a body into a sandbox request under policy.
-func (s *Server) request(b wire.RunRequest) (protocol.Request, *badRequest) {
+func (s *Server) request(b wire.RunRequest) (protocol.Request, error) {
 	// Checked before it becomes bytes, where a value this far out would overflow.
 	if m := b.Limits.MemoryMiB; m < 0 || m > 1<<20 {
-		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeLimitExceeded,
-			fmt.Sprintf("limits.memory_mib %d is out of range: between 0 and the maximum %s", m, mib(cmp.Or(s.policy().Max.MemoryBytes, 4<<30)))}
+		return protocol.Request{}, failf(wire.CodeLimitExceeded, "limits.memory_mib %d is out of range: between 0 and the maximum %s",
+			m, mib(cmp.Or(s.policy().Max.MemoryBytes, 4<<30)))
 	}
 	limits, err := s.policy().Resolve(protocol.Limits{
 		TimeoutMS: b.Limits.TimeoutMS, CPUMS: b.Limits.CPUMS, MemoryBytes: b.Limits.MemoryMiB * policy.MiB,
 		Fuel: b.Limits.Fuel, MaxStdoutBytes: b.Limits.MaxOutputBytes, MaxStderrBytes: b.Limits.MaxOutputBytes,
 	})
 	if err != nil {
-		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeLimitExceeded, strings.Join(policy.Describe(err, apiLimitName), "; ")}
+		return protocol.Request{}, fail(wire.CodeLimitExceeded, strings.Join(policy.Describe(err, apiLimitName), "; "))
 	}
 	env, err := s.policy().FilterEnv(b.Env)
 	if err != nil {
-		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest, err.Error()}
+		return protocol.Request{}, fail(wire.CodeBadRequest, err.Error())
 	}
 	if b.Code == "" {
-		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest, "code is required"}
+		return protocol.Request{}, fail(wire.CodeBadRequest, "code is required")
 	}
 	stdin := []byte(b.Stdin)
 	switch b.StdinEncoding {
 	case "":
 	case "base64":
 		if stdin, err = base64.StdEncoding.DecodeString(b.Stdin); err != nil {
-			return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest, "stdin: " + err.Error()}
+			return protocol.Request{}, fail(wire.CodeBadRequest, "stdin: "+err.Error())
 		}
 	default:
-		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest,
-			fmt.Sprintf("stdin_encoding %q: only \"base64\" (or none)", b.StdinEncoding)}
+		return protocol.Request{}, failf(wire.CodeBadRequest, "stdin_encoding %q: only \"base64\" (or none)", b.StdinEncoding)
 	}
 	if err := sandbox.CheckProgram(&protocol.Request{Code: b.Code, Args: b.Args, Stdin: stdin, Env: env}); err != nil {
-		return protocol.Request{}, &badRequest{http.StatusBadRequest, wire.CodeBadRequest, err.Error()}
+		return protocol.Request{}, fail(wire.CodeBadRequest, err.Error())
 	}
-	req, bad := s.base(limits)
-	if bad != nil {
-		return protocol.Request{}, bad
+	req, err := s.base(limits)
+	if err != nil {
+		return protocol.Request{}, err
 	}
 	req.Code, req.Args, req.Stdin, req.Env = b.Code, b.Args, stdin, env
 	return req, nil
@@ -177,10 +157,10 @@ func (s *Server) request(b wire.RunRequest) (protocol.Request, *badRequest) {
 // base is the worker request every job starts from, runs and statements alike:
 // limits (resolved by policy), policy's hardening for them, and the module and
 // library to run; the program is the job's to fill in.
-func (s *Server) base(limits protocol.Limits) (protocol.Request, *badRequest) {
+func (s *Server) base(limits protocol.Limits) (protocol.Request, error) {
 	module, lib, err := s.o.Module(limits.Fuel > 0)
 	if err != nil {
-		return protocol.Request{}, &badRequest{http.StatusInternalServerError, wire.CodeInternal, err.Error()}
+		return protocol.Request{}, err
 	}
 	return protocol.Request{Limits: limits, Hardening: s.policy().Hardening(limits), ModulePath: module, LibDir: lib}, nil
 }
@@ -216,7 +196,7 @@ func (s *Server) visible(c echo.Context, run *supervisor.Run) bool {
 func (s *Server) getRun(c echo.Context) error {
 	run, err := s.o.Service.Get(c.Param("id"))
 	if err != nil || !s.visible(c, run) {
-		return problem(c, http.StatusNotFound, wire.CodeNotFound, "no run "+c.Param("id"))
+		return fail(wire.CodeNotFound, "no run "+c.Param("id"))
 	}
 	return runJSON(c, http.StatusOK, run)
 }
@@ -226,7 +206,7 @@ func (s *Server) getRun(c echo.Context) error {
 func (s *Server) cancelRun(c echo.Context) error {
 	run, err := s.o.Service.Get(c.Param("id"))
 	if err != nil || !s.visible(c, run) {
-		return problem(c, http.StatusNotFound, wire.CodeNotFound, "no run "+c.Param("id"))
+		return fail(wire.CodeNotFound, "no run "+c.Param("id"))
 	}
 	if run.View().State != wire.Done {
 		s.o.Service.Cancel(run.ID)
@@ -235,7 +215,7 @@ func (s *Server) cancelRun(c echo.Context) error {
 	select {
 	case <-run.Done():
 	case <-time.After(10 * time.Second):
-		return problem(c, http.StatusInternalServerError, wire.CodeInternal, "the worker did not end after cancel")
+		return fail(wire.CodeInternal, "the worker did not end after cancel")
 	}
 	return runJSON(c, http.StatusOK, run)
 }

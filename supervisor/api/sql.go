@@ -95,19 +95,21 @@ func (s *Server) sql(c echo.Context) error {
 	peer, _ := PeerFrom(ctx)
 	caller := peer.Caller()
 	audit := func(kind store.Kind, d map[string]any) { s.record(ctx, kind, "", d) }
+	// Every refusal returned is recorded as sql.refused (refusalKinds), with the
+	// request's members once they are known.
 	if s.o.Disabled() {
-		return problem(c, http.StatusServiceUnavailable, wire.CodeDisabled, "the kill switch is on")
+		return fail(wire.CodeDisabled, "the kill switch is on")
 	}
 	if why := s.o.Health.Why(); why != "" {
-		return problem(c, http.StatusServiceUnavailable, wire.CodeNotReady, why)
+		return fail(wire.CodeNotReady, why)
 	}
 	var body SQLRequest
-	if bad := s.decode(c, &body); bad != nil {
-		return problem(c, bad.status, bad.code, bad.detail)
+	if err := s.decode(c, &body); err != nil {
+		return err
 	}
-	w := s.workspace(c, body.Workspace)
-	if w == nil {
-		return nil
+	w, err := s.workspace(c, body.Workspace)
+	if err != nil {
+		return err
 	}
 	acquire := s.acquire
 	if body.Approval != "" {
@@ -116,7 +118,7 @@ func (s *Server) sql(c echo.Context) error {
 		acquire = s.acquireAlone
 	}
 	if err := acquire(w.ID); err != nil {
-		return acquireError(c, w.ID, err)
+		return acquireError(w.ID, err)
 	}
 	defer s.release(w.ID)
 	digest := sqlDigest(body)
@@ -125,8 +127,9 @@ func (s *Server) sql(c echo.Context) error {
 		detail["sql"] = body.SQL
 	}
 	if err := s.record(ctx, store.SQLRequested, "", detail); err != nil {
-		return problem(c, http.StatusServiceUnavailable, wire.CodeAuditDown, "the audit log cannot be written: "+err.Error())
+		return fail(wire.CodeAuditDown, "the audit log cannot be written: "+err.Error()).audited()
 	}
+	refused := func(e *apiError) error { e.record = detail; return e }
 	req := sqltool.Request{DB: body.DB, SQL: body.SQL, Params: body.Params, MaxRows: body.MaxRows}
 	if body.Approval != "" {
 		ap, err := s.o.Approvals.Redeem(body.Approval, caller, digest)
@@ -135,17 +138,15 @@ func (s *Server) sql(c echo.Context) error {
 		case errors.Is(err, supervisor.ErrApprovalNotFound), ap.Requester != caller:
 			// Another caller's approval is, to this one, no approval: its statement and
 			// parameters are not shown (as GET /v1/approvals/{id} shows them not).
-			return problem(c, http.StatusNotFound, wire.CodeNotFound, "no approval "+body.Approval)
+			return refused(fail(wire.CodeNotFound, "no approval "+body.Approval))
 		case errors.Is(err, supervisor.ErrApprovalMismatch):
-			return problemWith(c, http.StatusConflict, wire.CodeApprovalInvalid,
-				"the approval is for another request",
-				map[string]any{"approval": ap})
+			return refused(fail(wire.CodeApprovalInvalid, "the approval is for another request").with(map[string]any{"approval": ap}))
 		case err != nil:
-			return problemWith(c, http.StatusConflict, wire.CodeApprovalInvalid, err.Error(), map[string]any{"approval": ap})
+			return refused(fail(wire.CodeApprovalInvalid, err.Error()).with(map[string]any{"approval": ap}))
 		case approvedFile(ap) == "":
 			// Every sql.write approval names the file's bytes; one that does not binds
 			// nothing, and nothing runs on it.
-			return problemWith(c, http.StatusConflict, wire.CodeApprovalInvalid, "the approval names no database file", map[string]any{"approval": ap})
+			return refused(fail(wire.CodeApprovalInvalid, "the approval names no database file").with(map[string]any{"approval": ap}))
 		}
 		req.Write, req.DBSHA256 = true, approvedFile(ap)
 	}
@@ -158,7 +159,7 @@ func (s *Server) sql(c echo.Context) error {
 			// it is spent whatever the client saw (it may have committed).
 			s.o.Approvals.Restore(body.Approval)
 		}
-		return nil
+		return problemOf(err).audited()
 	}
 	if body.Approval == "" && !s.approvalRequired(ActionSQLWrite) {
 		// Policy does not hold SQL writes for approval: a write runs as it is
@@ -190,53 +191,47 @@ func (s *Server) sql(c echo.Context) error {
 	}
 	d := map[string]any{"workspace": w.ID, "db": body.DB, "sql_sha256": digest, "status": out.Status,
 		"classification": out.Classification, "changes": out.Changes, "elapsed_ms": out.ElapsedMS, "layers": out.Layers}
+	class := map[string]any{"classification": out.Classification}
+	detail = d // what a refusal from here on records
 	switch out.Status {
 	case "ok":
 		audit(store.SQLFinished, d)
 		return c.JSON(http.StatusOK, SQLResult{Outcome: out, Approval: body.Approval})
 	case "stale":
 		d["reason"] = out.Reason
-		audit(store.SQLRefused, d)
-		return problemWith(c, http.StatusConflict, wire.CodeApprovalInvalid,
-			out.Reason+": the approval is void, request a new one", map[string]any{"classification": out.Classification})
+		return refused(fail(wire.CodeApprovalInvalid, out.Reason+": the approval is void, request a new one").with(class))
 	case "refused":
 		d["reason"] = out.Reason
-		audit(store.SQLRefused, d)
-		return problemWith(c, http.StatusForbidden, wire.CodeStatementRefused, out.Reason,
-			map[string]any{"classification": out.Classification})
+		return refused(fail(wire.CodeStatementRefused, out.Reason).with(class))
 	case "approval_required":
 		if !s.approversExist() {
-			audit(store.SQLRefused, d)
-			return problemWith(c, http.StatusForbidden, wire.CodeApprovalUnavailable,
-				"the statement writes, and no approver is configured: writes are refused",
-				map[string]any{"classification": out.Classification})
+			return refused(fail(wire.CodeApprovalUnavailable,
+				"the statement writes, and no approver is configured: writes are refused").with(class))
 		}
 		ap, err := s.o.Approvals.Request(ActionSQLWrite, caller, map[string]any{"workspace": w.ID, "db": body.DB,
 			"sql": body.SQL, "params": body.Params, "classification": out.Classification, "db_sha256": out.DBSHA256}, digest)
 		if err != nil {
-			audit(store.SQLRefused, d)
-			c.Response().Header().Set("Retry-After", "60")
-			return problem(c, http.StatusTooManyRequests, wire.CodeTooManyPending, err.Error())
+			return refused(fail(wire.CodeTooManyPending, err.Error()))
 		}
 		d["approval"], d["db_sha256"] = ap.ID, out.DBSHA256
 		audit(store.ApprovalRequested, d)
 		c.Response().Header().Set("Location", "/v1/approvals/"+ap.ID)
-		return problemWith(c, http.StatusForbidden, wire.CodeApprovalRequired,
-			"the statement writes: an approver must approve it, then send the same request with \"approval\": \""+ap.ID+"\"",
-			map[string]any{"approval_id": ap.ID, "statement": body.SQL, "classification": out.Classification,
-				"expires_at": ap.ExpiresAt})
+		return fail(wire.CodeApprovalRequired,
+			"the statement writes: an approver must approve it, then send the same request with \"approval\": \""+ap.ID+"\"").
+			with(map[string]any{"approval_id": ap.ID, "statement": body.SQL, "classification": out.Classification,
+				"expires_at": ap.ExpiresAt}).audited()
 	default:
 		d["error"] = out.Error
 		audit(store.SQLFailed, d)
-		status := http.StatusBadRequest
-		code, msg := "sql_error", "the statement failed"
+		e := fail(wire.CodeSQLError, "the statement failed")
+		code := "sql_error"
 		if out.Error != nil {
-			code, msg = out.Error.Code, out.Error.Message
+			code, e.detail = out.Error.Code, out.Error.Message
 			if st, ok := sqlStatus[code]; ok {
-				status = st
+				e.status = st
 			}
 		}
-		return problemWith(c, status, wire.CodeSQLError, msg, map[string]any{"sql_code": code, "classification": out.Classification})
+		return e.with(map[string]any{"sql_code": code, "classification": out.Classification}).audited()
 	}
 }
 
@@ -255,38 +250,17 @@ func started(err error) bool {
 	return true
 }
 
-// runSQL runs the tool; when it could not, it answers the request and returns why.
+// runSQL runs the tool; an error says why it could not (problemOf maps it).
 func (s *Server) runSQL(c echo.Context, w *workspace.Workspace, req sqltool.Request, caller supervisor.Caller) (sqltool.Outcome, error) {
 	limits, err := s.policy().Resolve(protocol.Limits{})
 	if err != nil {
-		problem(c, http.StatusInternalServerError, wire.CodeInternal, err.Error())
-		return sqltool.Outcome{}, fmt.Errorf("%w: %v", errNotRun, err)
+		return sqltool.Outcome{}, fmt.Errorf("%w: %w", errNotRun, err)
 	}
-	base, perr := s.base(limits)
-	if perr != nil {
-		problem(c, perr.status, perr.code, perr.detail)
-		return sqltool.Outcome{}, fmt.Errorf("%w: %s", errNotRun, perr.detail)
+	base, err := s.base(limits)
+	if err != nil {
+		return sqltool.Outcome{}, fmt.Errorf("%w: %w", errNotRun, err)
 	}
-	out, err := sqltool.Run(c.Request().Context(), managerRunner{s, caller}, w.Dir(), req, base)
-	switch {
-	case err == nil:
-		return out, nil
-	case errors.Is(err, sqltool.ErrBadRequest):
-		problem(c, http.StatusBadRequest, wire.CodeBadRequest, err.Error())
-	case errors.Is(err, workspace.ErrBadPath), errors.Is(err, workspace.ErrNotFound), errors.Is(err, workspace.ErrUnsafe):
-		workspaceError(c, err)
-	case errors.Is(err, supervisor.ErrQueueFull):
-		c.Response().Header().Set("Retry-After", "1")
-		problem(c, http.StatusTooManyRequests, wire.CodeQueueFull, "every worker is busy")
-	case errors.Is(err, supervisor.ErrCallerLimit):
-		c.Response().Header().Set("Retry-After", "1")
-		problem(c, http.StatusTooManyRequests, wire.CodeCallerLimit, err.Error())
-	case errors.Is(err, supervisor.ErrStopping):
-		problem(c, http.StatusServiceUnavailable, wire.CodeStopping, err.Error())
-	default:
-		problem(c, http.StatusInternalServerError, wire.CodeInternal, err.Error())
-	}
-	return out, err
+	return sqltool.Run(c.Request().Context(), managerRunner{s, caller}, w.Dir(), req, base)
 }
 
 func errString(err error) string {
@@ -328,7 +302,7 @@ func (s *Server) listApprovals(c echo.Context) error {
 	case "", supervisor.ApprovalPending, supervisor.ApprovalApproved, supervisor.ApprovalDenied,
 		supervisor.ApprovalSpent, supervisor.ApprovalExpired:
 	default:
-		return problem(c, http.StatusBadRequest, wire.CodeBadRequest, "state: pending, approved, denied, spent or expired")
+		return fail(wire.CodeBadRequest, "state: pending, approved, denied, spent or expired")
 	}
 	return c.JSON(http.StatusOK, map[string]any{"approvals": s.o.Approvals.List(state)})
 }
@@ -338,7 +312,7 @@ func (s *Server) getApproval(c echo.Context) error {
 	ap, err := s.o.Approvals.Get(c.Param("id"))
 	peer, _ := PeerFrom(c.Request().Context())
 	if err != nil || (ap.Requester != peer.Caller() && !s.access().Allows(peer, RoleApprover)) {
-		return problem(c, http.StatusNotFound, wire.CodeNotFound, "no approval "+c.Param("id"))
+		return fail(wire.CodeNotFound, "no approval "+c.Param("id"))
 	}
 	return c.JSON(http.StatusOK, ap)
 }
@@ -348,11 +322,11 @@ func (s *Server) decideApproval(c echo.Context) error {
 	var body struct {
 		Decision string `json:"decision"`
 	}
-	if bad := s.decode(c, &body); bad != nil {
-		return problem(c, bad.status, bad.code, bad.detail)
+	if err := s.decode(c, &body); err != nil {
+		return err
 	}
 	if body.Decision != "approve" && body.Decision != "deny" {
-		return problem(c, http.StatusBadRequest, wire.CodeBadRequest, `decision: "approve" or "deny"`)
+		return fail(wire.CodeBadRequest, `decision: "approve" or "deny"`)
 	}
 	peer, _ := PeerFrom(c.Request().Context())
 	ap, err := s.o.Approvals.Decide(c.Param("id"), peer.Caller(), body.Decision == "approve")
@@ -360,11 +334,11 @@ func (s *Server) decideApproval(c echo.Context) error {
 		"decision": body.Decision, "error": errString(err)})
 	switch {
 	case errors.Is(err, supervisor.ErrApprovalNotFound):
-		return problem(c, http.StatusNotFound, wire.CodeNotFound, "no approval "+c.Param("id"))
+		return fail(wire.CodeNotFound, "no approval "+c.Param("id"))
 	case errors.Is(err, supervisor.ErrSelfApproval):
-		return problem(c, http.StatusForbidden, wire.CodeForbidden, err.Error())
+		return fail(wire.CodeForbidden, err.Error())
 	case err != nil:
-		return problemWith(c, http.StatusConflict, wire.CodeApprovalInvalid, err.Error(), map[string]any{"approval": ap})
+		return fail(wire.CodeApprovalInvalid, err.Error()).with(map[string]any{"approval": ap})
 	}
 	return c.JSON(http.StatusOK, ap)
 }

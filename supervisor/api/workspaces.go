@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strconv"
 
 	"github.com/labstack/echo/v4"
@@ -28,62 +27,33 @@ type workspaceInfo struct {
 }
 
 // workspace returns the workspace id if the caller may use it (its owner or an
-// admin), or nil after answering: others get 404, as if it did not exist.
-func (s *Server) workspace(c echo.Context, id string) *workspace.Workspace {
+// admin); to others it is not_found, as if it did not exist.
+func (s *Server) workspace(c echo.Context, id string) (*workspace.Workspace, error) {
 	if s.o.Workspaces == nil {
-		problem(c, http.StatusNotFound, wire.CodeNotFound, "no workspace "+id)
-		return nil
+		return nil, fail(wire.CodeNotFound, "no workspace "+id)
 	}
 	w, err := s.o.Workspaces.Get(id)
 	if err != nil && !errors.Is(err, workspace.ErrNotFound) {
-		problem(c, http.StatusInternalServerError, wire.CodeInternal, err.Error())
-		return nil
+		return nil, err
 	}
 	peer, ok := PeerFrom(c.Request().Context())
 	if err != nil || !ok || ((peer.UID != w.Owner || peer.Token != w.OwnerToken) && !s.access().Allows(peer, RoleAdmin)) {
-		problem(c, http.StatusNotFound, wire.CodeNotFound, "no workspace "+id)
-		return nil
+		return nil, fail(wire.CodeNotFound, "no workspace "+id)
 	}
-	return w
+	return w, nil
 }
 
-// workspaceError answers a failed file operation with its stable code.
-func workspaceError(c echo.Context, err error) error {
-	status, code, detail := workspaceStatus(err)
-	return problem(c, status, code, detail)
-}
-
-// workspaceStatus maps a workspace error to a status, code and detail.
-func workspaceStatus(err error) (int, string, string) {
-	switch {
-	case errors.Is(err, workspace.ErrBadPath):
-		return http.StatusBadRequest, wire.CodeBadRequest, err.Error()
-	case errors.Is(err, workspace.ErrNotFound):
-		return http.StatusNotFound, wire.CodeNotFound, err.Error()
-	case errors.Is(err, workspace.ErrUnsafe):
-		return http.StatusConflict, wire.CodeUnsafeFile, err.Error()
-	case errors.Is(err, workspace.ErrQuota):
-		return http.StatusInsufficientStorage, wire.CodeQuota, err.Error()
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		// An upload whose body stalled past the server's read timeout.
-		return http.StatusRequestTimeout, wire.CodeTimeout, "the body did not arrive within the read timeout"
-	}
-	return http.StatusInternalServerError, wire.CodeInternal, err.Error()
-}
-
-// workspaceFile returns the workspace and the decoded {path} of a files route, or
-// nil after answering (404 for the workspace, 400 for the path).
-func (s *Server) workspaceFile(c echo.Context) (*workspace.Workspace, string) {
-	w := s.workspace(c, c.Param("id"))
-	if w == nil {
-		return nil, ""
+// workspaceFile returns the workspace and the decoded {path} of a files route.
+func (s *Server) workspaceFile(c echo.Context) (*workspace.Workspace, string, error) {
+	w, err := s.workspace(c, c.Param("id"))
+	if err != nil {
+		return nil, "", err
 	}
 	path, err := filePath(c)
 	if err != nil {
-		problem(c, http.StatusBadRequest, wire.CodeBadRequest, err.Error())
-		return nil, ""
+		return nil, "", fail(wire.CodeBadRequest, err.Error())
 	}
-	return w, path
+	return w, path, nil
 }
 
 // filePath is the {path} of a files route, percent-decoded.
@@ -106,7 +76,7 @@ func (s *Server) auditWorkspace(c echo.Context, kind store.Kind, id string, deta
 
 func (s *Server) createWorkspace(c echo.Context) error {
 	if s.o.Workspaces == nil {
-		return problem(c, http.StatusServiceUnavailable, wire.CodeDisabled, "workspaces are not configured")
+		return fail(wire.CodeDisabled, "workspaces are not configured")
 	}
 	peer, ok := PeerFrom(c.Request().Context())
 	if !ok {
@@ -119,41 +89,41 @@ func (s *Server) createWorkspace(c echo.Context) error {
 	}
 	s.auditWorkspace(c, store.WorkspaceCreated, id, map[string]any{}, err)
 	if err != nil {
-		return workspaceError(c, err)
+		return err
 	}
 	c.Response().Header().Set("Location", "/v1/workspaces/"+w.ID)
 	return c.JSON(http.StatusCreated, workspaceInfo{Workspace: w, Quota: s.o.Workspaces.Quota()})
 }
 
 func (s *Server) getWorkspace(c echo.Context) error {
-	w := s.workspace(c, c.Param("id"))
-	if w == nil {
-		return nil
+	w, err := s.workspace(c, c.Param("id"))
+	if err != nil {
+		return err
 	}
 	limit := 0
 	if v := c.QueryParam("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > workspace.MaxPage {
-			return problem(c, http.StatusBadRequest, wire.CodeBadRequest, fmt.Sprintf("limit: a number of names from 1 to %d", workspace.MaxPage))
+			return failf(wire.CodeBadRequest, "limit: a number of names from 1 to %d", workspace.MaxPage)
 		}
 		limit = n
 	}
 	files, next, err := w.List(c.QueryParam("after"), limit)
 	if err != nil {
-		return workspaceError(c, err)
+		return err
 	}
 	over, u, err := w.OverQuota()
 	if err != nil {
-		return workspaceError(c, err)
+		return err
 	}
 	return c.JSON(http.StatusOK, workspaceInfo{Workspace: w, Quota: s.o.Workspaces.Quota(), Usage: &u, Files: files,
 		Next: next, OverQuota: over})
 }
 
 func (s *Server) deleteWorkspace(c echo.Context) error {
-	w := s.workspace(c, c.Param("id"))
-	if w == nil {
-		return nil
+	w, err := s.workspace(c, c.Param("id"))
+	if err != nil {
+		return err
 	}
 	s.wsMu.Lock()
 	busy := s.inUse[w.ID] > 0
@@ -162,50 +132,49 @@ func (s *Server) deleteWorkspace(c echo.Context) error {
 	}
 	s.wsMu.Unlock()
 	if busy {
-		return problem(c, http.StatusConflict, wire.CodeWorkspaceBusy, "a run or statement is using workspace "+w.ID)
+		return fail(wire.CodeWorkspaceBusy, "a run or statement is using workspace "+w.ID)
 	}
-	err := s.o.Workspaces.Delete(w.ID)
+	err = s.o.Workspaces.Delete(w.ID)
 	s.wsMu.Lock()
 	delete(s.deleting, w.ID)
 	s.wsMu.Unlock()
 	s.auditWorkspace(c, store.WorkspaceDeleted, w.ID, map[string]any{}, err)
 	if err != nil {
-		return workspaceError(c, err)
+		return err
 	}
 	return c.NoContent(http.StatusNoContent)
 }
 
 func (s *Server) putFile(c echo.Context) error {
-	w, path := s.workspaceFile(c)
-	if w == nil {
-		return nil
+	w, path, err := s.workspaceFile(c)
+	if err != nil {
+		return err
 	}
 	q := s.o.Workspaces.Quota()
 	if c.Request().ContentLength > q.Bytes {
-		return problem(c, http.StatusInsufficientStorage, wire.CodeQuota,
-			fmt.Sprintf("a workspace holds at most %d bytes", q.Bytes))
+		return failf(wire.CodeQuota, "a workspace holds at most %d bytes", q.Bytes)
 	}
 	if err := s.acquire(w.ID); err != nil {
-		return acquireError(c, w.ID, err)
+		return acquireError(w.ID, err)
 	}
 	defer s.release(w.ID)
 	n, err := w.Write(path, c.Request().Body)
 	s.auditWorkspace(c, store.WorkspaceFileWritten, w.ID, map[string]any{"path": path, "bytes": n}, err)
 	if err != nil {
-		return workspaceError(c, err)
+		return err
 	}
 	return c.JSON(http.StatusCreated, workspace.File{Path: path, Type: "file", Size: n})
 }
 
 func (s *Server) getFile(c echo.Context) error {
-	w, path := s.workspaceFile(c)
-	if w == nil {
-		return nil
+	w, path, err := s.workspaceFile(c)
+	if err != nil {
+		return err
 	}
 	f, size, err := w.Open(path)
 	s.auditWorkspace(c, store.WorkspaceFileRead, w.ID, map[string]any{"path": path, "bytes": size}, err)
 	if err != nil {
-		return workspaceError(c, err)
+		return err
 	}
 	defer f.Close()
 	h := c.Response().Header()
@@ -218,18 +187,18 @@ func (s *Server) getFile(c echo.Context) error {
 }
 
 func (s *Server) deleteFile(c echo.Context) error {
-	w, path := s.workspaceFile(c)
-	if w == nil {
-		return nil
+	w, path, err := s.workspaceFile(c)
+	if err != nil {
+		return err
 	}
 	if err := s.acquire(w.ID); err != nil {
-		return acquireError(c, w.ID, err)
+		return acquireError(w.ID, err)
 	}
 	defer s.release(w.ID)
-	err := w.Remove(path)
+	err = w.Remove(path)
 	s.auditWorkspace(c, store.WorkspaceFileRemoved, w.ID, map[string]any{"path": path}, err)
 	if err != nil {
-		return workspaceError(c, err)
+		return err
 	}
 	return c.NoContent(http.StatusNoContent)
 }
@@ -274,12 +243,12 @@ func (s *Server) soleUse(id string) bool {
 	return true
 }
 
-// acquireError answers a failed acquire.
-func acquireError(c echo.Context, id string, err error) error {
+// acquireError is the refusal of a failed acquire.
+func acquireError(id string, err error) error {
 	if errors.Is(err, errWorkspaceBusy) {
-		return problem(c, http.StatusConflict, wire.CodeWorkspaceBusy, fmt.Sprintf("workspace %s: %v", id, err))
+		return failf(wire.CodeWorkspaceBusy, "workspace %s: %v", id, err)
 	}
-	return problem(c, http.StatusNotFound, wire.CodeNotFound, "no workspace "+id)
+	return fail(wire.CodeNotFound, "no workspace "+id)
 }
 
 func (s *Server) release(id string) {

@@ -96,6 +96,15 @@ func (p Problem) JSON(ext map[string]any) []byte {
 	return b
 }
 
+// WriteProblem answers p, with ext as extension members (see JSON): its status, the
+// problem media type, the document and a newline. It is the one way the daemon
+// writes a problem: the API's handlers, its health probes and its connection limiter.
+func WriteProblem(w http.ResponseWriter, p Problem, ext map[string]any) {
+	w.Header().Set("Content-Type", ContentType)
+	w.WriteHeader(p.Status)
+	w.Write(append(p.JSON(ext), '\n'))
+}
+
 // Error makes a Problem an error (what the client package returns).
 func (p *Problem) Error() string {
 	if p.Detail != "" {
