@@ -193,16 +193,15 @@ func (s *Spawner) pooled(req *protocol.Request) *proc {
 // idle: the OOM killer picks workers first): the caller runs req cold.
 func (s *Spawner) runWarm(ctx context.Context, p *proc, req protocol.Request, observe Observer) (protocol.Result, bool, error) {
 	req.Hardening.Seccomp = nil // the worker has the template's (see pooled)
-	frame, err := protocol.Encode(&req)
+	frame, err := protocol.Encode(protocol.Frame{Step: protocol.StepClaim, Request: &req})
 	if err != nil {
 		p.drop()
 		return protocol.Result{}, true, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
 	}
 	p.started = time.Now()
-	var ack protocol.Warmed
 	stuck := time.AfterFunc(time.Second, p.kill) // a stopped or hung worker goes too
 	if _, err = p.ctl.Write(frame); err == nil {
-		err = protocol.ReadFrame(p.ctl, &ack)
+		_, err = protocol.Receive(p.ctl, protocol.StepAck)
 	}
 	if !stuck.Stop() && err == nil {
 		err = errors.New("the claim was acknowledged too late")
@@ -298,11 +297,9 @@ func (pl *pool) purge() {
 // start launches a worker for the template and waits until it is ready.
 func (pl *pool) start() (idleWorker, error) {
 	t := pl.opts.Template
-	t.Version = protocol.Version
-	t.Warm = true
 	t.Roots = pl.roots
 	t.Hardening.HostNamespaces = hostNamespaces()
-	frame, err := protocol.Encode(&t)
+	frame, err := protocol.Encode(protocol.Frame{Step: protocol.StepTemplate, Request: &t})
 	if err != nil {
 		return idleWorker{}, err
 	}
@@ -321,15 +318,16 @@ func (pl *pool) start() (idleWorker, error) {
 	}
 	slow := time.AfterFunc(30*time.Second, p.kill)
 	defer slow.Stop()
-	var w protocol.Warmed
+	var f protocol.Frame
 	if _, err = p.ctl.Write(frame); err == nil {
-		err = protocol.ReadFrame(p.ctl, &w)
+		// Ready, or a report of why it cannot be.
+		f, err = protocol.Receive(p.ctl, protocol.StepReady, protocol.StepReport)
 	}
-	if err != nil || !w.Ready {
+	if err == nil && f.Step == protocol.StepReport {
+		err = errors.New(strings.Join(f.Report.Diagnostics, "; "))
+	}
+	if err != nil {
 		p.drop()
-		if err == nil {
-			err = errors.New(strings.Join(w.Diagnostics, "; "))
-		}
 		return idleWorker{}, fmt.Errorf("warm worker: %w", err)
 	}
 	go func() { // an idle worker that dies is replaced

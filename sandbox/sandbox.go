@@ -269,7 +269,6 @@ func (s *Spawner) runStreaming(ctx context.Context, req protocol.Request, observ
 		return protocol.Result{}, fmt.Errorf("sandbox: workspace: %w", err)
 	}
 	req.WorkspaceID = &protocol.FileID{Dev: uint64(st.Dev), Ino: st.Ino}
-	req.Version = protocol.Version
 	req.Hardening.HostNamespaces = hostNamespaces()
 
 	if w := s.pooled(&req); w != nil {
@@ -278,7 +277,7 @@ func (s *Spawner) runStreaming(ctx context.Context, req protocol.Request, observ
 		}
 		req.Roots = nil // the worker was gone: cold
 	}
-	frame, err := protocol.Encode(&req)
+	frame, err := protocol.Encode(protocol.Frame{Step: protocol.StepRun, Request: &req})
 	if err != nil {
 		return protocol.Result{}, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
 	}
@@ -293,7 +292,7 @@ func (s *Spawner) runStreaming(ctx context.Context, req protocol.Request, observ
 		// go on without them when policy allows; the contract will say so.
 		nsErr = err
 		req.Hardening.Namespaces = false
-		if frame, err = protocol.Encode(&req); err == nil {
+		if frame, err = protocol.Encode(protocol.Frame{Step: protocol.StepRun, Request: &req}); err == nil {
 			p, err = s.launch(false, wsDir, module)
 		}
 	}
@@ -443,10 +442,11 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 				return
 			}
 		}
-		repErr = protocol.ReadFrame(p.ctl, &rep)
-		if repErr != nil {
+		var f protocol.Frame
+		if f, repErr = protocol.Receive(p.ctl, protocol.StepReport); repErr != nil {
 			return
 		}
+		rep = *f.Report
 		// A worker closes its output before it reports; one that did not (it
 		// crashed half-way) is ended now, so the reads end.
 		go func() {

@@ -3,9 +3,11 @@ package sandbox_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -738,5 +740,45 @@ sys.stdout.write("no newline")
 	wantExit(t, res, 1)
 	if string(res.Stderr) != "bye\n" {
 		t.Fatalf("stderr %q", res.Stderr)
+	}
+}
+
+// A worker answers a first frame of another protocol version, out of turn, or without
+// its request with a report that says so, and runs nothing.
+func TestWorkerRefusesFramesItCannotServe(t *testing.T) {
+	for _, c := range []struct {
+		name, frame, want string
+	}{
+		{"version 3", `{"version":3,"code":"print(1)"}`, "version mismatch: this side speaks 4, the frame is 3"},
+		{"out of turn", `{"version":4,"step":"claim","request":{"code":"print(1)"}}`, `unexpected step: "claim"`},
+		{"no request", `{"version":4,"step":"run"}`, `"run" without its request`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parent, child := os.NewFile(uintptr(fds[0]), "parent"), os.NewFile(uintptr(fds[1]), "child")
+			defer parent.Close()
+			cmd := exec.Command(os.Args[0], protocol.WorkerCommand)
+			cmd.Env = []string{}
+			cmd.ExtraFiles = []*os.File{child}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			child.Close()
+			binary.Write(parent, binary.BigEndian, uint32(len(c.frame)))
+			parent.WriteString(c.frame)
+			f, err := protocol.Receive(parent, protocol.StepReport)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f.Report.Reason != protocol.InternalError || !strings.Contains(strings.Join(f.Report.Diagnostics, ";"), c.want) {
+				t.Fatalf("%+v", f.Report)
+			}
+			if err := cmd.Wait(); err != nil {
+				t.Fatalf("a worker that reported exits 0: %v", err)
+			}
+		})
 	}
 }

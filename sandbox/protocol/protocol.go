@@ -1,5 +1,5 @@
 // Package protocol defines the versioned messages between the parent (the supervisor or
-// the CLI) and a one-shot worker process, and how they are framed on the control fd.
+// the CLI) and a worker process, and how they are framed on the control fd.
 //
 // A worker is `/proc/self/exe __worker`, started with these file descriptors:
 //
@@ -10,25 +10,54 @@
 //	fd 4  the workspace directory, opened and checked by the parent
 //	fd 5  the precompiled module: a sealed memfd copy of the verified .cwasm
 //
-// The exchange on fd 3, one run per worker:
+// Every message on fd 3 is a Frame: its Step, and the Request or Report that step
+// carries. A worker serves one run, in one of two ways.
 //
-//	parent                                          worker
-//	  |  spawn (clean env, new session, PDEATHSIG,     |
-//	  |  new user/net/mnt/pid/ipc/uts namespaces)      |
-//	  |----------------------------------------------->|
-//	  |  frame: Request {version, code, limits, ...}   |
-//	  |----------------------------------------------->| rlimits, load .cwasm,
-//	  |                                                | harden (namespaces,
-//	  |                                                | capabilities, Landlock,
-//	  |                                                | seccomp), verify the
-//	  |                                                | contract, run python.wasm
-//	  |            (guest stdout/stderr on fds 1, 2)   |
-//	  |<- - - - - - - - - - - - - - - - - - - - - - - -|
-//	  |  frame: Report {exit code, reason, fuel, ...}  |
-//	  |<-----------------------------------------------|
-//	  |                                                | exit
-//	  |  wait(); merge Report with what the parent     |
-//	  |  saw (deadline, cancel, output caps) -> Result |
+// A cold worker is given its run at once:
+//
+//	parent                                            worker
+//	  |  spawn (clean env, new session, PDEATHSIG,       |
+//	  |  new user/net/mnt/pid/ipc/uts namespaces)        |
+//	  |------------------------------------------------->|
+//	  |  run {Request: program, limits, hardening}       |
+//	  |------------------------------------------------->| check; prepare (verify the
+//	  |                                                  | namespaces, a root of its own);
+//	  |                                                  | load the .cwasm; narrow
+//	  |                                                  | (rlimits, capabilities,
+//	  |                                                  | Landlock, seccomp); verify the
+//	  |                                                  | contract; run python.wasm
+//	  |             (guest stdout/stderr on fds 1, 2)    |
+//	  |<- - - - - - - - - - - - - - - - - - - - - - - - -|
+//	  |  report {Report: exit code, reason, contract}    |
+//	  |<-------------------------------------------------| exit
+//	  |  wait(); merge the Report with what the parent   |
+//	  |  saw (deadline, cancel, output caps) -> Result   |
+//
+// A warm worker is prepared before its run is known, from a template, and idles in
+// the parent's pool until a run claims it:
+//
+//	|  template {Request: limits, hardening, roots}    |
+//	|------------------------------------------------->| check; prepare; load; start
+//	|                                                  | the interpreter, which waits
+//	|                                                  | for its program on stdin
+//	|  ready                                           |
+//	|<-------------------------------------------------|
+//	|                 (idle in the pool)               |
+//	|  claim {Request: program, workspace, limits}     |
+//	|------------------------------------------------->|
+//	|  ack                                             | (at once: from here the run
+//	|<-------------------------------------------------|  is this worker's)
+//	|                                                  | check the claim against the
+//	|                                                  | template; attach the workspace;
+//	|                                                  | narrow; verify the contract;
+//	|                                                  | write the program to the guest
+//	|             (guest stdout/stderr on fds 1, 2)    |
+//	|  report {Report}                                 |
+//	|<-------------------------------------------------| exit
+//
+// A worker that cannot go on reports instead of the next step it owes (a template it
+// cannot prepare gets a report, not ready), and a report is always the last frame.
+// A parent that gets no ack within a second runs the claim elsewhere.
 //
 // The parent owns the wall clock: at the deadline, on cancel, or when an output cap
 // is reached it kills the worker's process group, and a missing Report then means
@@ -44,14 +73,91 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"unicode/utf8"
 )
 
-// Version is the protocol version. A worker refuses a Request of another version, so
-// a parent and a worker from different builds never guess at each other's fields
-// (version 2 added Hardening: a version-1 worker would run without it; version 3
-// warm workers, and the program travels on the guest's stdin).
-const Version = 3
+// Version is the protocol version, in every Frame. A worker refuses a frame of
+// another version, so a parent and a worker from different builds never guess at
+// each other's fields (version 2 added Hardening: a version-1 worker would run
+// without it; version 3 warm workers, and the program travels on the guest's stdin;
+// version 4 the steps of the exchange as frames of their own).
+const Version = 4
+
+// Step is a frame's place in the exchange (see the package doc).
+type Step string
+
+// The steps.
+const (
+	// StepRun (parent to worker, with a Request): prepare and run it (a cold worker).
+	StepRun Step = "run"
+	// StepTemplate (parent to worker, with a Request): prepare for a run not yet
+	// known, with these limits and this hardening (a warm worker).
+	StepTemplate Step = "template"
+	// StepReady (worker to parent): prepared for the template; waiting for a claim.
+	StepReady Step = "ready"
+	// StepClaim (parent to worker, with a Request): the run, within the template.
+	StepClaim Step = "claim"
+	// StepAck (worker to parent): the claim is taken; it runs nowhere else.
+	StepAck Step = "ack"
+	// StepReport (worker to parent, with a Report): how the run ended, or why
+	// nothing ran. The last frame of every exchange.
+	StepReport Step = "report"
+)
+
+// Frame is one message on the control fd.
+type Frame struct {
+	// Version is the sender's protocol version (Send sets it).
+	Version int  `json:"version"`
+	Step    Step `json:"step"`
+	// Request is the member of StepRun, StepTemplate and StepClaim.
+	Request *Request `json:"request,omitempty"`
+	// Report is the member of StepReport.
+	Report *Report `json:"report,omitempty"`
+}
+
+// ErrStep is returned by Receive for a frame of a step the receiver does not expect
+// now, or without the member its step carries.
+var ErrStep = errors.New("protocol: unexpected step")
+
+// Send writes f as one frame, with this build's Version.
+func Send(w io.Writer, f Frame) error {
+	buf, err := Encode(f)
+	if err != nil {
+		return err
+	}
+	if _, err := w.Write(buf); err != nil {
+		return fmt.Errorf("protocol: write frame: %w", err)
+	}
+	return nil
+}
+
+// Receive reads one frame and checks it: this build's Version (else ErrVersion), one
+// of the steps want (else ErrStep), with the member its step carries (else ErrStep).
+// It returns io.EOF when r ends before a frame starts.
+func Receive(r io.Reader, want ...Step) (Frame, error) {
+	var f Frame
+	if err := readFrame(r, &f); err != nil {
+		return f, err
+	}
+	if f.Version != Version {
+		return f, fmt.Errorf("%w: this side speaks %d, the frame is %d", ErrVersion, Version, f.Version)
+	}
+	if !slices.Contains(want, f.Step) {
+		return f, fmt.Errorf("%w: %q where %v was expected", ErrStep, f.Step, want)
+	}
+	switch f.Step {
+	case StepRun, StepTemplate, StepClaim:
+		if f.Request == nil {
+			return f, fmt.Errorf("%w: %q without its request", ErrStep, f.Step)
+		}
+	case StepReport:
+		if f.Report == nil {
+			return f, fmt.Errorf("%w: %q without its report", ErrStep, f.Step)
+		}
+	}
+	return f, nil
+}
 
 // MaxFrame is the largest frame either side accepts, in bytes (16 MiB). It bounds the
 // code, the stdin and the argv a Request may carry.
@@ -60,7 +166,7 @@ const MaxFrame = 16 << 20
 // ErrFrameTooLarge is returned for a frame whose length prefix exceeds MaxFrame.
 var ErrFrameTooLarge = errors.New("protocol: frame too large")
 
-// ErrVersion is returned by a worker for a Request of another protocol version.
+// ErrVersion is returned by Receive for a frame of another protocol version.
 var ErrVersion = errors.New("protocol: version mismatch")
 
 // Reason says why a run ended. It is a closed set shared by the API, the CLI and the
@@ -110,9 +216,9 @@ type Limits struct {
 	MaxStderrBytes int64 `json:"max_stderr_bytes"`
 }
 
-// Request is what the parent sends to a worker: one run.
+// Request is a run, or a warm worker's template: the member of StepRun, StepClaim
+// and StepTemplate.
 type Request struct {
-	Version int `json:"version"`
 	// ModulePath is the host path of the precompiled module (.cwasm) to run. The
 	// parent has verified it against the bundle, and hands the worker a sealed copy
 	// of it as fd 5; the worker never opens this path.
@@ -148,12 +254,6 @@ type Request struct {
 	// Hardening is what the worker must set up before the guest runs.
 	Hardening Hardening `json:"hardening"`
 
-	// Warm makes this request a template: the worker prepares everything that does
-	// not depend on the run (namespaces, its own root, the module, the interpreter's
-	// start-up), answers Warmed, and then reads the run's own Request (the claim),
-	// which must match the template in all but the program, the workspace, the
-	// timeout, the CPU limit and the rlimits. Program fields of a template are ignored.
-	Warm bool `json:"warm,omitempty"`
 	// Roots are host directories (as the parent's kernel names them) beneath which
 	// the workspace of a warm worker's claim must lie; the worker keeps them reachable
 	// until the claim and then detaches them. Set in the template and the claim alike.
@@ -169,15 +269,7 @@ type FileID struct {
 	Ino uint64 `json:"ino"`
 }
 
-// Warmed is a warm worker's answer to its template: ready to be claimed, or why not
-// (after which it exits). A second Warmed acknowledges the claim as soon as it is
-// read, before anything else.
-type Warmed struct {
-	Ready       bool     `json:"ready"`
-	Diagnostics []string `json:"diagnostics,omitempty"`
-}
-
-// Report is what a worker sends back after the guest ends. The parent merges it with
+// Report is what a worker sends back after the guest ends (StepReport). The parent merges it with
 // what it observed itself into a Result.
 type Report struct {
 	// ExitCode is the guest's WASI exit status (0 when it returned normally).
@@ -321,11 +413,12 @@ func decodeOutput(text, encoding string) ([]byte, error) {
 	}
 }
 
-// Encode returns v as one frame: a 4-byte big-endian length, then JSON. A frame
-// over MaxFrame is refused with ErrFrameTooLarge, so a sender can check before it
-// starts a worker.
-func Encode(v any) ([]byte, error) {
-	body, err := json.Marshal(v)
+// Encode returns f, with this build's Version, as one frame: a 4-byte big-endian
+// length, then JSON. A frame over MaxFrame is refused with ErrFrameTooLarge, so a
+// sender can check before it starts a worker.
+func Encode(f Frame) ([]byte, error) {
+	f.Version = Version
+	body, err := json.Marshal(f)
 	if err != nil {
 		return nil, fmt.Errorf("protocol: encode frame: %w", err)
 	}
@@ -338,21 +431,9 @@ func Encode(v any) ([]byte, error) {
 	return buf, nil
 }
 
-// WriteFrame writes v as one frame (see Encode).
-func WriteFrame(w io.Writer, v any) error {
-	buf, err := Encode(v)
-	if err != nil {
-		return err
-	}
-	if _, err := w.Write(buf); err != nil {
-		return fmt.Errorf("protocol: write frame: %w", err)
-	}
-	return nil
-}
-
-// ReadFrame reads one frame from r into v. It returns io.EOF when r ends before a
+// readFrame reads one frame from r into v. It returns io.EOF when r ends before a
 // frame starts, and io.ErrUnexpectedEOF when it ends inside one.
-func ReadFrame(r io.Reader, v any) error {
+func readFrame(r io.Reader, v any) error {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return err

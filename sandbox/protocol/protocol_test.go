@@ -11,35 +11,58 @@ import (
 
 func TestFrameRoundTrip(t *testing.T) {
 	var buf bytes.Buffer
-	in := Request{Version: Version, Code: "print('é')", Stdin: []byte{0, 1, 255}, Args: []string{"a"},
+	in := Request{Code: "print('é')", Stdin: []byte{0, 1, 255}, Args: []string{"a"},
 		Limits: Limits{TimeoutMS: 5, MemoryBytes: 6, MaxStdoutBytes: 7, MaxStderrBytes: 8, Fuel: 9}}
-	if err := WriteFrame(&buf, in); err != nil {
+	if err := Send(&buf, Frame{Step: StepClaim, Request: &in}); err != nil {
 		t.Fatal(err)
 	}
-	var out Request
-	if err := ReadFrame(&buf, &out); err != nil {
+	f, err := Receive(&buf, StepRun, StepClaim)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if out.Code != in.Code || !bytes.Equal(out.Stdin, in.Stdin) || out.Limits != in.Limits || out.Args[0] != "a" {
-		t.Fatalf("got %+v", out)
+	out := f.Request
+	if f.Version != Version || out.Code != in.Code || !bytes.Equal(out.Stdin, in.Stdin) || out.Limits != in.Limits || out.Args[0] != "a" {
+		t.Fatalf("got %+v", f)
 	}
-	if err := ReadFrame(&buf, &out); !errors.Is(err, io.EOF) {
+	if _, err := Receive(&buf, StepReport); !errors.Is(err, io.EOF) {
 		t.Fatalf("empty reader: %v", err)
+	}
+}
+
+// A frame out of turn, of another version, or without its member is refused by name.
+func TestReceiveChecksTheStep(t *testing.T) {
+	for _, c := range []struct {
+		frame string
+		want  error
+	}{
+		{`{"version":4,"step":"ack"}`, ErrStep},         // not expected
+		{`{"version":4,"step":"report"}`, ErrStep},      // no report
+		{`{"version":3,"step":"ready"}`, ErrVersion},    // an older worker
+		{`{"version":4,"step":"ready","x":1}`, nil},     // unknown members are ignored
+		{`{"code":"print(1)","version":3}`, ErrVersion}, // a version-3 request
+		{`{"version":4,"step":"run","request":{}}`, ErrStep},
+	} {
+		var buf bytes.Buffer
+		binary.Write(&buf, binary.BigEndian, uint32(len(c.frame)))
+		buf.WriteString(c.frame)
+		_, err := Receive(&buf, StepReady, StepReport)
+		if c.want == nil && err != nil || c.want != nil && !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", c.frame, err, c.want)
+		}
 	}
 }
 
 func TestFrameLimits(t *testing.T) {
 	var hdr [4]byte
 	binary.BigEndian.PutUint32(hdr[:], MaxFrame+1)
-	var v Report
-	if err := ReadFrame(bytes.NewReader(hdr[:]), &v); !errors.Is(err, ErrFrameTooLarge) {
+	if _, err := Receive(bytes.NewReader(hdr[:]), StepReport); !errors.Is(err, ErrFrameTooLarge) {
 		t.Fatalf("oversized: %v", err)
 	}
 	binary.BigEndian.PutUint32(hdr[:], 10)
-	if err := ReadFrame(bytes.NewReader(append(hdr[:], "{}"...)), &v); !errors.Is(err, io.ErrUnexpectedEOF) {
+	if _, err := Receive(bytes.NewReader(append(hdr[:], "{}"...)), StepReport); !errors.Is(err, io.ErrUnexpectedEOF) {
 		t.Fatalf("short: %v", err)
 	}
-	if err := WriteFrame(io.Discard, Request{Code: string(make([]byte, MaxFrame))}); !errors.Is(err, ErrFrameTooLarge) {
+	if err := Send(io.Discard, Frame{Step: StepRun, Request: &Request{Code: string(make([]byte, MaxFrame))}}); !errors.Is(err, ErrFrameTooLarge) {
 		t.Fatalf("write oversized: %v", err)
 	}
 }

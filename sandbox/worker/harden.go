@@ -53,15 +53,15 @@ type hardened struct {
 // prepare does what needs no knowledge of the run beyond its template: it verifies
 // the namespaces against the parent's and, with a mount namespace, gives the worker a
 // root of its own (pivot). A cold worker's root has the workspace mounted already; a
-// warm one's (req.Warm) has the directories of req.Roots instead, for attach.
-func prepare(req *protocol.Request) *hardened {
+// warm one's (a template's) has the directories of req.Roots instead, for attach.
+func prepare(req *protocol.Request, warm bool) *hardened {
 	h := req.Hardening
 	st := &hardened{
 		enf: protocol.Enforcement{Namespaces: map[string]bool{}, Rlimits: map[string]uint64{},
 			Errors: map[string]string{}},
 		workspace: fmt.Sprintf("/proc/self/fd/%d", protocol.WorkspaceFD),
 		library:   req.LibDir,
-		warm:      req.Warm,
+		warm:      warm,
 	}
 	fail := func(layer string, err error) { st.enf.Errors[layer] = err.Error() }
 	for layer, name := range protocol.Namespaces() {
@@ -70,7 +70,7 @@ func prepare(req *protocol.Request) *hardened {
 		st.enf.Namespaces[layer] = h.Namespaces && err == nil && host != "" && link != host
 	}
 	defer st.lockCaps()
-	if req.Warm && h.Seccomp != nil {
+	if warm && h.Seccomp != nil {
 		st.seccomp, st.seccompErr = seccomp.Compile(*h.Seccomp)
 	}
 	if !h.Namespaces {
@@ -78,7 +78,7 @@ func prepare(req *protocol.Request) *hardened {
 	}
 	if st.enf.Namespaces[protocol.LayerUserNS] && st.enf.Namespaces[protocol.LayerMountNS] {
 		ws := req.Workspace
-		if req.Warm {
+		if warm {
 			ws = ""
 		}
 		if err := pivot(ws, req.LibDir, req.Roots, st.enf.Namespaces[protocol.LayerPidNS]); err != nil {

@@ -1,0 +1,141 @@
+package worker
+
+import (
+	_ "embed"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandcell/sandcell/bundle"
+	"github.com/sandcell/sandcell/sandbox/engine"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// The guest phase: the interpreter's argv, its program on stdin, and its run.
+
+// GuestWorkdir is the guest path of the workspace preopen, and its working directory.
+const GuestWorkdir = "/ws"
+
+//go:embed bootstrap.py
+var bootstrap string
+
+// runGuest runs the request's Python program, whose program feedStdin has written.
+func runGuest(req *protocol.Request, env *Env) protocol.Report {
+	spec := guestSpec(req, env, nil)
+	spec.Ended = func(out engine.Outcome) { env.reply.send(report(out)) }
+	return report(env.Engine.Run(env.Module, spec))
+}
+
+// guestSpec is the engine's run of the bootstrap for req's limits in env; arm, when
+// not nil, delivers the CPU limit later (see engine.Spec).
+func guestSpec(req *protocol.Request, env *Env, arm <-chan time.Duration) engine.Spec {
+	preopens := []engine.Preopen{{Host: env.Workspace, Guest: GuestWorkdir}}
+	if env.GuestRoot != "" {
+		preopens = []engine.Preopen{{Host: env.GuestRoot, Guest: "/"}}
+	}
+	return engine.Spec{
+		Argv:         Argv(),
+		Preopens:     append(preopens, engine.Preopen{Host: env.Library, Guest: bundle.GuestLibDir, ReadOnly: true}),
+		MemoryBytes:  req.Limits.MemoryBytes,
+		CPU:          time.Duration(req.Limits.CPUMS) * time.Millisecond,
+		CPUArm:       arm,
+		Fuel:         req.Limits.Fuel,
+		InheritStdin: true,
+	}
+}
+
+func report(out engine.Outcome) protocol.Report {
+	return protocol.Report{
+		ExitCode:        out.ExitCode,
+		Reason:          out.Reason,
+		FuelConsumed:    out.FuelConsumed,
+		PeakMemoryBytes: out.PeakMemoryBytes,
+		Diagnostics:     out.Diagnostics,
+	}
+}
+
+// interpreterFlags: -S skips the site module (nothing to find in a sandbox, and it
+// costs start-up time); -I isolates from PYTHON* variables and the user site.
+var interpreterFlags = []string{"-S", "-I"}
+
+// Argv is the guest argv: the interpreter running the embedded bootstrap, which
+// reads the program from stdin (see Program).
+func Argv() []string {
+	return append(append([]string{bundle.GuestExecutable}, interpreterFlags...), "-c", bootstrap)
+}
+
+// Program is what the bootstrap reads from stdin before the program's own stdin: ten
+// decimal digits giving the header's length, then the header (see bootstrap.py).
+func Program(req *protocol.Request) ([]byte, error) {
+	var fields []string
+	switch {
+	case req.Code != "" && req.Path != "":
+		return nil, fmt.Errorf("request sets both code and path")
+	case req.Isolated && req.Path != "":
+		return nil, fmt.Errorf("an isolated request runs code, not a path")
+	case req.Path != "":
+		fields = []string{"path", GuestWorkdir + "/" + req.Path, ""}
+	default:
+		name := req.Filename
+		if name == "" {
+			name = "<string>"
+		}
+		mode := "code"
+		if req.Isolated {
+			mode = "isolated"
+		}
+		fields = []string{mode, req.Code, name}
+	}
+	fields = append(fields, strconv.Itoa(len(req.Args)))
+	fields = append(fields, req.Args...)
+	keys := make([]string, 0, len(req.Env))
+	for k := range req.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fields = append(fields, k, req.Env[k])
+	}
+	for _, f := range fields {
+		if strings.ContainsRune(f, 0) {
+			return nil, fmt.Errorf("the program contains a NUL byte")
+		}
+	}
+	header := strings.Join(fields, "\x00")
+	return fmt.Appendf(nil, "%010d%s", len(header), header), nil
+}
+
+// feedStdin writes req's program and then its stdin to w, the write end of the pipe
+// that is fd 0, from a goroutine, and closes it, so the guest reads the program, the
+// data and then end of file, however often it reads past it. (A file given to
+// wasmtime as stdin traps after repeated reads at end of file.) With w nil it makes
+// fd 0 such a pipe first.
+func feedStdin(req *protocol.Request, w *os.File) error {
+	prog, err := Program(req)
+	if err != nil {
+		return err
+	}
+	if w == nil {
+		r, pw, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		if err := unix.Dup3(int(r.Fd()), 0, 0); err != nil {
+			pw.Close()
+			return err
+		}
+		w = pw
+	}
+	go func() {
+		w.Write(prog)
+		w.Write(req.Stdin)
+		w.Close()
+	}()
+	return nil
+}
