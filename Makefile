@@ -15,7 +15,7 @@ BUNDLE   := build/bundle
 export SANDCELL_BUNDLE_DIR := $(CURDIR)/$(BUNDLE)
 export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 
-.PHONY: help prereqs build interpreter interpreter-verify bundle demo test test-short bench check clean stage deb rpm lint-packages test-packages image-root image test-image
+.PHONY: help prereqs build interpreter interpreter-verify bundle demo mcp-client test test-short bench check clean stage deb rpm lint-packages test-packages image-root image test-image
 
 # Packages: the version comes from `git describe` (a v* tag), else 0.1.0 with the
 # commit count and hash; SOURCE_DATE_EPOCH (the last commit's time) dates everything.
@@ -76,11 +76,22 @@ demo: bundle ## Run the sample program in the sandbox
 	  $(BIN) run --workspace "$$ws" examples/demo.py && \
 	  echo "on the host, $$ws/hello.txt says: $$(cat "$$ws/hello.txt")"
 
-test: bundle ## Run every test with the real interpreter and real workers, then the sandbox suite again through warm workers
+# The official TypeScript MCP SDK for cmd/appliance's client test, at the versions
+# test/mcp-client/package-lock.json pins (npm ci); Node.js and npm from Debian.
+mcp-client: test/mcp-client/node_modules/.package-lock.json ## Install the TypeScript MCP client the tests use (npm ci)
+test/mcp-client/node_modules/.package-lock.json: test/mcp-client/package-lock.json
+	@need=""; command -v node >/dev/null || need="$$need nodejs"; command -v npm >/dev/null || need="$$need npm"; \
+	  if [ -n "$$need" ]; then \
+	    if [ "$$(id -u)" != 0 ]; then echo "the tests need:$$need; run: sudo apt-get install -y$$need" >&2; exit 1; fi; \
+	    echo "installing:$$need"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; fi
+	cd test/mcp-client && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+test: bundle mcp-client ## Run every test with the real interpreter and real workers, then the sandbox suite again through warm workers
 	go test -count=1 -timeout 30m ./...
 	SANDCELL_TEST_WARM=1 go test -count=1 -timeout 30m ./sandbox
 
-test-short: bundle ## Run the tests that take seconds, not minutes
+test-short: bundle mcp-client ## Run the tests that take seconds, not minutes
 	go test -short -count=1 ./...
 
 bench: bundle ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_WASM), epoch vs fuel, cold runs by hardening layer, then bench/: API, CLI, native python3 and bwrap side by side

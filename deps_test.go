@@ -25,6 +25,7 @@ func TestImportRules(t *testing.T) {
 		"github.com/labstack/echo":                module + "/supervisor/api",
 		"modernc.org/sqlite":                      module + "/supervisor/store",
 		"github.com/coreos/go-systemd":            module + "/systemd",
+		"github.com/modelcontextprotocol/go-sdk":  module + "/supervisor/mcpserver",
 	}
 	for pkg, deps := range imports {
 		for _, dep := range deps {

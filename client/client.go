@@ -10,17 +10,24 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
 
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
-// Client is a connection pool to one daemon socket.
+// Client is a connection pool to one daemon.
 type Client struct {
 	http *http.Client
 }
 
 // New returns a client for the daemon listening on the Unix socket at path.
 func New(path string) *Client { return &Client{http: HTTP(path)} }
+
+// NewHTTP returns a client that sends each request through hc (its transport
+// decides where requests go; the URL's host is "sandcell").
+func NewHTTP(hc *http.Client) *Client { return &Client{http: hc} }
 
 // HTTP returns an http.Client whose every connection goes to the Unix socket at path,
 // whatever host a URL names.
@@ -55,15 +62,128 @@ func (c *Client) Cancel(ctx context.Context, id string) (wire.View, error) {
 	return v, c.do(ctx, http.MethodDelete, "/v1/runs/"+id, nil, &v)
 }
 
-func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, "http://sandcell"+path, bytes.NewReader(body))
+// SQL runs one statement (POST /v1/sql) and returns the answer's JSON (columns,
+// rows, changes, classification; see docs/api.md). A statement held for approval is
+// a *wire.Problem with code approval_required and approval_id in its Extensions.
+func (c *Client) SQL(ctx context.Context, req wire.SQLRequest) (json.RawMessage, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	var out json.RawMessage
+	return out, c.do(ctx, http.MethodPost, "/v1/sql", body, &out)
+}
+
+// CreateWorkspace creates a workspace owned by the caller.
+func (c *Client) CreateWorkspace(ctx context.Context) (wire.Workspace, error) {
+	var w wire.Workspace
+	return w, c.do(ctx, http.MethodPost, "/v1/workspaces", nil, &w)
+}
+
+// Workspace returns workspace id with a page of its names (after, limit: as
+// GET /v1/workspaces/{id} takes them; "" and 0 for the first page of the default size).
+func (c *Client) Workspace(ctx context.Context, id, after string, limit int) (wire.Workspace, error) {
+	q := url.Values{}
+	if after != "" {
+		q.Set("after", after)
+	}
+	if limit > 0 {
+		q.Set("limit", strconv.Itoa(limit))
+	}
+	path := "/v1/workspaces/" + url.PathEscape(id)
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	var w wire.Workspace
+	return w, c.do(ctx, http.MethodGet, path, nil, &w)
+}
+
+// ReadFile returns at most max bytes of a workspace file and its whole size.
+func (c *Client) ReadFile(ctx context.Context, id, path string, max int64) ([]byte, int64, error) {
+	resp, err := c.send(ctx, http.MethodGet, filesPath(id, path), nil, "")
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, max))
+	return b, resp.ContentLength, err
+}
+
+// WriteFile writes data as a workspace file (created or replaced).
+func (c *Client) WriteFile(ctx context.Context, id, path string, data []byte) error {
+	resp, err := c.send(ctx, http.MethodPut, filesPath(id, path), data, "application/octet-stream")
 	if err != nil {
 		return err
 	}
+	resp.Body.Close()
+	return nil
+}
+
+// Tools returns GET /v1/tools: the agent tools' definitions, and whether they are
+// offered now.
+func (c *Client) Tools(ctx context.Context) (json.RawMessage, error) {
+	var out json.RawMessage
+	return out, c.do(ctx, http.MethodGet, "/v1/tools", nil, &out)
+}
+
+func filesPath(id, path string) string {
+	segs := strings.Split(path, "/")
+	for i, s := range segs {
+		segs[i] = url.PathEscape(s)
+	}
+	return "/v1/workspaces/" + url.PathEscape(id) + "/files/" + strings.Join(segs, "/")
+}
+
+// send sends a request and returns the answer when it is not a problem.
+func (c *Client) send(ctx context.Context, method, path string, body []byte, contentType string) (*http.Response, error) {
+	var r io.Reader
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		r = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://sandcell"+path, r)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode < 400 {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	return nil, problem(resp, b)
+}
+
+// problem decodes an error answer.
+func problem(resp *http.Response, b []byte) error {
+	p := &wire.Problem{}
+	if json.Unmarshal(b, p) != nil || p.Code == "" {
+		return fmt.Errorf("sandcell daemon: %s: %s", resp.Status, bytes.TrimSpace(b))
+	}
+	json.Unmarshal(b, &p.Extensions)
+	for _, own := range []string{"type", "title", "status", "detail", "code"} {
+		delete(p.Extensions, own)
+	}
+	return p
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
+	ct := ""
+	if body != nil {
+		ct = "application/json"
+	}
+	resp, err := c.send(ctx, method, path, body, ct)
+	if err != nil {
+		return err
+	}
 	if err != nil {
 		return err
 	}
@@ -71,13 +191,6 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return err
-	}
-	if resp.StatusCode >= 400 {
-		p := &wire.Problem{}
-		if json.Unmarshal(b, p) != nil || p.Code == "" {
-			return fmt.Errorf("sandcell daemon: %s: %s", resp.Status, bytes.TrimSpace(b))
-		}
-		return p
 	}
 	return json.Unmarshal(b, out)
 }

@@ -32,7 +32,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newServeCmd(), newBundleCmd(), newConfigCmd(), newAuditCmd(), newTokenCmd(), newSQLCmd(), newSelftestCmd(), newHealthcheckCmd(), newVersionCmd())
+	root.AddCommand(newRunCmd(), newServeCmd(), newBundleCmd(), newConfigCmd(), newAuditCmd(), newTokenCmd(), newSQLCmd(), newSelftestCmd(), newHealthcheckCmd(), newVersionCmd(), newMCPCmd())
 	root.AddCommand(newManpageCmd(root))
 	return root
 }

@@ -64,6 +64,10 @@ func Statuses() map[string][]int {
 		"DELETE /v1/workspaces/:id/files/*": {204, 400, 401, 403, 404, 409, 500},
 
 		"POST /v1/sql":           {200, 400, 401, 403, 404, 409, 413, 415, 422, 429, 500, 503},
+		"GET /v1/tools":          {200, 401, 403},
+		"POST /mcp":              {200, 202, 400, 401, 403, 404, 406, 413, 415, 429},
+		"GET /mcp":               {200, 400, 401, 403, 404, 405, 406},
+		"DELETE /mcp":            {204, 400, 401, 403, 404},
 		"GET /v1/approvals":      {200, 400, 401, 403},
 		"GET /v1/approvals/:id":  {200, 401, 403, 404},
 		"POST /v1/approvals/:id": {200, 400, 401, 403, 404, 409, 413, 415},
@@ -118,6 +122,8 @@ type Options struct {
 	RecordCode bool
 	// ReadTimeout bounds reading a request, body included; 0 means 30 s.
 	ReadTimeout time.Duration
+	// Version is the daemon's, as the MCP server names itself.
+	Version string
 	// Workspaces, if set, serves /v1/workspaces and lets runs name a workspace.
 	Workspaces *workspace.Store
 	// Approvals holds requests for approval; ApprovalActions names the actions that
@@ -145,6 +151,10 @@ type Server struct {
 	inUse    map[string]int
 	alone    map[string]bool // in use by an approved SQL write only
 	deleting map[string]bool
+
+	// mcp serves /mcp; stopping withdraws its tools once Shutdown has begun.
+	mcp      *mcpHTTP
+	stopping atomic.Bool
 }
 
 // healthPaths are the endpoints answered on a connection that holds a probe slot.
@@ -231,6 +241,11 @@ func New(o Options) *Server {
 	e.GET("/v1/workspaces/:id/files/*", s.getFile, runner)
 	e.DELETE("/v1/workspaces/:id/files/*", s.deleteFile, runner)
 	e.POST("/v1/sql", s.sql, runner)
+	e.GET("/v1/tools", s.tools, runner)
+	s.mcp = s.newMCP(o.Version)
+	for _, method := range []string{http.MethodPost, http.MethodGet, http.MethodDelete} {
+		e.Add(method, "/mcp", s.serveMCP, runner)
+	}
 	e.GET("/v1/approvals", s.listApprovals, s.require(RoleApprover))
 	e.GET("/v1/approvals/:id", s.getApproval, s.require(RoleRunner, RoleApprover))
 	e.POST("/v1/approvals/:id", s.decideApproval, s.require(RoleApprover))
@@ -260,7 +275,14 @@ func (s *Server) Serve(l net.Listener) error {
 
 // Shutdown stops accepting connections and waits for the open ones, at most until
 // ctx ends.
-func (s *Server) Shutdown(ctx context.Context) error { return s.echo.Server.Shutdown(ctx) }
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.stopping.Store(true)
+	s.mcp.server.Refresh(ctx) // sessions hear that the tools are gone
+	// Sessions' event streams would hold the shutdown to its end: close the
+	// sessions once no tool call is in flight (each answers first).
+	go s.mcp.closeWhenIdle(ctx)
+	return s.echo.Server.Shutdown(ctx)
+}
 
 func (s *Server) info(c echo.Context) error { return c.JSON(http.StatusOK, s.o.Info()) }
 

@@ -76,7 +76,7 @@ func statusOf(code string) int {
 		return http.StatusRequestEntityTooLarge
 	case wire.CodeUnsupportedMed:
 		return http.StatusUnsupportedMediaType
-	case wire.CodeQueueFull, wire.CodeCallerLimit, wire.CodeConnLimit, wire.CodeTooManyPending:
+	case wire.CodeQueueFull, wire.CodeCallerLimit, wire.CodeConnLimit, wire.CodeTooManyPending, wire.CodeSessionLimit:
 		return http.StatusTooManyRequests
 	case wire.CodeDisabled, wire.CodeNotReady, wire.CodeNotAlive, wire.CodeStopping, wire.CodeAuditDown:
 		return http.StatusServiceUnavailable
@@ -92,7 +92,7 @@ func retryAfter(code string) string {
 	switch code {
 	case wire.CodeQueueFull, wire.CodeCallerLimit, wire.CodeConnLimit:
 		return "1"
-	case wire.CodeTooManyPending:
+	case wire.CodeTooManyPending, wire.CodeSessionLimit:
 		return "60"
 	}
 	return ""

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"io/fs"
 	"net/http"
 	"sort"
 	"strconv"
@@ -71,6 +72,9 @@ func (s *Server) createRun(c echo.Context) error {
 	detail := map[string]any{"code_sha256": hex.EncodeToString(sum[:]), "limits": req.Limits,
 		"args": len(req.Args), "stdin_bytes": len(req.Stdin), "env": envNames(req.Env),
 		"workspace": body.Workspace}
+	if req.Path != "" {
+		detail["path"] = req.Path
+	}
 	if s.o.RecordCode {
 		detail["code"] = req.Code
 	}
@@ -130,8 +134,15 @@ func (s *Server) request(b wire.RunRequest) (protocol.Request, error) {
 	if err != nil {
 		return protocol.Request{}, fail(wire.CodeBadRequest, err.Error())
 	}
-	if b.Code == "" {
-		return protocol.Request{}, fail(wire.CodeBadRequest, "code is required")
+	switch {
+	case b.Code == "" && b.Path == "":
+		return protocol.Request{}, fail(wire.CodeBadRequest, "code is required (or a path in the workspace)")
+	case b.Code != "" && b.Path != "":
+		return protocol.Request{}, fail(wire.CodeBadRequest, "give code or path, not both")
+	case b.Path != "" && b.Workspace == "":
+		return protocol.Request{}, fail(wire.CodeBadRequest, "path names a file of a workspace: give the workspace too")
+	case b.Path != "" && !fs.ValidPath(b.Path):
+		return protocol.Request{}, failf(wire.CodeBadRequest, "path %q: a slash-separated path inside the workspace, without . or .. elements", b.Path)
 	}
 	stdin := []byte(b.Stdin)
 	switch b.StdinEncoding {
@@ -143,14 +154,14 @@ func (s *Server) request(b wire.RunRequest) (protocol.Request, error) {
 	default:
 		return protocol.Request{}, failf(wire.CodeBadRequest, "stdin_encoding %q: only \"base64\" (or none)", b.StdinEncoding)
 	}
-	if err := sandbox.CheckProgram(&protocol.Request{Code: b.Code, Args: b.Args, Stdin: stdin, Env: env}); err != nil {
+	if err := sandbox.CheckProgram(&protocol.Request{Code: b.Code, Path: b.Path, Args: b.Args, Stdin: stdin, Env: env}); err != nil {
 		return protocol.Request{}, fail(wire.CodeBadRequest, err.Error())
 	}
 	req, err := s.base(limits)
 	if err != nil {
 		return protocol.Request{}, err
 	}
-	req.Code, req.Args, req.Stdin, req.Env = b.Code, b.Args, stdin, env
+	req.Code, req.Path, req.Args, req.Stdin, req.Env = b.Code, b.Path, b.Args, stdin, env
 	return req, nil
 }
 

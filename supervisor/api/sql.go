@@ -22,23 +22,6 @@ import (
 // ActionSQLWrite is the approval action of a SQL statement that writes.
 const ActionSQLWrite = "sql.write"
 
-// SQLRequest is the body of POST /v1/sql.
-type SQLRequest struct {
-	// Workspace is the id of a workspace the caller owns.
-	Workspace string `json:"workspace"`
-	// DB is the database file's path in the workspace.
-	DB string `json:"db"`
-	// SQL is one statement.
-	SQL string `json:"sql"`
-	// Params bind its parameters: an array or an object; {"base64": ...} is a blob.
-	Params json.RawMessage `json:"params,omitempty"`
-	// MaxRows bounds the rows returned (default 1000, at most 100000).
-	MaxRows int `json:"max_rows,omitempty"`
-	// Approval is the id of an approved approval for exactly this request: the
-	// statement then runs read-write, once.
-	Approval string `json:"approval,omitempty"`
-}
-
 // SQLResult is the body of a 200 answer.
 type SQLResult struct {
 	sqltool.Outcome
@@ -52,7 +35,7 @@ type SQLResult struct {
 // subject's db_sha256), and again just before the approved write, which it refuses
 // ("stale") when the file has changed. Nothing on the request path reads a file the
 // guest controls, and a read is never hashed.
-func sqlDigest(b SQLRequest) string {
+func sqlDigest(b wire.SQLRequest) string {
 	canon, _ := json.Marshal([]any{b.Workspace, b.DB, b.SQL, b.Params})
 	sum := sha256.Sum256(canon)
 	return hex.EncodeToString(sum[:])
@@ -103,7 +86,7 @@ func (s *Server) sql(c echo.Context) error {
 	if why := s.o.Health.Why(); why != "" {
 		return fail(wire.CodeNotReady, why)
 	}
-	var body SQLRequest
+	var body wire.SQLRequest
 	if err := s.decode(c, &body); err != nil {
 		return err
 	}

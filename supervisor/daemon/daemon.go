@@ -185,7 +185,11 @@ func Open(o Options) (_ *Daemon, err error) {
 		Disabled:        func() bool { return d.cfg.Load().Disabled },
 		Health:          d.health,
 		Info:            d.info,
+		Version:         o.Version,
 	})
+	// MCP sessions over HTTP hear within a second when the tools come or go.
+	d.wg.Add(1)
+	go func() { defer d.wg.Done(); d.srv.WatchTools(d.bg, time.Second) }()
 
 	// Listen now, so that the probes answer (503) while Run verifies the sandbox.
 	ul, err := d.listenUnix(cfg)

@@ -46,6 +46,7 @@ const (
 	CodeSQLError            = "sql_error"            // 400/404/409/422: SQLite failed; sql_code says how
 	CodeTooManyPending      = "too_many_pending"     // 429: the caller has supervisor.MaxPending approvals waiting
 	CodeWorkspaceBusy       = "workspace_busy"       // 409: a run or statement is using the workspace (or an approved SQL write holds it alone)
+	CodeSessionLimit        = "session_limit"        // 429: this caller has as many MCP sessions open as one caller may
 )
 
 // Codes lists every problem code (TestOpenAPI keeps the document's list equal).
@@ -54,7 +55,7 @@ func Codes() []string {
 		CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeCallerLimit, CodeDisabled, CodeNotReady, CodeNotAlive, CodeStopping,
 		CodeInternal, CodeUnsupportedMed, CodeUnauthorized, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota,
 		CodeStatementRefused, CodeApprovalRequired, CodeApprovalUnavailable, CodeApprovalInvalid, CodeSQLError,
-		CodeTooManyPending, CodeWorkspaceBusy}
+		CodeTooManyPending, CodeWorkspaceBusy, CodeSessionLimit}
 }
 
 // Problem is an RFC 9457 problem document.
@@ -64,6 +65,9 @@ type Problem struct {
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
 	Code   string `json:"code"`
+	// Extensions are the document's other members (approval_id, sql_code, ...), as
+	// a client read them; the daemon writes its own through JSON's ext.
+	Extensions map[string]json.RawMessage `json:"-"`
 }
 
 // ProblemType is the prefix of every problem's type URI; the code follows it.
@@ -113,10 +117,50 @@ func (p *Problem) Error() string {
 	return fmt.Sprintf("%s (%d %s)", p.Code, p.Status, p.Title)
 }
 
+// SQLRequest is the body of POST /v1/sql.
+type SQLRequest struct {
+	// Workspace is the id of a workspace the caller owns.
+	Workspace string `json:"workspace"`
+	// DB is the database file's path in the workspace.
+	DB string `json:"db"`
+	// SQL is one statement.
+	SQL string `json:"sql"`
+	// Params bind its parameters: an array or an object; {"base64": ...} is a blob.
+	Params json.RawMessage `json:"params,omitempty"`
+	// MaxRows bounds the rows returned (default 1000, at most 100000).
+	MaxRows int `json:"max_rows,omitempty"`
+	// Approval is the id of an approved approval for exactly this request: the
+	// statement then runs read-write, once.
+	Approval string `json:"approval,omitempty"`
+}
+
+// WorkspaceFile is one name in a workspace (GET /v1/workspaces/{id} lists them).
+type WorkspaceFile struct {
+	// Path is relative to the workspace, slash-separated.
+	Path string `json:"path"`
+	// Type is "file", "dir", "symlink", "fifo", "socket", "device" or "other".
+	Type string `json:"type"`
+	// Size is the apparent size in bytes (regular files only).
+	Size int64 `json:"size"`
+}
+
+// Workspace is the body of POST /v1/workspaces and GET /v1/workspaces/{id} (the
+// members a client reads).
+type Workspace struct {
+	ID        string          `json:"id"`
+	Files     []WorkspaceFile `json:"files,omitempty"`
+	OverQuota bool            `json:"over_quota"`
+	// Next, when more names follow, is the after= of the next page.
+	Next string `json:"next,omitempty"`
+}
+
 // RunRequest is the body of POST /v1/runs.
 type RunRequest struct {
-	// Code is the Python source to run.
-	Code string `json:"code"`
+	// Code is the Python source to run. Exactly one of Code and Path is set.
+	Code string `json:"code,omitempty"`
+	// Path is a .py file of the workspace (relative to it; Workspace must be set)
+	// to run instead, as /ws/Path.
+	Path string `json:"path,omitempty"`
 	// Args are the program's arguments (sys.argv[1:]).
 	Args []string `json:"args,omitempty"`
 	// Stdin is the program's whole standard input.

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandcell/sandcell/bundle/bundletest"
+	sandcellclient "github.com/sandcell/sandcell/client"
+	"github.com/sandcell/sandcell/supervisor/api"
+)
+
+// mcpDaemon is `sandcell serve` with a TCP listener and one runner token, for the
+// MCP clients.
+type mcpDaemon struct {
+	sock, url, token string
+	setDisabled      func(bool)
+}
+
+func startMCPDaemon(t *testing.T) *mcpDaemon {
+	t.Helper()
+	dir := t.TempDir()
+	d := &mcpDaemon{sock: filepath.Join(dir, "s.sock")}
+	secret, tok := api.NewToken("agent", []api.Role{api.RoleRunner})
+	d.token = secret
+	var tokens bytes.Buffer
+	toml.NewEncoder(&tokens).Encode(map[string]any{"token": []api.Token{tok}})
+	tokensFile := filepath.Join(dir, "tokens.toml")
+	if err := os.WriteFile(tokensFile, tokens.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	d.url = "http://" + addr + "/mcp"
+	bundleDir := bundletest.Dir(t)
+	uid := strconv.Itoa(os.Getuid())
+	conf := filepath.Join(dir, "sandcell.toml")
+	write := func(disabled bool) {
+		s := "disabled = " + strconv.FormatBool(disabled) + "\n[bundle]\ndir = \"" + bundleDir + "\"\ncache_dir = \"" + bundleDir +
+			"\"\n[tcp]\nlisten = \"" + addr + "\"\ntokens_file = \"" + tokensFile + "\"\n[access]\nrunners = [\"" + uid +
+			"\"]\napprovers = [\"" + uid + "\"]\nadmins = [\"" + uid + "\"]\n"
+		if err := os.WriteFile(conf, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(false)
+	cmd := cliCmd(t, "serve", "--config", conf, "--socket", d.sock, "--state-dir", filepath.Join(dir, "state"))
+	logs := &syncBuffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	})
+	waitReady(t, sandcellclient.HTTP(d.sock), logs.String)
+	d.setDisabled = func(on bool) {
+		write(on)
+		cmd.Process.Signal(syscall.SIGHUP)
+	}
+	return d
+}
+
+// `sandcell mcp` over stdio, with the official Go SDK's client: the tools, a run, and
+// their absence while the kill switch is on.
+func TestMCPStdio(t *testing.T) {
+	d := startMCPDaemon(t)
+	changed := make(chan struct{}, 16)
+	c := mcp.NewClient(&mcp.Implementation{Name: "go-test", Version: "1"}, &mcp.ClientOptions{
+		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}})
+	cmd := cliCmd(t, "mcp", "--socket", d.sock)
+	cmd.Stderr = os.Stderr
+	cs, err := c.Connect(t.Context(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 5 {
+		t.Fatalf("tools: %+v %v", l, err)
+	}
+	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "print(6*7)"}})
+	if err != nil || res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "\n42\n") {
+		t.Fatalf("run_python: %+v %v", res, err)
+	}
+	for len(changed) > 0 {
+		<-changed // the tools' arrival
+	}
+	d.setDisabled(true)
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no tools/list_changed after the kill switch")
+	}
+	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 0 {
+		t.Fatalf("tools with the kill switch on: %d %v", len(l.Tools), err)
+	}
+}
+
+// The official TypeScript SDK's client (@modelcontextprotocol/sdk from npm, pinned
+// by test/mcp-client/package-lock.json) over stdio and over streamable HTTP: see
+// test/mcp-client/client.mjs for what it checks.
+func TestMCPWithTheTypeScriptSDK(t *testing.T) {
+	dir, err := filepath.Abs("../../test/mcp-client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@modelcontextprotocol", "sdk")); err != nil {
+		t.Fatalf("the TypeScript SDK is not installed (make mcp-client, as make test does): %v", err)
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("node is required (make mcp-client installs it): %v", err)
+	}
+	for _, mode := range []string{"stdio", "http"} {
+		t.Run(mode, func(t *testing.T) {
+			d := startMCPDaemon(t)
+			cmd := exec.Command(node, "client.mjs")
+			cmd.Dir = dir
+			if mode == "http" {
+				cmd.Env = append(os.Environ(), "SANDCELL_MCP_URL="+d.url, "SANDCELL_MCP_TOKEN="+d.token)
+			} else {
+				mcpCmd := cliCmd(t, "mcp", "--socket", d.sock)
+				env := map[string]string{}
+				for _, kv := range mcpCmd.Env {
+					if k, v, ok := strings.Cut(kv, "="); ok {
+						env[k] = v
+					}
+				}
+				args, _ := json.Marshal(mcpCmd.Args[1:])
+				envJSON, _ := json.Marshal(env)
+				cmd.Env = append(os.Environ(), "SANDCELL_MCP_COMMAND="+mcpCmd.Path, "SANDCELL_MCP_ARGS="+string(args),
+					"SANDCELL_MCP_ENV="+string(envJSON))
+			}
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill()
+			lines := bufio.NewScanner(out)
+			var seen []string
+			for lines.Scan() {
+				seen = append(seen, lines.Text())
+				if lines.Text() == "waiting for the kill switch" {
+					d.setDisabled(true)
+				}
+			}
+			if err := cmd.Wait(); err != nil || len(seen) == 0 || seen[len(seen)-1] != "ok" {
+				t.Fatalf("%v\nstdout: %s\nstderr: %s", err, strings.Join(seen, "\n"), stderr.String())
+			}
+		})
+	}
+}

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sandcell/sandcell/client"
+	"github.com/sandcell/sandcell/supervisor/config"
+	"github.com/sandcell/sandcell/supervisor/mcpserver"
+)
+
+func newMCPCmd() *cobra.Command {
+	var socket string
+	cmd := &cobra.Command{
+		Use:   "mcp",
+		Short: "Serve the agent tools over MCP on stdin and stdout, through a running daemon",
+		Long: `Serve the agent tools (run_python, run_sql, list_files, read_file, write_file) as a
+Model Context Protocol server on stdin and stdout, for an agent host that starts
+it as a subprocess. Every call goes to the daemon listening on --socket (default
+$SANDCELL_SOCKET, else ` + config.Default().Socket.Path + `) as this process's user,
+so the daemon's roles, policy, approvals and audit apply. The session has a
+workspace of its own, created at its first use and kept afterwards; each result
+names it. While the daemon is not ready or its kill switch is on, the tool list is
+empty and the client is told when that changes. See docs/agents.md.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if socket == "" {
+				socket = config.Default().Socket.Path
+			}
+			c := client.New(socket)
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			s := mcpserver.New(mcpserver.Options{
+				Version:     version,
+				Backend:     func(string) mcpserver.Backend { return c },
+				Unavailable: func(ctx context.Context) string { return unavailable(ctx, c) },
+			})
+			go s.Watch(ctx, 2*time.Second)
+			err := s.RunStdio(ctx)
+			if ctx.Err() != nil || errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return err
+		},
+	}
+	cmd.Flags().StringVar(&socket, "socket", os.Getenv("SANDCELL_SOCKET"), "the daemon's Unix socket")
+	return cmd
+}
+
+// unavailable asks the daemon whether its tools are offered (GET /v1/tools).
+func unavailable(ctx context.Context, c *client.Client) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	raw, err := c.Tools(ctx)
+	if err != nil {
+		return "the daemon cannot be reached: " + err.Error()
+	}
+	var l struct {
+		Available bool   `json:"available"`
+		Reason    string `json:"reason"`
+	}
+	if json.Unmarshal(raw, &l) != nil {
+		return "the daemon's tool listing cannot be read"
+	}
+	if !l.Available {
+		return l.Reason
+	}
+	return ""
+}

@@ -1,0 +1,223 @@
+package api
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/sandcell/sandcell/client"
+	"github.com/sandcell/sandcell/supervisor/mcpserver"
+	"github.com/sandcell/sandcell/supervisor/tools"
+	"github.com/sandcell/sandcell/supervisor/wire"
+)
+
+// The agent tools over HTTP: GET /v1/tools, and MCP's streamable HTTP at /mcp.
+//
+// An MCP session belongs to the caller who opened it (its uid on the socket, its
+// token over TCP): a request naming another caller's session is answered 404, as if
+// the session did not exist. Each tool call is a request to this same API, made in
+// process as that caller, so it passes the same roles, policy and audit.
+
+// mcpSessionHeader names a streamable HTTP session (MCP's transport).
+const mcpSessionHeader = "Mcp-Session-Id"
+
+// The sessions /mcp keeps: at most maxMCPSessionsPerCaller open for one caller
+// (429 session_limit beyond), each ended after mcpSessionIdle without a request.
+// A session costs the daemon its state (a workspace id, the SDK's buffers), and a
+// caller who opens them in a loop must not make it keep them all.
+const (
+	maxMCPSessionsPerCaller = 16
+	mcpSessionIdle          = 30 * time.Minute
+)
+
+// mcpHTTP is the MCP server of /mcp and who owns each of its sessions.
+type mcpHTTP struct {
+	server  *mcpserver.Server
+	handler http.Handler
+	owners  sync.Map     // session id -> Peer
+	posts   atomic.Int64 // POSTs in flight (tool calls among them)
+}
+
+// forget drops the owners of sessions that have ended.
+func (m *mcpHTTP) forget() {
+	live := m.server.Sessions()
+	m.owners.Range(func(id, _ any) bool {
+		if !live[id.(string)] {
+			m.owners.Delete(id)
+		}
+		return true
+	})
+}
+
+// closeWhenIdle ends every session once no POST is in flight, or when ctx ends.
+func (m *mcpHTTP) closeWhenIdle(ctx context.Context) {
+	for m.posts.Load() > 0 && ctx.Err() == nil {
+		time.Sleep(20 * time.Millisecond)
+	}
+	m.server.Close()
+}
+
+// newMCP builds /mcp's server over s's own handler.
+func (s *Server) newMCP(version string) *mcpHTTP {
+	m := &mcpHTTP{}
+	m.server = mcpserver.New(mcpserver.Options{
+		Version:     version,
+		Unavailable: func(context.Context) string { return s.toolsUnavailable() },
+		Backend: func(session string) mcpserver.Backend {
+			p, ok := m.owners.Load(session)
+			if !ok {
+				return nil
+			}
+			return client.NewHTTP(&http.Client{Transport: inProcess{h: s.echo, peer: p.(Peer)}})
+		},
+	})
+	m.handler = m.server.HTTPHandler(tools.MaxWriteBytes+1<<20, mcpSessionIdle)
+	return m
+}
+
+// serveMCP answers /mcp for the caller (past require).
+func (s *Server) serveMCP(c echo.Context) error {
+	peer, _ := PeerFrom(c.Request().Context())
+	if id := c.Request().Header.Get(mcpSessionHeader); id != "" {
+		owner, ok := s.mcp.owners.Load(id)
+		if !ok || owner.(Peer).Caller() != peer.Caller() {
+			return fail(wire.CodeNotFound, "no MCP session "+id)
+		}
+	}
+	if c.Request().Header.Get(mcpSessionHeader) == "" && c.Request().Method == http.MethodPost {
+		// A new session: within the caller's share.
+		s.mcp.forget()
+		n := 0
+		s.mcp.owners.Range(func(_, owner any) bool {
+			if owner.(Peer).Caller() == peer.Caller() {
+				n++
+			}
+			return true
+		})
+		if n >= maxMCPSessionsPerCaller {
+			return failf(wire.CodeSessionLimit, "%d MCP sessions are open for this caller: end one (DELETE /mcp) or let one idle out (%v)",
+				n, mcpSessionIdle)
+		}
+	}
+	if c.Request().Method == http.MethodPost {
+		s.mcp.posts.Add(1)
+		defer s.mcp.posts.Add(-1)
+	}
+	w := &sessionRecorder{ResponseWriter: c.Response().Writer, record: func(id string) { s.mcp.owners.LoadOrStore(id, peer) }}
+	s.mcp.handler.ServeHTTP(w, c.Request())
+	return nil
+}
+
+// sessionRecorder notes the session id an answer gives (the one of a new session).
+type sessionRecorder struct {
+	http.ResponseWriter
+	record func(id string)
+	wrote  bool
+}
+
+func (w *sessionRecorder) WriteHeader(status int) {
+	if w.wrote {
+		return
+	}
+	w.wrote = true
+	if id := w.Header().Get(mcpSessionHeader); id != "" {
+		w.record(id)
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func (w *sessionRecorder) Write(b []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *sessionRecorder) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// WatchTools offers /mcp's tools or withdraws them as the daemon's state changes,
+// looking every interval until ctx ends; sessions are notified of each change.
+func (s *Server) WatchTools(ctx context.Context, interval time.Duration) {
+	s.mcp.server.Watch(ctx, interval)
+}
+
+// toolsUnavailable says why the tools are not offered now, or "".
+func (s *Server) toolsUnavailable() string {
+	switch {
+	case s.stopping.Load():
+		return "the daemon is stopping"
+	case s.o.Disabled():
+		return "runs are disabled by the operator (the kill switch is on)"
+	}
+	return s.o.Health.Why()
+}
+
+// tools answers GET /v1/tools.
+func (s *Server) tools(c echo.Context) error {
+	return c.JSON(http.StatusOK, tools.NewListing(s.toolsUnavailable()))
+}
+
+// inProcess sends a request to the API's own handler as peer, without a
+// connection: what a tool call of an MCP session does.
+type inProcess struct {
+	h    http.Handler
+	peer Peer
+}
+
+func (t inProcess) RoundTrip(req *http.Request) (*http.Response, error) {
+	// The call's cancellation, but none of its values: the request is the peer's,
+	// not the connection's that carried the MCP message.
+	ctx := context.WithValue(valueless{req.Context()}, peerKey{}, t.peer)
+	req = req.Clone(ctx)
+	req.RemoteAddr = "in-process"
+	pr, pw := io.Pipe()
+	w := &pipeWriter{header: http.Header{}, body: pw, ready: make(chan struct{})}
+	go func() {
+		defer pw.Close()
+		t.h.ServeHTTP(w, req)
+		w.WriteHeader(http.StatusOK) // if the handler wrote nothing
+	}()
+	<-w.ready
+	size := int64(-1)
+	if n, err := strconv.ParseInt(w.sent.Get("Content-Length"), 10, 64); err == nil {
+		size = n
+	}
+	return &http.Response{Status: strconv.Itoa(w.status) + " " + http.StatusText(w.status), StatusCode: w.status,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: w.sent, Body: pr, ContentLength: size, Request: req}, nil
+}
+
+// valueless is a context's deadline and cancellation without its values.
+type valueless struct{ context.Context }
+
+func (valueless) Value(any) any { return nil }
+
+// pipeWriter is a ResponseWriter whose body is read from the other end of a pipe.
+type pipeWriter struct {
+	header http.Header
+	body   *io.PipeWriter
+	status int
+	sent   http.Header // the headers as they were at WriteHeader
+	once   sync.Once
+	ready  chan struct{} // closed when status and sent are known
+}
+
+func (w *pipeWriter) Header() http.Header { return w.header }
+
+func (w *pipeWriter) WriteHeader(status int) {
+	w.once.Do(func() { w.status, w.sent = status, w.header.Clone(); close(w.ready) })
+}
+
+func (w *pipeWriter) Write(b []byte) (int, error) {
+	w.WriteHeader(http.StatusOK)
+	return w.body.Write(b)
+}
+
+func (w *pipeWriter) Flush() {}

@@ -1,0 +1,252 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandcell/sandcell/client"
+	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/config"
+	"github.com/sandcell/sandcell/supervisor/mcpserver"
+	"github.com/sandcell/sandcell/supervisor/tools"
+	"github.com/sandcell/sandcell/supervisor/wire"
+)
+
+// connectMCP opens an MCP session on the daemon's /mcp over its Unix socket with the
+// official Go SDK's client; changed, when not nil, hears each tools/list_changed.
+func connectMCP(t *testing.T, d *daemon, changed chan<- struct{}) *mcp.ClientSession {
+	t.Helper()
+	opts := &mcp.ClientOptions{}
+	if changed != nil {
+		opts.ToolListChangedHandler = func(context.Context, *mcp.ToolListChangedRequest) {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}
+	}
+	c := mcp.NewClient(&mcp.Implementation{Name: "sandcell-test", Version: "1"}, opts)
+	cs, err := c.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: "http://sandcell/mcp",
+		HTTPClient: client.HTTP(d.socket)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+func callTool(t *testing.T, cs *mcp.ClientSession, name string, args map[string]any) (*mcp.CallToolResult, string) {
+	t.Helper()
+	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	var text strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			text.WriteString(tc.Text)
+		}
+	}
+	return res, text.String()
+}
+
+// The tools over MCP's streamable HTTP at /mcp, as the Go SDK's client sees them:
+// the same list as GET /v1/tools, a run printing 42 in the session's workspace, a
+// file written and read back, a SQL read and a write held for approval, an argument
+// past its bound refused before anything runs.
+func TestMCPOverHTTP(t *testing.T) {
+	d := start(t, setup{})
+	cs := connectMCP(t, d, nil)
+	if init := cs.InitializeResult(); init.ServerInfo.Name != "sandcell" || init.Capabilities.Tools == nil {
+		t.Fatalf("initialize: %+v", init)
+	}
+	listed, err := cs.ListTools(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, body := d.do(t, "GET", "/v1/tools", "")
+	var listing struct {
+		Available       bool                         `json:"available"`
+		Tools           []map[string]json.RawMessage `json:"tools"`
+		FunctionCalling map[string][]map[string]any  `json:"function_calling"`
+	}
+	if resp.StatusCode != 200 || json.Unmarshal(body, &listing) != nil || !listing.Available {
+		t.Fatalf("/v1/tools: %d %s", resp.StatusCode, body)
+	}
+	if len(listed.Tools) != len(listing.Tools) || len(listing.FunctionCalling["openai"]) != len(listing.Tools) ||
+		len(listing.FunctionCalling["anthropic"]) != len(listing.Tools) {
+		t.Fatalf("%d tools over MCP, %d at /v1/tools: %s", len(listed.Tools), len(listing.Tools), body)
+	}
+	for i, tool := range listed.Tools {
+		schema, _ := json.Marshal(tool.InputSchema)
+		var name, desc string
+		json.Unmarshal(listing.Tools[i]["name"], &name)
+		json.Unmarshal(listing.Tools[i]["description"], &desc)
+		var got, want any
+		json.Unmarshal(schema, &got)
+		json.Unmarshal(listing.Tools[i]["inputSchema"], &want)
+		if tool.Name != name || tool.Description != desc || !reflect.DeepEqual(got, want) {
+			t.Errorf("tool %d: MCP %s %s\n/v1/tools %s %s", i, tool.Name, schema, name, listing.Tools[i]["inputSchema"])
+		}
+	}
+
+	res, text := callTool(t, cs, tools.RunPython, map[string]any{"code": "import os; print(6*7, os.getcwd())"})
+	var run mcpserver.RunResult
+	b, _ := json.Marshal(res.StructuredContent)
+	if res.IsError || !strings.HasPrefix(text, "exit 0 (exited) in ") || !strings.Contains(text, "42 /ws") ||
+		json.Unmarshal(b, &run) != nil || run.Workspace == "" || string(run.Run.Result.Stdout) != "42 /ws\n" {
+		t.Fatalf("run_python: %v %q %s", res.IsError, text, b)
+	}
+	// The session's workspace keeps what a call wrote.
+	callTool(t, cs, tools.WriteFile, map[string]any{"path": "data/a.csv", "content": "x,y\n1,2\n"})
+	res, text = callTool(t, cs, tools.RunPython, map[string]any{"code": "print(open('data/a.csv').read().split()[1])"})
+	if res.IsError || !strings.Contains(text, "1,2") {
+		t.Fatalf("the file written before: %q", text)
+	}
+	callTool(t, cs, tools.WriteFile, map[string]any{"path": "job.py", "content": "import sys; print('args', sys.argv[1:])"})
+	if res, text = callTool(t, cs, tools.RunPython, map[string]any{"path": "job.py", "args": []string{"a"}}); res.IsError || !strings.Contains(text, "args ['a']") {
+		t.Fatalf("a workspace .py file: %q", text)
+	}
+	if res, text = callTool(t, cs, tools.ReadFile, map[string]any{"path": "data/a.csv"}); res.IsError || text != "x,y\n1,2\n" {
+		t.Fatalf("read_file: %q", text)
+	}
+	if res, text = callTool(t, cs, tools.ListFiles, map[string]any{}); res.IsError || !strings.Contains(text, "data/a.csv") {
+		t.Fatalf("list_files: %q", text)
+	}
+	// A failing program is a tool error the agent can see, with its traceback.
+	if res, text = callTool(t, cs, tools.RunPython, map[string]any{"code": "1/0"}); !res.IsError ||
+		!strings.HasPrefix(text, "exit 1 (exited)") || !strings.Contains(text, "ZeroDivisionError") {
+		t.Fatalf("1/0: %v %q", res.IsError, text)
+	}
+	// SQL: a read at once; a write held for an approver, with its approval id.
+	callTool(t, cs, tools.RunPython, map[string]any{"code": "import sqlite3; c = sqlite3.connect('t.db'); c.execute('create table t (x)'); c.execute('insert into t values (7)'); c.commit()"})
+	if res, text = callTool(t, cs, tools.RunSQL, map[string]any{"db": "t.db", "sql": "SELECT x * 6 FROM t"}); res.IsError || !strings.Contains(text, "[42]") {
+		t.Fatalf("SQL read: %q", text)
+	}
+	if res, text = callTool(t, cs, tools.RunSQL, map[string]any{"db": "t.db", "sql": "DELETE FROM t"}); !res.IsError ||
+		!strings.Contains(text, "approval_required") || !strings.Contains(text, "approval_id") {
+		t.Fatalf("SQL write: %v %q", res.IsError, text)
+	}
+	// Arguments past their bounds never reach the daemon.
+	if res, text = callTool(t, cs, tools.RunPython, map[string]any{"code": strings.Repeat("x", tools.MaxCodeBytes+1)}); !res.IsError {
+		t.Fatalf("oversized code: %q", text)
+	}
+	if res, text = callTool(t, cs, tools.RunPython, map[string]any{"code": "1", "timeout_ms": 99999999}); !res.IsError {
+		t.Fatalf("timeout past the bound: %q", text)
+	}
+	if _, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "no_such_tool", Arguments: map[string]any{}}); err == nil {
+		t.Fatal("an unknown tool was called")
+	}
+	// Every call was an API request of this caller's, in the audit log.
+	evs, _ := d.store.Events(t.Context(), d.since, "", 1000)
+	kinds := map[string]int{}
+	for _, e := range evs {
+		kinds[string(e.Kind)]++
+		if e.UID != os.Getuid() {
+			t.Errorf("%s by uid %d", e.Kind, e.UID)
+		}
+	}
+	if kinds["run.finished"] != 5 || kinds["run.refused"] != 0 || kinds["workspace.created"] != 1 || kinds["approval.requested"] != 1 {
+		t.Errorf("audit: %v", kinds)
+	}
+}
+
+// While the kill switch is on the tools are not offered: the list is empty, the
+// client is told it changed, and a call is refused with the reason; switched back,
+// they return.
+func TestMCPToolsFollowTheKillSwitch(t *testing.T) {
+	d := start(t, setup{})
+	changed := make(chan struct{}, 1)
+	cs := connectMCP(t, d, changed)
+	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 5 {
+		t.Fatalf("%+v %v", l, err)
+	}
+	d.reload(func(c *config.Config) { c.Disabled = true })
+	select {
+	case <-changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no tools/list_changed after the kill switch")
+	}
+	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 0 {
+		t.Fatalf("with the kill switch on: %+v %v", l, err)
+	}
+	if _, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: tools.RunPython, Arguments: map[string]any{"code": "1"}}); err == nil {
+		t.Fatal("a tool was called with the kill switch on")
+	}
+	resp, body := d.do(t, "GET", "/v1/tools", "")
+	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"available":false`)) || !bytes.Contains(body, []byte("kill switch")) {
+		t.Fatalf("/v1/tools: %s", body)
+	}
+	d.reload(func(c *config.Config) { c.Disabled = false })
+	select {
+	case <-changed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no tools/list_changed after the kill switch went off")
+	}
+	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 5 {
+		t.Fatalf("after: %+v %v", l, err)
+	}
+}
+
+// An MCP session is its opener's: another caller naming it gets 404; a body that is
+// not JSON-RPC gets a protocol error, and the daemon goes on.
+func TestMCPSessionsAreTheCallers(t *testing.T) {
+	d := start(t, setup{access: &api.Access{Tokens: api.Tokens{aliceToken, bobToken}}})
+	base := "http://" + d.serveTCP(t)
+	post := func(token, session, body string) *http.Response {
+		req, _ := http.NewRequest("POST", base+"/mcp", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+token)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		if session != "" {
+			req.Header.Set("Mcp-Session-Id", session)
+			req.Header.Set("Mcp-Protocol-Version", "2025-06-18")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { resp.Body.Close() })
+		return resp
+	}
+	resp := post(aliceSecret, "", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`)
+	session := resp.Header.Get("Mcp-Session-Id")
+	if resp.StatusCode != 200 || session == "" {
+		t.Fatalf("initialize: %d %v", resp.StatusCode, resp.Header)
+	}
+	list := `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`
+	if resp := post(bobSecret, session, list); resp.StatusCode != 404 {
+		t.Fatalf("bob on alice's session: %d", resp.StatusCode)
+	}
+	if resp := post(aliceSecret, session, `{"jsonrpc":"2.0","id":3,`); resp.StatusCode != 400 {
+		t.Fatalf("malformed JSON-RPC: %d", resp.StatusCode)
+	}
+	if resp := post(aliceSecret, session, list); resp.StatusCode != 200 {
+		t.Fatalf("alice on her session: %d", resp.StatusCode)
+	}
+	// A caller's sessions are bounded; another caller's are not counted.
+	initialize := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`
+	for i := 0; i < 16; i++ {
+		if resp := post(bobSecret, "", initialize); resp.StatusCode != 200 {
+			t.Fatalf("bob's session %d: %d", i, resp.StatusCode)
+		}
+	}
+	resp = post(bobSecret, "", initialize)
+	var p wire.Problem
+	json.NewDecoder(resp.Body).Decode(&p)
+	if resp.StatusCode != 429 || p.Code != wire.CodeSessionLimit || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("bob's 17th session: %d %+v", resp.StatusCode, p)
+	}
+	if resp := post(aliceSecret, "", initialize); resp.StatusCode != 200 {
+		t.Fatalf("alice's second session: %d", resp.StatusCode)
+	}
+}

@@ -1,0 +1,390 @@
+// Package mcpserver serves the agent tools (package tools) over the Model Context
+// Protocol, on the official Go SDK: over stdio for an agent host that starts
+// `sandcell mcp` (its calls go to the daemon's socket as the host's user), and as
+// streamable HTTP at the daemon's /mcp (its calls go to the daemon's own API, in
+// process, as the caller who opened the session).
+//
+// Each tool call becomes one API request (POST /v1/runs, POST /v1/sql, the workspace
+// routes), so the roles, policy, quotas, approvals and audit of the API apply to it
+// unchanged. Each MCP session has a workspace of its own, created at its first use
+// and kept after the session ends (an agent's files are never removed behind its
+// back); a call may name another workspace its caller owns.
+//
+// The tools are offered only while the daemon accepts work: while it is not ready,
+// stopping or switched off, tools/list is empty, clients are told the list changed,
+// and a call is refused with the reason.
+package mcpserver
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/sandcell/sandcell/client"
+	"github.com/sandcell/sandcell/supervisor/tools"
+	"github.com/sandcell/sandcell/supervisor/wire"
+)
+
+// Backend is the daemon as one session's calls reach it (a *client.Client).
+type Backend interface {
+	Run(ctx context.Context, req wire.RunRequest) (wire.View, error)
+	SQL(ctx context.Context, req wire.SQLRequest) (json.RawMessage, error)
+	CreateWorkspace(ctx context.Context) (wire.Workspace, error)
+	Workspace(ctx context.Context, id, after string, limit int) (wire.Workspace, error)
+	ReadFile(ctx context.Context, id, path string, max int64) ([]byte, int64, error)
+	WriteFile(ctx context.Context, id, path string, data []byte) error
+}
+
+var _ Backend = (*client.Client)(nil)
+
+// Options configure a Server.
+type Options struct {
+	// Backend returns the daemon as the caller of MCP session id sees it ("" over
+	// stdio, where there is one session).
+	Backend func(session string) Backend
+	// Unavailable says why the tools cannot be offered now, or "" when they can.
+	Unavailable func(ctx context.Context) string
+	// Version is the daemon's, given to clients as the server's.
+	Version string
+	// Log receives the SDK's log; nil discards it.
+	Log *slog.Logger
+}
+
+// Server is the MCP server of the tools.
+type Server struct {
+	o   Options
+	mcp *mcp.Server
+
+	mu         sync.Mutex
+	offered    bool
+	reason     string            // why not offered
+	workspaces map[string]string // MCP session id -> its workspace id
+}
+
+// New returns a server whose tools are not offered until the first Refresh (or
+// the first tools/list or tools/call, which refresh first).
+func New(o Options) *Server {
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{o: o, workspaces: map[string]string{}, reason: "not checked yet"}
+	s.mcp = mcp.NewServer(&mcp.Implementation{Name: "sandcell", Title: "Sandcell", Version: o.Version},
+		&mcp.ServerOptions{Logger: o.Log, Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
+			Instructions: "Sandcell runs Python and SQL in a sandbox that can touch only one workspace directory (/ws)."})
+	s.mcp.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if method == "tools/list" || method == "tools/call" {
+				s.Refresh(ctx)
+			}
+			return next(ctx, method, req)
+		}
+	})
+	return s
+}
+
+// RunStdio serves one session on stdin and stdout until the client ends it or ctx
+// ends.
+func (s *Server) RunStdio(ctx context.Context) error { return s.mcp.Run(ctx, &mcp.StdioTransport{}) }
+
+// HTTPHandler serves MCP's streamable HTTP transport: many sessions, each named by
+// its Mcp-Session-Id header. maxBody bounds a request body in bytes; a session idle
+// for idle ends. The handler does not authenticate: it is mounted behind the
+// daemon's own.
+func (s *Server) HTTPHandler(maxBody int64, idle time.Duration) http.Handler {
+	return mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s.mcp },
+		&mcp.StreamableHTTPOptions{MaxRequestBodyBytes: maxBody, SessionTimeout: idle,
+			// The socket is the daemon's own, and its TCP listener takes only bearer
+			// tokens, which a page of another origin cannot send unasked: the SDK's
+			// check of the Host header would only refuse the daemon's own callers.
+			DisableLocalhostProtection: true})
+}
+
+// Refresh offers the tools or withdraws them as Unavailable says; a change notifies
+// every session (notifications/tools/list_changed). It also forgets the workspaces
+// of sessions that have ended.
+func (s *Server) Refresh(ctx context.Context) {
+	reason := s.o.Unavailable(ctx)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reason = reason
+	switch {
+	case reason == "" && !s.offered:
+		s.offered = true
+		s.add()
+	case reason != "" && s.offered:
+		s.offered = false
+		var names []string
+		for _, d := range tools.Definitions() {
+			names = append(names, d.Name)
+		}
+		s.mcp.RemoveTools(names...)
+	}
+	live := s.Sessions()
+	for id := range s.workspaces {
+		if id != "" && !live[id] {
+			delete(s.workspaces, id)
+		}
+	}
+}
+
+// Sessions returns the ids of the open sessions.
+func (s *Server) Sessions() map[string]bool {
+	live := map[string]bool{}
+	for ss := range s.mcp.Sessions() {
+		live[ss.ID()] = true
+	}
+	return live
+}
+
+// Close ends every session (a stopping daemon's; their clients see the end of the
+// connection and may reconnect to the next daemon).
+func (s *Server) Close() {
+	for ss := range s.mcp.Sessions() {
+		ss.Close()
+	}
+}
+
+// Watch refreshes every interval until ctx ends, so clients hear of a change while
+// they are idle.
+func (s *Server) Watch(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.Refresh(ctx)
+		}
+	}
+}
+
+// Definitions are the tools as MCP tools/list shows them. Their results have no
+// output schema: the structured content is the API's own answer (see docs/agents.md).
+func Definitions() []*mcp.Tool {
+	var out []*mcp.Tool
+	for _, d := range tools.Definitions() {
+		out = append(out, &mcp.Tool{Name: d.Name, Title: d.Title, Description: d.Description, InputSchema: d.InputSchema,
+			Annotations: &mcp.ToolAnnotations{ReadOnlyHint: d.ReadOnly, OpenWorldHint: new(false)}})
+	}
+	return out
+}
+
+// add registers the tools (the caller holds mu).
+func (s *Server) add() {
+	for _, t := range Definitions() {
+		switch t.Name {
+		case tools.RunPython:
+			mcp.AddTool(s.mcp, t, s.runPython)
+		case tools.RunSQL:
+			mcp.AddTool(s.mcp, t, s.runSQL)
+		case tools.ListFiles:
+			mcp.AddTool(s.mcp, t, s.listFiles)
+		case tools.ReadFile:
+			mcp.AddTool(s.mcp, t, s.readFile)
+		case tools.WriteFile:
+			mcp.AddTool(s.mcp, t, s.writeFile)
+		}
+	}
+}
+
+// call is what every tool does first: refuse while the tools are not offered, and
+// find the backend and the workspace of the calling session.
+func (s *Server) call(ctx context.Context, req *mcp.CallToolRequest, workspace string) (Backend, string, error) {
+	s.mu.Lock()
+	reason := s.reason
+	s.mu.Unlock()
+	if reason != "" {
+		return nil, "", fmt.Errorf("the sandbox is not available: %s", reason)
+	}
+	session := ""
+	if req != nil && req.Session != nil {
+		session = req.Session.ID()
+	}
+	b := s.o.Backend(session)
+	if b == nil {
+		return nil, "", errors.New("this MCP session has no caller")
+	}
+	if workspace != "" {
+		return b, workspace, nil
+	}
+	s.mu.Lock()
+	id, ok := s.workspaces[session]
+	s.mu.Unlock()
+	if ok {
+		return b, id, nil
+	}
+	w, err := b.CreateWorkspace(ctx)
+	if err != nil {
+		return nil, "", describe(err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if id, ok := s.workspaces[session]; ok {
+		return b, id, nil // another call of the session created one first (this one stays empty)
+	}
+	s.workspaces[session] = w.ID
+	return b, w.ID, nil
+}
+
+// describe is an error as an agent reads it: a daemon's refusal by its code and why.
+func describe(err error) error {
+	var p *wire.Problem
+	if errors.As(err, &p) {
+		msg := fmt.Sprintf("refused (%s): %s", p.Code, p.Detail)
+		if id, ok := p.Extensions["approval_id"]; ok {
+			var s string
+			json.Unmarshal(id, &s)
+			msg += " [approval_id " + s + "]"
+		}
+		return errors.New(msg)
+	}
+	return err
+}
+
+// RunResult is run_python's structured result.
+type RunResult struct {
+	Workspace string    `json:"workspace"`
+	Run       wire.View `json:"run"`
+}
+
+func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in tools.RunPythonArgs) (*mcp.CallToolResult, any, error) {
+	if (in.Code == "") == (in.Path == "") {
+		return nil, nil, errors.New("give exactly one of code and path")
+	}
+	b, ws, err := s.call(ctx, req, in.Workspace)
+	if err != nil {
+		return nil, nil, err
+	}
+	v, err := b.Run(ctx, wire.RunRequest{Code: in.Code, Path: in.Path, Args: in.Args, Stdin: in.Stdin, Workspace: ws,
+		Limits: wire.RunLimits{TimeoutMS: in.TimeoutMS}})
+	if err != nil {
+		return nil, nil, describe(err)
+	}
+	out := RunResult{Workspace: ws, Run: v}
+	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: tools.RunText(v)}}}
+	// A run that did not exit 0 is an error the agent sees as one.
+	res.IsError = v.Result == nil || v.Result.ExitCode != 0 || v.Result.Reason != "exited"
+	return res, out, nil
+}
+
+// SQLResult is run_sql's structured result.
+type SQLResult struct {
+	Workspace string          `json:"workspace"`
+	Result    json.RawMessage `json:"result"`
+}
+
+func (s *Server) runSQL(ctx context.Context, req *mcp.CallToolRequest, in tools.RunSQLArgs) (*mcp.CallToolResult, any, error) {
+	b, ws, err := s.call(ctx, req, in.Workspace)
+	if err != nil {
+		return nil, nil, err
+	}
+	out, err := b.SQL(ctx, wire.SQLRequest{Workspace: ws, DB: in.DB, SQL: in.SQL, Params: in.Params, MaxRows: in.MaxRows})
+	if err != nil {
+		return nil, nil, describe(err)
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: tools.Clip(out, tools.MaxShownOutput)}}},
+		SQLResult{Workspace: ws, Result: out}, nil
+}
+
+// FilesResult is list_files' structured result.
+type FilesResult struct {
+	Workspace string               `json:"workspace"`
+	Files     []wire.WorkspaceFile `json:"files"`
+	Next      string               `json:"next,omitempty"`
+}
+
+func (s *Server) listFiles(ctx context.Context, req *mcp.CallToolRequest, in tools.ListFilesArgs) (*mcp.CallToolResult, any, error) {
+	b, ws, err := s.call(ctx, req, in.Workspace)
+	if err != nil {
+		return nil, nil, err
+	}
+	w, err := b.Workspace(ctx, ws, in.After, 0)
+	if err != nil {
+		return nil, nil, describe(err)
+	}
+	var text strings.Builder
+	fmt.Fprintf(&text, "workspace %s: %d names", ws, len(w.Files))
+	if w.Next != "" {
+		fmt.Fprintf(&text, " (more after %q)", w.Next)
+	}
+	text.WriteString("\n")
+	for _, f := range w.Files {
+		fmt.Fprintf(&text, "%s\t%s\t%d\n", f.Type, f.Path, f.Size)
+	}
+	files := w.Files
+	if files == nil {
+		files = []wire.WorkspaceFile{}
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text.String()}}},
+		FilesResult{Workspace: ws, Files: files, Next: w.Next}, nil
+}
+
+// FileResult is read_file's structured result.
+type FileResult struct {
+	Workspace string `json:"workspace"`
+	Path      string `json:"path"`
+	Size      int64  `json:"size"`
+	Encoding  string `json:"encoding"`
+	Content   string `json:"content"`
+	// Truncated: the file is larger than what was read (tools.MaxReadBytes).
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+func (s *Server) readFile(ctx context.Context, req *mcp.CallToolRequest, in tools.ReadFileArgs) (*mcp.CallToolResult, any, error) {
+	b, ws, err := s.call(ctx, req, in.Workspace)
+	if err != nil {
+		return nil, nil, err
+	}
+	data, size, err := b.ReadFile(ctx, ws, in.Path, tools.MaxReadBytes)
+	if err != nil {
+		return nil, nil, describe(err)
+	}
+	out := FileResult{Workspace: ws, Path: in.Path, Size: size, Encoding: "text", Truncated: size > int64(len(data))}
+	switch {
+	case in.Encoding == "base64":
+		out.Encoding, out.Content = "base64", base64.StdEncoding.EncodeToString(data)
+	case !utf8.Valid(data):
+		return nil, nil, fmt.Errorf("%s is not UTF-8 text: read it with encoding base64", in.Path)
+	default:
+		out.Content = string(data)
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: out.Content}}}, out, nil
+}
+
+// WrittenResult is write_file's structured result.
+type WrittenResult struct {
+	Workspace string `json:"workspace"`
+	Path      string `json:"path"`
+	Bytes     int    `json:"bytes"`
+}
+
+func (s *Server) writeFile(ctx context.Context, req *mcp.CallToolRequest, in tools.WriteFileArgs) (*mcp.CallToolResult, any, error) {
+	data := []byte(in.Content)
+	if in.Encoding == "base64" {
+		var err error
+		if data, err = base64.StdEncoding.DecodeString(in.Content); err != nil {
+			return nil, nil, fmt.Errorf("content is not base64: %v", err)
+		}
+	}
+	b, ws, err := s.call(ctx, req, in.Workspace)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := b.WriteFile(ctx, ws, in.Path, data); err != nil {
+		return nil, nil, describe(err)
+	}
+	out := WrittenResult{Workspace: ws, Path: in.Path, Bytes: len(data)}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{
+		Text: fmt.Sprintf("wrote %d bytes to %s in workspace %s", len(data), in.Path, ws)}}}, out, nil
+}
