@@ -119,6 +119,19 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, data []byte) er
 	return nil
 }
 
+// ConfirmApproval decides the caller's own pending approval id, as the person at its
+// MCP client answered (POST /v1/approvals/{id}/confirm): a *wire.Problem forbidden
+// where the daemon's policy does not let this caller confirm its requests.
+func (c *Client) ConfirmApproval(ctx context.Context, id string, approve bool) error {
+	decision := "deny"
+	if approve {
+		decision = "approve"
+	}
+	body, _ := json.Marshal(map[string]string{"decision": decision})
+	var out json.RawMessage
+	return c.do(ctx, http.MethodPost, "/v1/approvals/"+url.PathEscape(id)+"/confirm", body, &out)
+}
+
 // Tools returns GET /v1/tools: the agent tools' definitions, and whether they are
 // offered now.
 func (c *Client) Tools(ctx context.Context) (json.RawMessage, error) {

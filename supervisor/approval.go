@@ -77,6 +77,9 @@ type Approval struct {
 	ExpiresAt time.Time  `json:"expires_at"`
 	DecidedBy *Caller    `json:"decided_by,omitempty"`
 	DecidedAt *time.Time `json:"decided_at,omitempty"`
+	// Confirmed: decided by its requester, through the person at its MCP client
+	// (Confirm), not by an approver.
+	Confirmed bool `json:"confirmed,omitempty"`
 }
 
 // Approvals holds the approvals of a daemon (in memory: a restart forgets them; each
@@ -251,6 +254,30 @@ func (a *Approvals) Decide(id string, by Caller, approve bool) (Approval, error)
 	}
 	now := a.now().UTC()
 	ap.DecidedBy, ap.DecidedAt = &by, &now
+	if approve {
+		ap.State, ap.ExpiresAt = ApprovalApproved, now.Add(a.Window)
+	} else {
+		ap.State = ApprovalDenied
+	}
+	return *ap, nil
+}
+
+// Confirm decides a pending approval by its own requester: what the person at the
+// requester's MCP client answered when asked (elicitation). Whether that may count
+// is the caller's to decide (policy's approvals.elicitation). Only the requester
+// may (the converse of Decide); to anyone else the approval does not exist.
+func (a *Approvals) Confirm(id string, by Caller, approve bool) (Approval, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ap, err := a.lookup(id)
+	if err != nil || ap.Requester != by {
+		return Approval{}, ErrApprovalNotFound // another's is none of this caller's
+	}
+	if ap.State != ApprovalPending {
+		return *ap, fmt.Errorf("%w: it is %s", ErrApprovalState, ap.State)
+	}
+	now := a.now().UTC()
+	ap.DecidedBy, ap.DecidedAt, ap.Confirmed = &by, &now, true
 	if approve {
 		ap.State, ap.ExpiresAt = ApprovalApproved, now.Add(a.Window)
 	} else {

@@ -30,7 +30,7 @@ type mcpDaemon struct {
 	setDisabled      func(bool)
 }
 
-func startMCPDaemon(t *testing.T) *mcpDaemon {
+func startMCPDaemon(t *testing.T, extra ...string) *mcpDaemon {
 	t.Helper()
 	dir := t.TempDir()
 	d := &mcpDaemon{sock: filepath.Join(dir, "s.sock")}
@@ -55,7 +55,7 @@ func startMCPDaemon(t *testing.T) *mcpDaemon {
 	write := func(disabled bool) {
 		s := "disabled = " + strconv.FormatBool(disabled) + "\n[bundle]\ndir = \"" + bundleDir + "\"\ncache_dir = \"" + bundleDir +
 			"\"\n[tcp]\nlisten = \"" + addr + "\"\ntokens_file = \"" + tokensFile + "\"\n[access]\nrunners = [\"" + uid +
-			"\"]\napprovers = [\"" + uid + "\"]\nadmins = [\"" + uid + "\"]\n"
+			"\"]\napprovers = [\"" + uid + "\"]\nadmins = [\"" + uid + "\"]\n" + strings.Join(extra, "\n")
 		if err := os.WriteFile(conf, []byte(s), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -177,4 +177,15 @@ func TestMCPWithTheTypeScriptSDK(t *testing.T) {
 			}
 		})
 	}
+	// Runs held for approval, confirmed (or not) by the person at the client; token
+	// holders' confirmations count here (approvals.elicitation has "tcp").
+	t.Run("elicitation", func(t *testing.T) {
+		d := startMCPDaemon(t, "[approvals]", `required = ["sql.write", "run"]`, `elicitation = ["socket", "tcp"]`)
+		cmd := exec.Command(node, "elicit.mjs")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "SANDCELL_MCP_URL="+d.url, "SANDCELL_MCP_TOKEN="+d.token)
+		if out, err := cmd.CombinedOutput(); err != nil || !strings.HasSuffix(string(out), "ok\n") {
+			t.Fatalf("%v: %s", err, out)
+		}
+	})
 }

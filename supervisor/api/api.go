@@ -71,6 +71,8 @@ func Statuses() map[string][]int {
 		"GET /v1/approvals":      {200, 400, 401, 403},
 		"GET /v1/approvals/:id":  {200, 401, 403, 404},
 		"POST /v1/approvals/:id": {200, 400, 401, 403, 404, 409, 413, 415},
+
+		"POST /v1/approvals/:id/confirm": {200, 400, 401, 403, 404, 409, 413, 415},
 	}
 }
 
@@ -130,6 +132,9 @@ type Options struct {
 	// need one (ActionSQLWrite).
 	Approvals       *supervisor.Approvals
 	ApprovalActions []string
+	// Elicitation names the callers ("socket", "tcp") whose own confirmation, asked
+	// at their MCP client, approves their request (POST /v1/approvals/{id}/confirm).
+	Elicitation []string
 }
 
 // Server is the HTTP API.
@@ -249,6 +254,7 @@ func New(o Options) *Server {
 	e.GET("/v1/approvals", s.listApprovals, s.require(RoleApprover))
 	e.GET("/v1/approvals/:id", s.getApproval, s.require(RoleRunner, RoleApprover))
 	e.POST("/v1/approvals/:id", s.decideApproval, s.require(RoleApprover))
+	e.POST("/v1/approvals/:id/confirm", s.confirmApproval, runner)
 	return s
 }
 

@@ -72,6 +72,8 @@ type setup struct {
 	approvalTTL        time.Duration
 	writesHeld         *bool // policy holds SQL writes for approval; nil: yes
 	pool               int   // warm workers; 0: none
+	runsHeld           bool  // policy holds runs for approval too
+	noElicitation      bool  // no caller's own confirmation counts as approval
 }
 
 // start opens and runs a real daemon with real workers on a Unix socket in a
@@ -116,6 +118,12 @@ func start(t *testing.T, s setup) *daemon {
 	cfg.Approvals.Window.Duration = time.Minute
 	if s.writesHeld != nil && !*s.writesHeld {
 		cfg.Approvals.Required = []string{}
+	}
+	if s.runsHeld {
+		cfg.Approvals.Required = append(cfg.Approvals.Required, "run")
+	}
+	if s.noElicitation {
+		cfg.Approvals.Elicitation = []string{}
 	}
 	cfg.Pool.Size = s.pool
 	d.cfg = cfg

@@ -250,3 +250,83 @@ func TestMCPSessionsAreTheCallers(t *testing.T) {
 		t.Fatalf("alice's second session: %d", resp.StatusCode)
 	}
 }
+
+// elicitingClient connects with a client that answers every elicitation with action
+// (and records what it was shown); action "" makes a client that cannot be asked.
+func elicitingClient(t *testing.T, d *daemon, action string, shown *[]string) *mcp.ClientSession {
+	t.Helper()
+	opts := &mcp.ClientOptions{}
+	if action != "" {
+		opts.ElicitationHandler = func(_ context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			*shown = append(*shown, req.Params.Message)
+			return &mcp.ElicitResult{Action: action, Content: map[string]any{}}, nil
+		}
+	}
+	c := mcp.NewClient(&mcp.Implementation{Name: "eliciting", Version: "1"}, opts)
+	cs, err := c.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: "http://sandcell/mcp",
+		HTTPClient: client.HTTP(d.socket)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// Where policy holds runs for approval, the person at an MCP client that can be
+// asked sees the exact code and confirms or declines it there; a client that cannot
+// be asked gets the approval id for an approver; where policy does not let a
+// caller's own confirmation count, accepting is not enough. Each step is audited.
+func TestMCPRunConfirmedAtTheClient(t *testing.T) {
+	d := start(t, setup{runsHeld: true})
+	var shown []string
+	cs := elicitingClient(t, d, "accept", &shown)
+	res, text := callTool(t, cs, tools.RunPython, map[string]any{"code": "print(6*7)"})
+	if res.IsError || !strings.Contains(text, "\n42\n") || len(shown) != 1 || !strings.Contains(shown[0], "print(6*7)") {
+		t.Fatalf("accepted: %q, shown %q", text, shown)
+	}
+	cs = elicitingClient(t, d, "decline", &shown)
+	if res, text = callTool(t, cs, tools.RunPython, map[string]any{"code": "print('declined')"}); !res.IsError || !strings.Contains(text, "declined") {
+		t.Fatalf("declined: %q", text)
+	}
+	cs = elicitingClient(t, d, "", nil)
+	if res, text = callTool(t, cs, tools.RunPython, map[string]any{"code": "print(1)"}); !res.IsError ||
+		!strings.Contains(text, "approval_required") || !strings.Contains(text, "approval_id") {
+		t.Fatalf("no elicitation: %q", text)
+	}
+	evs, _ := d.store.Events(t.Context(), d.since, "", 1000)
+	kinds := map[string]int{}
+	var elicited int
+	for _, e := range evs {
+		kinds[string(e.Kind)]++
+		if e.Kind == "approval.decided" && bytes.Contains(e.Detail, []byte(`"elicited":true`)) {
+			elicited++
+		}
+	}
+	if kinds["approval.requested"] != 3 || elicited != 2 || kinds["approval.redeemed"] != 1 || kinds["run.finished"] != 1 {
+		t.Fatalf("audit: %v, %d elicited", kinds, elicited)
+	}
+}
+
+func TestMCPConfirmationThatPolicyDoesNotCount(t *testing.T) {
+	d := start(t, setup{runsHeld: true, noElicitation: true,
+		access: &api.Access{Runners: api.Principals{UIDs: map[int]bool{os.Getuid(): true}}, Tokens: api.Tokens{approverToken}}})
+	var shown []string
+	cs := elicitingClient(t, d, "accept", &shown)
+	res, text := callTool(t, cs, tools.RunPython, map[string]any{"code": "print(6*7)"})
+	if !res.IsError || !strings.Contains(text, "an approver must decide") || len(shown) != 1 {
+		t.Fatalf("%q, shown %q", text, shown)
+	}
+	// An approver's approval, given with the call, runs it.
+	id := text[strings.LastIndex(text, "approval ")+len("approval "):]
+	id = id[:strings.IndexByte(id, ',')]
+	if st := approveOverTCP(t, "http://"+d.serveTCP(t), id); st != 200 {
+		t.Fatalf("approve %s: %d", id, st)
+	}
+	if res, text = callTool(t, cs, tools.RunPython, map[string]any{"code": "print(6*7)", "approval": id}); res.IsError || !strings.Contains(text, "\n42\n") {
+		t.Fatalf("with the approval: %q", text)
+	}
+	// Spent: once only.
+	if res, text = callTool(t, cs, tools.RunPython, map[string]any{"code": "print(6*7)", "approval": id}); !res.IsError || !strings.Contains(text, "approval_invalid") {
+		t.Fatalf("replayed: %q", text)
+	}
+}

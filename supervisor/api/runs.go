@@ -2,9 +2,12 @@ package api
 
 import (
 	"cmp"
+	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
+	"errors"
 	"io/fs"
 	"net/http"
 	"sort"
@@ -68,12 +71,25 @@ func (s *Server) createRun(c echo.Context) error {
 		// No single file the run writes may be larger than the whole quota.
 		req.Hardening.Rlimits.FSIZE = min(req.Hardening.Rlimits.FSIZE, uint64(s.o.Workspaces.Quota().Bytes))
 	}
+	approval, err := s.runApproval(ctx, body, req)
+	if err != nil {
+		return err
+	}
+	started := false
+	defer func() {
+		if approval != "" && !started {
+			s.o.Approvals.Restore(approval) // nothing ran: it stays usable
+		}
+	}()
 	sum := sha256.Sum256([]byte(req.Code))
 	detail := map[string]any{"code_sha256": hex.EncodeToString(sum[:]), "limits": req.Limits,
 		"args": len(req.Args), "stdin_bytes": len(req.Stdin), "env": envNames(req.Env),
 		"workspace": body.Workspace}
 	if req.Path != "" {
 		detail["path"] = req.Path
+	}
+	if approval != "" {
+		detail["approval"] = approval
 	}
 	if s.o.RecordCode {
 		detail["code"] = req.Code
@@ -86,6 +102,7 @@ func (s *Server) createRun(c echo.Context) error {
 	if err != nil {
 		return err // queue_full, caller_limit, stopping (problemOf)
 	}
+	started = true
 	if acquired != "" {
 		// The workspace stays in use until the run ends, not until this answer.
 		ws := acquired
@@ -114,6 +131,60 @@ func envNames(env map[string]string) []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// ActionRun is the approval action of a run of code.
+const ActionRun = "run"
+
+// runDigest identifies a run for an approval: everything that decides what runs.
+func runDigest(b wire.RunRequest) string {
+	b.Approval, b.Wait = "", nil
+	canon, _ := json.Marshal(b)
+	sum := sha256.Sum256(canon)
+	return hex.EncodeToString(sum[:])
+}
+
+// runApproval holds a run for approval where policy says so: without an approval it
+// asks for one (approval_required, with its id; the approver sees the exact code);
+// with one it spends it (its id returned) if it is this caller's, approved, and for
+// exactly this request. Where policy does not hold runs it returns "".
+func (s *Server) runApproval(ctx context.Context, b wire.RunRequest, req protocol.Request) (string, error) {
+	if !s.approvalRequired(ActionRun) {
+		if b.Approval != "" {
+			return "", fail(wire.CodeBadRequest, "approval: policy does not hold runs for approval")
+		}
+		return "", nil
+	}
+	peer, _ := PeerFrom(ctx)
+	caller := peer.Caller()
+	digest := runDigest(b)
+	if b.Approval != "" {
+		ap, err := s.o.Approvals.Redeem(b.Approval, caller, digest)
+		s.record(ctx, store.ApprovalRedeemed, "", map[string]any{"approval": b.Approval, "run_sha256": digest, "error": errString(err)})
+		switch {
+		case errors.Is(err, supervisor.ErrApprovalNotFound), ap.Requester != caller:
+			return "", fail(wire.CodeNotFound, "no approval "+b.Approval)
+		case errors.Is(err, supervisor.ErrApprovalMismatch):
+			return "", fail(wire.CodeApprovalInvalid, "the approval is for another request").with(map[string]any{"approval": ap})
+		case err != nil:
+			return "", fail(wire.CodeApprovalInvalid, err.Error()).with(map[string]any{"approval": ap})
+		}
+		return b.Approval, nil
+	}
+	if !s.approversExist() && !s.mayConfirm(peer) {
+		return "", fail(wire.CodeApprovalUnavailable, "runs are held for approval, and no one can approve this caller's: no run starts")
+	}
+	subject := map[string]any{"code": b.Code, "path": b.Path, "args": b.Args, "stdin_bytes": len(req.Stdin),
+		"env": envNames(req.Env), "workspace": b.Workspace, "limits": req.Limits}
+	ap, err := s.o.Approvals.Request(ActionRun, caller, subject, digest)
+	if err != nil {
+		return "", fail(wire.CodeTooManyPending, err.Error())
+	}
+	s.record(ctx, store.ApprovalRequested, "", map[string]any{"approval": ap.ID, "action": ActionRun, "run_sha256": digest,
+		"workspace": b.Workspace})
+	return "", fail(wire.CodeApprovalRequired,
+		"runs are held for approval: an approver must approve it (or the person at your MCP client confirm it), then send the same request with \"approval\": \""+ap.ID+"\"").
+		with(map[string]any{"approval_id": ap.ID, "code": b.Code, "path": b.Path, "expires_at": ap.ExpiresAt}).audited()
 }
 
 // request turns a body into a sandbox request under policy.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 
 	"github.com/labstack/echo/v4"
 
@@ -187,9 +188,9 @@ func (s *Server) sql(c echo.Context) error {
 		d["reason"] = out.Reason
 		return refused(fail(wire.CodeStatementRefused, out.Reason).with(class))
 	case "approval_required":
-		if !s.approversExist() {
+		if !s.approversExist() && !s.mayConfirm(peer) {
 			return refused(fail(wire.CodeApprovalUnavailable,
-				"the statement writes, and no approver is configured: writes are refused").with(class))
+				"the statement writes, and no one can approve this caller's writes: they are refused").with(class))
 		}
 		ap, err := s.o.Approvals.Request(ActionSQLWrite, caller, map[string]any{"workspace": w.ID, "db": body.DB,
 			"sql": body.SQL, "params": body.Params, "classification": out.Classification, "db_sha256": out.DBSHA256}, digest)
@@ -261,6 +262,45 @@ func (s *Server) approvalRequired(action string) bool {
 		}
 	}
 	return false
+}
+
+// mayConfirm reports whether policy lets p's own confirmation, asked of the person at
+// its MCP client, approve p's request (approvals.elicitation names "socket" or "tcp").
+func (s *Server) mayConfirm(p Peer) bool {
+	kind := "socket"
+	if p.Token != "" {
+		kind = "tcp"
+	}
+	return slices.Contains(s.o.Elicitation, kind)
+}
+
+// confirmApproval takes {"decision": "approve" | "deny"} from the requester itself:
+// what the person at its MCP client answered (elicitation), where policy lets that
+// count (mayConfirm).
+func (s *Server) confirmApproval(c echo.Context) error {
+	var body struct {
+		Decision string `json:"decision"`
+	}
+	if err := s.decode(c, &body); err != nil {
+		return err
+	}
+	if body.Decision != "approve" && body.Decision != "deny" {
+		return fail(wire.CodeBadRequest, `decision: "approve" or "deny"`)
+	}
+	peer, _ := PeerFrom(c.Request().Context())
+	if !s.mayConfirm(peer) {
+		return fail(wire.CodeForbidden, "approvals.elicitation does not let this caller confirm its own requests: an approver must decide")
+	}
+	ap, err := s.o.Approvals.Confirm(c.Param("id"), peer.Caller(), body.Decision == "approve")
+	s.record(c.Request().Context(), store.ApprovalDecided, "", map[string]any{"approval": c.Param("id"),
+		"decision": body.Decision, "by": "requester", "elicited": true, "error": errString(err)})
+	switch {
+	case errors.Is(err, supervisor.ErrApprovalNotFound):
+		return fail(wire.CodeNotFound, "no approval "+c.Param("id"))
+	case err != nil:
+		return fail(wire.CodeApprovalInvalid, err.Error()).with(map[string]any{"approval": ap})
+	}
+	return c.JSON(http.StatusOK, ap)
 }
 
 // approversExist reports whether anyone can approve: an approver principal or an

@@ -159,8 +159,14 @@ type Audit struct {
 
 // Approvals configures the approval mechanism.
 type Approvals struct {
-	// Required names the actions held for approval ("sql.write").
+	// Required names the actions held for approval: "sql.write" (a SQL statement
+	// that writes), "run" (any run of code).
 	Required []string `toml:"required" env:"REQUIRED"`
+	// Elicitation names the callers whose own confirmation, asked of the person at
+	// their MCP client (elicitation), counts as the approval of their request:
+	// "socket" (local users on the Unix socket, such as an agent host running
+	// `sandcell mcp`), "tcp" (token holders). Others need an approver.
+	Elicitation []string `toml:"elicitation" env:"ELICITATION"`
 	// TTL is how long a request waits for a decision.
 	TTL Duration `toml:"ttl" env:"TTL"`
 	// Window is how long an approved request may be used (once).
@@ -256,7 +262,7 @@ func Default() Config {
 		Workspaces: Workspaces{MaxBytes: 256 << 20, MaxFiles: 10_000},
 		Pool:       Pool{Size: 4, MemoryBudget: 512 << 20},
 		Health:     Health{ExitOnFailure: true, CanaryInterval: Duration{time.Minute}},
-		Approvals: Approvals{Required: []string{"sql.write"}, TTL: Duration{15 * time.Minute},
+		Approvals: Approvals{Required: []string{"sql.write"}, Elicitation: []string{"socket"}, TTL: Duration{15 * time.Minute},
 			Window: Duration{10 * time.Minute}},
 		Limits: Limits{
 			Default: fromLimits(p.Default),
@@ -397,8 +403,13 @@ func (c Config) Validate() error {
 		add("tcp.tls_cert_file", "tcp.tls_cert_file and tcp.tls_key_file go together")
 	}
 	for _, a := range c.Approvals.Required {
-		if a != "sql.write" {
-			add("approvals.required", "%q is not an action (sql.write)", a)
+		if a != "sql.write" && a != "run" {
+			add("approvals.required", "%q is not an action (sql.write, run)", a)
+		}
+	}
+	for _, e := range c.Approvals.Elicitation {
+		if e != "socket" && e != "tcp" {
+			add("approvals.elicitation", "%q is not a kind of caller (socket, tcp)", e)
 		}
 	}
 	if c.Approvals.TTL.Duration <= 0 || c.Approvals.Window.Duration <= 0 {

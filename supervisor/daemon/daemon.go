@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -173,6 +174,7 @@ func Open(o Options) (_ *Daemon, err error) {
 		Workspaces:      workspaces,
 		Approvals:       approvals,
 		ApprovalActions: cfg.Approvals.Required,
+		Elicitation:     cfg.Approvals.Elicitation,
 		Metrics:         promhttp.HandlerFor(metrics.Registry, promhttp.HandlerOpts{}),
 		Audit:           d.audit,
 		RecordCode:      cfg.Audit.RecordCode,
@@ -492,7 +494,7 @@ func (d *Daemon) Reload() {
 	for key, same := range map[string]bool{"bundle": old.Bundle == cfg.Bundle, "state": old.State == cfg.State,
 		"socket": old.Socket == cfg.Socket, "tcp": old.TCP == cfg.TCP, "runs": old.Runs == cfg.Runs,
 		"workspaces": old.Workspaces == cfg.Workspaces, "health": old.Health == cfg.Health, "pool": old.Pool == cfg.Pool,
-		"audit": old.Audit == cfg.Audit} {
+		"audit": old.Audit == cfg.Audit, "approvals": reflect.DeepEqual(old.Approvals, cfg.Approvals)} {
 		if !same {
 			restart = append(restart, key)
 		}

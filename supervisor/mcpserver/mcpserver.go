@@ -43,6 +43,7 @@ type Backend interface {
 	Workspace(ctx context.Context, id, after string, limit int) (wire.Workspace, error)
 	ReadFile(ctx context.Context, id, path string, max int64) ([]byte, int64, error)
 	WriteFile(ctx context.Context, id, path string, data []byte) error
+	ConfirmApproval(ctx context.Context, id string, approve bool) error
 }
 
 var _ Backend = (*client.Client)(nil)
@@ -237,6 +238,47 @@ func (s *Server) call(ctx context.Context, req *mcp.CallToolRequest, workspace s
 	return b, w.ID, nil
 }
 
+// approvalID is the approval id of a refusal that asks for one, or "".
+func approvalID(err error) string {
+	var p *wire.Problem
+	if !errors.As(err, &p) || p.Code != wire.CodeApprovalRequired {
+		return ""
+	}
+	var id string
+	json.Unmarshal(p.Extensions["approval_id"], &id)
+	return id
+}
+
+// confirm asks the person at the session's client whether what is held for approval
+// id (shown in message) may go ahead (MCP elicitation), and gives the daemon their
+// answer as the requester's confirmation (approvals.elicitation decides whether it
+// counts). It returns true once the daemon has taken an acceptance; false with no
+// error when the client cannot be asked (the refusal, with its approval id, stands
+// for an approver); an error when the person declined or the daemon did not take
+// the confirmation.
+func (s *Server) confirm(ctx context.Context, req *mcp.CallToolRequest, b Backend, id, message string) (bool, error) {
+	if req == nil || req.Session == nil {
+		return false, nil
+	}
+	init := req.Session.InitializeParams()
+	if init == nil || init.Capabilities == nil || init.Capabilities.Elicitation == nil {
+		return false, nil
+	}
+	res, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: message,
+		RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{}}})
+	if err != nil {
+		return false, nil // not asked after all: an approver decides
+	}
+	accepted := res.Action == "accept"
+	if err := b.ConfirmApproval(ctx, id, accepted); err != nil {
+		return false, fmt.Errorf("the confirmation was not taken (%v): an approver must decide approval %s, then call again with \"approval\": %q", describe(err), id, id)
+	}
+	if !accepted {
+		return false, fmt.Errorf("declined at the client (%s): nothing ran", res.Action)
+	}
+	return true, nil
+}
+
 // describe is an error as an agent reads it: a daemon's refusal by its code and why.
 func describe(err error) error {
 	var p *wire.Problem
@@ -266,8 +308,24 @@ func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in too
 	if err != nil {
 		return nil, nil, err
 	}
-	v, err := b.Run(ctx, wire.RunRequest{Code: in.Code, Path: in.Path, Args: in.Args, Stdin: in.Stdin, Workspace: ws,
-		Limits: wire.RunLimits{TimeoutMS: in.TimeoutMS}})
+	rr := wire.RunRequest{Code: in.Code, Path: in.Path, Args: in.Args, Stdin: in.Stdin, Workspace: ws,
+		Limits: wire.RunLimits{TimeoutMS: in.TimeoutMS}, Approval: in.Approval}
+	v, err := b.Run(ctx, rr)
+	if id := approvalID(err); id != "" {
+		what := in.Code
+		if what == "" {
+			what = "the workspace's file " + in.Path
+		}
+		ok, cerr := s.confirm(ctx, req, b, id, "Run this Python in Sandcell's sandbox (workspace "+ws+")?\n\n"+
+			tools.Clip([]byte(what), tools.MaxShownOutput))
+		if cerr != nil {
+			return nil, nil, cerr
+		}
+		if ok {
+			rr.Approval = id
+			v, err = b.Run(ctx, rr)
+		}
+	}
 	if err != nil {
 		return nil, nil, describe(err)
 	}
@@ -289,7 +347,19 @@ func (s *Server) runSQL(ctx context.Context, req *mcp.CallToolRequest, in tools.
 	if err != nil {
 		return nil, nil, err
 	}
-	out, err := b.SQL(ctx, wire.SQLRequest{Workspace: ws, DB: in.DB, SQL: in.SQL, Params: in.Params, MaxRows: in.MaxRows})
+	sr := wire.SQLRequest{Workspace: ws, DB: in.DB, SQL: in.SQL, Params: in.Params, MaxRows: in.MaxRows, Approval: in.Approval}
+	out, err := b.SQL(ctx, sr)
+	if id := approvalID(err); id != "" {
+		ok, cerr := s.confirm(ctx, req, b, id, "Let this SQL statement write to "+in.DB+" (workspace "+ws+")?\n\n"+
+			tools.Clip([]byte(in.SQL), tools.MaxShownOutput))
+		if cerr != nil {
+			return nil, nil, cerr
+		}
+		if ok {
+			sr.Approval = id
+			out, err = b.SQL(ctx, sr)
+		}
+	}
 	if err != nil {
 		return nil, nil, describe(err)
 	}

@@ -56,6 +56,7 @@ type RunPythonArgs struct {
 	Stdin     string   `json:"stdin,omitempty" jsonschema:"the program's standard input (text)"`
 	TimeoutMS int64    `json:"timeout_ms,omitempty" jsonschema:"wall-clock limit in milliseconds (default: the daemon's; at most its maximum)"`
 	Workspace string   `json:"workspace,omitempty" jsonschema:"workspace id (default: this session's own workspace)"`
+	Approval  string   `json:"approval,omitempty" jsonschema:"where runs need approval: the id of one an approver gave for exactly this call"`
 }
 
 // RunSQLArgs are run_sql's arguments.
@@ -65,6 +66,7 @@ type RunSQLArgs struct {
 	Params    json.RawMessage `json:"params,omitempty" jsonschema:"values bound to the statement's parameters: an array (?) or an object (:name)"`
 	MaxRows   int             `json:"max_rows,omitempty" jsonschema:"rows returned at most (default 1000)"`
 	Workspace string          `json:"workspace,omitempty" jsonschema:"workspace id (default: this session's own workspace)"`
+	Approval  string          `json:"approval,omitempty" jsonschema:"for a write held for approval: the id of one an approver gave for exactly this call"`
 }
 
 // ListFilesArgs are list_files' arguments.
@@ -107,6 +109,7 @@ func Definitions() []Definition {
 			Description: "Run Python 3.13 (the standard library; no network, no processes, no host files) in a fresh " +
 				"sandboxed interpreter whose working directory is the workspace, /ws. Give code, or the path of a .py " +
 				"file in the workspace. Files the program writes under /ws stay for later calls; nothing else does. " +
+				"Where the daemon holds runs for approval, the person at the client is asked to confirm the code. " +
 				"The answer leads with how the run ended (exit status, reason, time), then its output; output past " +
 				MiB(MaxShownOutput) + " per stream keeps its head and tail."},
 		{Name: RunSQL, Title: "Run one SQL statement", Args: &RunSQLArgs{},
@@ -152,7 +155,7 @@ func bounds(s *jsonschema.Schema) {
 			p.Items.MaxLength = max(MaxArgBytes)
 		case "path", "db", "after":
 			p.MaxLength = max(MaxPathBytes)
-		case "workspace":
+		case "workspace", "approval":
 			p.MaxLength = max(64)
 		case "sql":
 			p.MaxLength, p.MinLength = max(MaxSQLBytes), max(1)

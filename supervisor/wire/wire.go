@@ -177,6 +177,10 @@ type RunRequest struct {
 	// Workspace is the id of a workspace (POST /v1/workspaces) the run gets as /ws;
 	// empty gives the run a fresh private one, removed when it ends.
 	Workspace string `json:"workspace,omitempty"`
+	// Approval is the id of an approved approval for exactly this request, where
+	// policy holds runs for approval (approvals.required has "run"): the run then
+	// starts, once.
+	Approval string `json:"approval,omitempty"`
 }
 
 // RunLimits are a request's limits; zero fields take policy's defaults.

@@ -1,0 +1,43 @@
+// Runs held for approval, confirmed at the client: the official TypeScript SDK's
+// client answers the server's elicitation (accept, then decline); a client without
+// the elicitation capability gets the approval id instead. Run by
+// TestMCPWithTheTypeScriptSDK against a daemon whose approvals.required has "run";
+// SANDCELL_MCP_URL and SANDCELL_MCP_TOKEN say where it listens.
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
+import { ElicitRequestSchema } from "@modelcontextprotocol/sdk/types.js";
+
+function check(ok, what, seen) {
+  if (!ok) {
+    console.error(`FAILED: ${what}: ${JSON.stringify(seen)}`);
+    process.exit(1);
+  }
+}
+const text = (res) => (res.content || []).filter((c) => c.type === "text").map((c) => c.text).join("");
+const transport = () =>
+  new StreamableHTTPClientTransport(new URL(process.env.SANDCELL_MCP_URL), {
+    requestInit: { headers: { Authorization: `Bearer ${process.env.SANDCELL_MCP_TOKEN}` } },
+  });
+
+const answers = ["accept", "decline"];
+const shown = [];
+const asking = new Client({ name: "sandcell-ts-elicit", version: "1.0.0" }, { capabilities: { elicitation: {} } });
+asking.setRequestHandler(ElicitRequestSchema, (req) => {
+  shown.push(req.params.message);
+  return { action: answers.shift(), content: {} };
+});
+await asking.connect(transport());
+let res = await asking.callTool({ name: "run_python", arguments: { code: "print(6*7)" } });
+check(!res.isError && text(res).includes("42"), "accepted at the client", res);
+check(shown.length === 1 && shown[0].includes("print(6*7)"), "the person saw the code", shown);
+res = await asking.callTool({ name: "run_python", arguments: { code: "print('no')" } });
+check(res.isError && text(res).includes("declined"), "declined at the client", res);
+await asking.close();
+
+const silent = new Client({ name: "sandcell-ts-no-elicit", version: "1.0.0" });
+await silent.connect(transport());
+res = await silent.callTool({ name: "run_python", arguments: { code: "print(1)" } });
+check(res.isError && text(res).includes("approval_required") && text(res).includes("approval_id"), "no elicitation: the approval id", res);
+await silent.close();
+console.log("ok");
+process.exit(0);
