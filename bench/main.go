@@ -2,7 +2,8 @@
 // of `print(6*7)` latency (p50/p90/p99 over sequential calls), throughput at
 // concurrency 1, 2 and 8, CPU-seconds per run and peak memory, for Sandcell through
 // the API (two daemons it starts: with a warm pool, and with a cold worker per run)
-// and through the CLI, native python3 with no sandbox,
+// and through the CLI, the MCP tool run_python over stdio and over /mcp, native
+// python3 with no sandbox,
 // and python3 under bubblewrap --unshare-all; each figure also as a ratio to native
 // python3. Then a CPU-bound program, native against the sandbox.
 //
@@ -27,6 +28,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/sandcell/sandcell/client"
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/supervisor/wire"
@@ -42,6 +45,8 @@ type system struct {
 	run     func() (cpu time.Duration, rssKiB int64, err error)
 	prepare func()  // before each sequential run, not timed; or nil
 	daemon  *daemon // the daemon serving the runs, or nil
+	// also is another long-lived process whose CPU counts (`sandcell mcp`), or nil.
+	also *exec.Cmd
 }
 
 type row struct {
@@ -115,6 +120,17 @@ func run(n int, dur time.Duration, bin, python string) error {
 			// full again (not timed); the throughput rows do not wait.
 			prepare: warm.waitFull},
 		system{name: "sandcell API, cold worker per run", run: cold.run, daemon: cold})
+	// The MCP tool run_python against the warm daemon, as an agent host calls it:
+	// over `sandcell mcp` (stdio) and over the daemon's /mcp (streamable HTTP).
+	for _, transport := range []string{"stdio", "http"} {
+		m, err := connectMCP(bin, warm, transport)
+		if err != nil {
+			return err
+		}
+		defer m.close()
+		systems = append(systems, system{name: "MCP run_python over " + transport + ", warm pool", run: m.run,
+			daemon: warm, prepare: warm.waitFull, also: m.cmd})
+	}
 
 	var rows []row
 	for _, s := range systems {
@@ -122,6 +138,9 @@ func run(n int, dur time.Duration, bin, python string) error {
 		var before time.Duration
 		if s.daemon != nil {
 			before = procCPU(s.daemon.cmd.Process.Pid)
+		}
+		if s.also != nil {
+			before += procCPU(s.also.Process.Pid)
 		}
 		r, err := measure(s, n, dur)
 		if err != nil {
@@ -131,7 +150,11 @@ func run(n int, dur time.Duration, bin, python string) error {
 			// Daemon and its workers (reaped children count in cutime/cstime), over the
 			// sequential runs and the throughput runs.
 			pid := s.daemon.cmd.Process.Pid
-			r.row.cpu = (procCPU(pid) - before) / time.Duration(max(r.runs, 1))
+			after := procCPU(pid)
+			if s.also != nil {
+				after += procCPU(s.also.Process.Pid)
+			}
+			r.row.cpu = (after - before) / time.Duration(max(r.runs, 1))
 			rss, pss := smapsRollup(pid)
 			r.row.note = fmt.Sprintf("daemon RSS %d MiB, PSS %d MiB", rss>>10, pss>>10)
 			if s.daemon == warm {
@@ -150,14 +173,50 @@ func run(n int, dur time.Duration, bin, python string) error {
 	return cpuBound(bin, python)
 }
 
+// mcpClient is an MCP session (the official Go SDK's client) with a daemon.
+type mcpClient struct {
+	cs  *mcp.ClientSession
+	cmd *exec.Cmd // `sandcell mcp`, over stdio; nil over HTTP
+}
+
+func connectMCP(bin string, d *daemon, transport string) (*mcpClient, error) {
+	c := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil)
+	m := &mcpClient{}
+	var t mcp.Transport = &mcp.StreamableClientTransport{Endpoint: "http://sandcell/mcp", HTTPClient: d.h}
+	if transport == "stdio" {
+		m.cmd = exec.Command(bin, "mcp", "--socket", d.sock)
+		t = &mcp.CommandTransport{Command: m.cmd}
+	}
+	cs, err := c.Connect(context.Background(), t, nil)
+	if err != nil {
+		return nil, fmt.Errorf("MCP over %s: %w", transport, err)
+	}
+	m.cs = cs
+	return m, nil
+}
+
+func (m *mcpClient) run() (time.Duration, int64, error) {
+	res, err := m.cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": program}})
+	if err != nil {
+		return 0, 0, err
+	}
+	if res.IsError || len(res.Content) == 0 || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "\n42\n") {
+		return 0, 0, fmt.Errorf("MCP run_python: %+v", res.Content)
+	}
+	return 0, 0, nil
+}
+
+func (m *mcpClient) close() { m.cs.Close() }
+
 // poolSize is the warm daemon's pool.
 const poolSize = 4
 
 // daemon is a `sandcell serve` the harness started.
 type daemon struct {
-	cmd *exec.Cmd
-	c   *client.Client
-	h   *http.Client
+	cmd  *exec.Cmd
+	c    *client.Client
+	h    *http.Client
+	sock string
 }
 
 func startDaemon(bin, dir string, env ...string) (*daemon, error) {
@@ -170,7 +229,7 @@ func startDaemon(bin, dir string, env ...string) (*daemon, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	d := &daemon{cmd: cmd, c: client.New(sock), h: client.HTTP(sock)}
+	d := &daemon{cmd: cmd, c: client.New(sock), h: client.HTTP(sock), sock: sock}
 	if err := waitReady(sock); err != nil {
 		d.stop()
 		return nil, err
@@ -309,7 +368,7 @@ func print(rows []row) {
 			ms(r.cpu), ratio(float64(r.cpu), float64(native.cpu)), rss, r.note)
 	}
 	tw.Flush()
-	fmt.Println("(ratios are to native python3; CPU per run of the API row is the daemon's and its workers')")
+	fmt.Println("(ratios are to native python3; CPU per run of the API and MCP rows is the daemon's and its workers', and `sandcell mcp`'s over stdio)")
 }
 
 // cpuBound times a CPU-bound program natively and in the sandbox (wall clock, the
