@@ -122,6 +122,14 @@ func TestMCPOverHTTP(t *testing.T) {
 	if res, text = callTool(t, cs, tools.ListFiles, map[string]any{}); res.IsError || !strings.Contains(text, "data/a.csv") {
 		t.Fatalf("list_files: %q", text)
 	}
+	// Output past what the text shows is clipped there, and kept whole on request.
+	res, text = callTool(t, cs, tools.RunPython, map[string]any{"code": "print('x' * 40000 + 'END')", "save_output": "logs/big"})
+	if res.IsError || !strings.Contains(text, "bytes cut ...]") || !strings.Contains(text, "logs/big.stdout") {
+		t.Fatalf("save_output: %.300q", text)
+	}
+	if res, text = callTool(t, cs, tools.ReadFile, map[string]any{"path": "logs/big.stdout"}); res.IsError || len(text) != 40004 || !strings.HasSuffix(text, "END\n") {
+		t.Fatalf("the saved output: %d bytes", len(text))
+	}
 	// A failing program is a tool error the agent can see, with its traceback.
 	if res, text = callTool(t, cs, tools.RunPython, map[string]any{"code": "1/0"}); !res.IsError ||
 		!strings.HasPrefix(text, "exit 1 (exited)") || !strings.Contains(text, "ZeroDivisionError") {
@@ -155,7 +163,7 @@ func TestMCPOverHTTP(t *testing.T) {
 			t.Errorf("%s by uid %d", e.Kind, e.UID)
 		}
 	}
-	if kinds["run.finished"] != 5 || kinds["run.refused"] != 0 || kinds["workspace.created"] != 1 || kinds["approval.requested"] != 1 {
+	if kinds["run.finished"] != 6 || kinds["run.refused"] != 0 || kinds["workspace.created"] != 1 || kinds["approval.requested"] != 1 {
 		t.Errorf("audit: %v", kinds)
 	}
 }

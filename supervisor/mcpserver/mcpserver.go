@@ -298,6 +298,8 @@ func describe(err error) error {
 type RunResult struct {
 	Workspace string    `json:"workspace"`
 	Run       wire.View `json:"run"`
+	// Saved are the workspace files that hold the whole output (save_output).
+	Saved []string `json:"saved,omitempty"`
 }
 
 func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in tools.RunPythonArgs) (*mcp.CallToolResult, any, error) {
@@ -330,7 +332,23 @@ func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in too
 		return nil, nil, describe(err)
 	}
 	out := RunResult{Workspace: ws, Run: v}
-	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: tools.RunText(v)}}}
+	text := tools.RunText(v)
+	if in.SaveOutput != "" && v.Result != nil {
+		for _, f := range []struct {
+			ext string
+			b   []byte
+		}{{".stdout", v.Result.Stdout}, {".stderr", v.Result.Stderr}} {
+			if err := b.WriteFile(ctx, ws, in.SaveOutput+f.ext, f.b); err != nil {
+				text += fmt.Sprintf("(the output was not saved as %s%s: %v)\n", in.SaveOutput, f.ext, describe(err))
+			} else {
+				out.Saved = append(out.Saved, in.SaveOutput+f.ext)
+			}
+		}
+		if len(out.Saved) > 0 {
+			text += "(the whole output is in " + strings.Join(out.Saved, " and ") + ")\n"
+		}
+	}
+	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}
 	// A run that did not exit 0 is an error the agent sees as one.
 	res.IsError = v.Result == nil || v.Result.ExitCode != 0 || v.Result.Reason != "exited"
 	return res, out, nil

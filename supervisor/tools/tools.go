@@ -57,6 +57,9 @@ type RunPythonArgs struct {
 	TimeoutMS int64    `json:"timeout_ms,omitempty" jsonschema:"wall-clock limit in milliseconds (default: the daemon's; at most its maximum)"`
 	Workspace string   `json:"workspace,omitempty" jsonschema:"workspace id (default: this session's own workspace)"`
 	Approval  string   `json:"approval,omitempty" jsonschema:"where runs need approval: the id of one an approver gave for exactly this call"`
+	// SaveOutput keeps the run's whole output in the workspace, as SaveOutput.stdout
+	// and SaveOutput.stderr, for read_file, where the answer's text clips it.
+	SaveOutput string `json:"save_output,omitempty" jsonschema:"also keep the whole output as the workspace files SAVE_OUTPUT.stdout and SAVE_OUTPUT.stderr (the answer shows at most 16 KiB of each)"`
 }
 
 // RunSQLArgs are run_sql's arguments.
@@ -153,7 +156,7 @@ func bounds(s *jsonschema.Schema) {
 			p.Types, p.Type = nil, "array" // not null
 			p.MaxItems = max(MaxArgs)
 			p.Items.MaxLength = max(MaxArgBytes)
-		case "path", "db", "after":
+		case "path", "db", "after", "save_output":
 			p.MaxLength = max(MaxPathBytes)
 		case "workspace", "approval":
 			p.MaxLength = max(64)
