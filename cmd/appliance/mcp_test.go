@@ -189,3 +189,54 @@ func TestMCPWithTheTypeScriptSDK(t *testing.T) {
 		}
 	})
 }
+
+// `sandcell mcp --workspace DIR` with no daemon: runs in DIR (their files are the
+// host's), its files read and written beneath DIR and never through a link, a SQL
+// write confirmed by the person at the client.
+func TestMCPStdioWithoutADaemon(t *testing.T) {
+	dir := t.TempDir()
+	os.Symlink("/etc/passwd", filepath.Join(dir, "passwd"))
+	var shown []string
+	c := mcp.NewClient(&mcp.Implementation{Name: "go-test", Version: "1"}, &mcp.ClientOptions{
+		ElicitationHandler: func(_ context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			shown = append(shown, req.Params.Message)
+			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{}}, nil
+		}})
+	cmd := cliCmd(t, "mcp", "--workspace", dir)
+	cmd.Stderr = os.Stderr
+	cs, err := c.Connect(t.Context(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	call := func(name string, args map[string]any) (bool, string) {
+		t.Helper()
+		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: name, Arguments: args})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		return res.IsError, res.Content[0].(*mcp.TextContent).Text
+	}
+	if bad, text := call("run_python", map[string]any{"code": "open('out.txt', 'w').write('from the guest'); print(6*7)"}); bad || !strings.Contains(text, "\n42\n") {
+		t.Fatalf("run_python: %q", text)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "out.txt")); err != nil || string(b) != "from the guest" {
+		t.Fatalf("the run's file on the host: %q %v", b, err)
+	}
+	if bad, text := call("read_file", map[string]any{"path": "passwd"}); !bad || !strings.Contains(text, "unsafe_file") {
+		t.Fatalf("a link out of the workspace: %v %q", bad, text)
+	}
+	if bad, text := call("write_file", map[string]any{"path": "../escape", "content": "x"}); !bad || !strings.Contains(text, "bad_request") {
+		t.Fatalf("a path out of the workspace: %v %q", bad, text)
+	}
+	call("write_file", map[string]any{"path": "mk.py", "content": "import sqlite3; c = sqlite3.connect('t.db'); c.execute('create table t (x)'); c.commit()"})
+	if bad, text := call("run_python", map[string]any{"path": "mk.py"}); bad {
+		t.Fatalf("a workspace file: %q", text)
+	}
+	if bad, text := call("run_sql", map[string]any{"db": "t.db", "sql": "INSERT INTO t VALUES (42)"}); bad || len(shown) != 1 || !strings.Contains(shown[0], "INSERT INTO t") {
+		t.Fatalf("a write confirmed at the client: %q, shown %q", text, shown)
+	}
+	if bad, text := call("run_sql", map[string]any{"db": "t.db", "sql": "SELECT x FROM t"}); bad || !strings.Contains(text, "[42]") {
+		t.Fatalf("the write's row: %q", text)
+	}
+}

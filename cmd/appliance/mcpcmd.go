@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 )
 
 func newMCPCmd() *cobra.Command {
-	var socket string
+	var socket, wsDir, bundleDir, cacheDir string
 	cmd := &cobra.Command{
 		Use:   "mcp",
 		Short: "Serve the agent tools over MCP on stdin and stdout, through a running daemon",
@@ -28,19 +29,43 @@ $SANDCELL_SOCKET, else ` + config.Default().Socket.Path + `) as this process's u
 so the daemon's roles, policy, approvals and audit apply. The session has a
 workspace of its own, created at its first use and kept afterwards; each result
 names it. While the daemon is not ready or its kill switch is on, the tool list is
-empty and the client is told when that changes. See docs/agents.md.`,
+empty and the client is told when that changes.
+
+With --workspace DIR it needs no daemon: the tools run their workers in this
+process, hardened as sandcell run's (every layer required), with DIR as the one
+workspace, as sandcell run --workspace DIR does; a SQL statement that writes is
+held until the person at the client confirms it; nothing is audited. See
+docs/agents.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if socket == "" {
 				socket = config.Default().Socket.Path
 			}
 			c := client.New(socket)
+			var backend mcpserver.Backend = c
+			offered := func(ctx context.Context) string { return unavailable(ctx, c) }
+			if wsDir != "" {
+				dir, err := filepath.Abs(wsDir)
+				if err != nil {
+					return err
+				}
+				local, err := newLocalTools(dir, bundleDir, cacheDir)
+				if err != nil {
+					return rejected{err}
+				}
+				// Fail closed: no tools unless this host's sandbox holds (the bundle's
+				// module loads; each run's worker verifies its own layers).
+				if _, _, err := precompiled(bundleDir, cacheDir, false); err != nil {
+					return err
+				}
+				backend, offered = local, func(context.Context) string { return "" }
+			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			s := mcpserver.New(mcpserver.Options{
 				Version:     version,
-				Backend:     func(string) mcpserver.Backend { return c },
-				Unavailable: func(ctx context.Context) string { return unavailable(ctx, c) },
+				Backend:     func(string) mcpserver.Backend { return backend },
+				Unavailable: offered,
 			})
 			go s.Watch(ctx, 2*time.Second)
 			err := s.RunStdio(ctx)
@@ -50,7 +75,11 @@ empty and the client is told when that changes. See docs/agents.md.`,
 			return err
 		},
 	}
-	cmd.Flags().StringVar(&socket, "socket", os.Getenv("SANDCELL_SOCKET"), "the daemon's Unix socket")
+	fl := cmd.Flags()
+	fl.StringVar(&socket, "socket", os.Getenv("SANDCELL_SOCKET"), "the daemon's Unix socket")
+	fl.StringVar(&wsDir, "workspace", "", "serve without a daemon, with this directory as the workspace")
+	fl.StringVar(&bundleDir, "bundle-dir", defaultBundleDir(), "with --workspace: directory holding python.wasm and MANIFEST ($SANDCELL_BUNDLE_DIR)")
+	fl.StringVar(&cacheDir, "cache-dir", defaultCacheDir(), "with --workspace: where a rebuilt .cwasm is kept ($SANDCELL_CACHE_DIR)")
 	return cmd
 }
 

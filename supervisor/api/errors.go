@@ -142,6 +142,21 @@ func problemOf(err error) *apiError {
 	return fail(wire.CodeInternal, err.Error())
 }
 
+// AsProblem is the problem document err would be answered with (the same table as
+// the API's own answers), for a program that serves the API's tools without a
+// daemon (`sandcell mcp --workspace`).
+func AsProblem(err error) *wire.Problem {
+	e := problemOf(err)
+	p := wire.NewProblem(e.status, e.code, e.detail)
+	return &p
+}
+
+// Refusal is the problem document of code with detail, with the code's status.
+func Refusal(code, detail string) *wire.Problem {
+	p := wire.NewProblem(statusOf(code), code, detail)
+	return &p
+}
+
 // refusalKinds is the record a refusal of each route gets when the handler has not
 // recorded its outcome: a request that could have run code or a statement leaves a
 // trace even when it did not.

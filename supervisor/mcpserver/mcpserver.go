@@ -249,34 +249,54 @@ func approvalID(err error) string {
 	return id
 }
 
-// confirm asks the person at the session's client whether what is held for approval
-// id (shown in message) may go ahead (MCP elicitation), and gives the daemon their
-// answer as the requester's confirmation (approvals.elicitation decides whether it
-// counts). It returns true once the daemon has taken an acceptance; false with no
-// error when the client cannot be asked (the refusal, with its approval id, stands
-// for an approver); an error when the person declined or the daemon did not take
-// the confirmation.
-func (s *Server) confirm(ctx context.Context, req *mcp.CallToolRequest, b Backend, id, message string) (bool, error) {
+// confirmInput names the one input request of a held call: the person's answer.
+const confirmInput = "confirm"
+
+// canAsk reports whether the session's client can ask the person at it (it declared
+// the elicitation capability).
+func canAsk(req *mcp.CallToolRequest) bool {
 	if req == nil || req.Session == nil {
-		return false, nil
+		return false
 	}
 	init := req.Session.InitializeParams()
-	if init == nil || init.Capabilities == nil || init.Capabilities.Elicitation == nil {
-		return false, nil
+	return init != nil && init.Capabilities != nil && init.Capabilities.Elicitation != nil
+}
+
+// ask is the answer to a call the daemon held for approval id, when the client can
+// ask the person at it: an input request (MCP's multi round-trip requests; the SDK
+// asks a client of an older protocol version itself) showing message, with the
+// approval id as the state the client sends back with the person's answer. It
+// returns nil when the client cannot ask: the refusal, with its id, stands for an
+// approver.
+func ask(req *mcp.CallToolRequest, id, message string) *mcp.CallToolResult {
+	if !canAsk(req) {
+		return nil
 	}
-	res, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: message,
-		RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{}}})
-	if err != nil {
-		return false, nil // not asked after all: an approver decides
+	return &mcp.CallToolResult{RequestState: id, InputRequests: mcp.InputRequestMap{confirmInput: &mcp.ElicitParams{
+		Message: message, RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{}}}}}
+}
+
+// answered gives the daemon the person's answer, when this call is the client's
+// retry with it: the approval then holds (true), or the error says why not (declined,
+// or the daemon's policy does not let this caller's confirmation count). It returns
+// "" when the call carries no answer.
+func answered(ctx context.Context, req *mcp.CallToolRequest, b Backend) (string, error) {
+	if req == nil || req.Params == nil || req.Params.RequestState == "" {
+		return "", nil
+	}
+	id := req.Params.RequestState
+	res, ok := req.Params.InputResponses[confirmInput].(*mcp.ElicitResult)
+	if !ok {
+		return "", fmt.Errorf("the client sent no answer for approval %s", id)
 	}
 	accepted := res.Action == "accept"
 	if err := b.ConfirmApproval(ctx, id, accepted); err != nil {
-		return false, fmt.Errorf("the confirmation was not taken (%v): an approver must decide approval %s, then call again with \"approval\": %q", describe(err), id, id)
+		return "", fmt.Errorf("the confirmation was not taken (%v): an approver must decide approval %s, then call again with \"approval\": %q", describe(err), id, id)
 	}
 	if !accepted {
-		return false, fmt.Errorf("declined at the client (%s): nothing ran", res.Action)
+		return "", fmt.Errorf("declined at the client (%s): nothing ran", res.Action)
 	}
-	return true, nil
+	return id, nil
 }
 
 // describe is an error as an agent reads it: a daemon's refusal by its code and why.
@@ -312,20 +332,20 @@ func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in too
 	}
 	rr := wire.RunRequest{Code: in.Code, Path: in.Path, Args: in.Args, Stdin: in.Stdin, Workspace: ws,
 		Limits: wire.RunLimits{TimeoutMS: in.TimeoutMS}, Approval: in.Approval}
+	if id, err := answered(ctx, req, b); err != nil {
+		return nil, nil, err
+	} else if id != "" {
+		rr.Approval = id
+	}
 	v, err := b.Run(ctx, rr)
 	if id := approvalID(err); id != "" {
 		what := in.Code
 		if what == "" {
 			what = "the workspace's file " + in.Path
 		}
-		ok, cerr := s.confirm(ctx, req, b, id, "Run this Python in Sandcell's sandbox (workspace "+ws+")?\n\n"+
-			tools.Clip([]byte(what), tools.MaxShownOutput))
-		if cerr != nil {
-			return nil, nil, cerr
-		}
-		if ok {
-			rr.Approval = id
-			v, err = b.Run(ctx, rr)
+		if res := ask(req, id, "Run this Python in Sandcell's sandbox (workspace "+ws+")?\n\n"+
+			tools.Clip([]byte(what), tools.MaxShownOutput)); res != nil {
+			return res, nil, nil
 		}
 	}
 	if err != nil {
@@ -366,16 +386,16 @@ func (s *Server) runSQL(ctx context.Context, req *mcp.CallToolRequest, in tools.
 		return nil, nil, err
 	}
 	sr := wire.SQLRequest{Workspace: ws, DB: in.DB, SQL: in.SQL, Params: in.Params, MaxRows: in.MaxRows, Approval: in.Approval}
+	if id, err := answered(ctx, req, b); err != nil {
+		return nil, nil, err
+	} else if id != "" {
+		sr.Approval = id
+	}
 	out, err := b.SQL(ctx, sr)
 	if id := approvalID(err); id != "" {
-		ok, cerr := s.confirm(ctx, req, b, id, "Let this SQL statement write to "+in.DB+" (workspace "+ws+")?\n\n"+
-			tools.Clip([]byte(in.SQL), tools.MaxShownOutput))
-		if cerr != nil {
-			return nil, nil, cerr
-		}
-		if ok {
-			sr.Approval = id
-			out, err = b.SQL(ctx, sr)
+		if res := ask(req, id, "Let this SQL statement write to "+in.DB+" (workspace "+ws+")?\n\n"+
+			tools.Clip([]byte(in.SQL), tools.MaxShownOutput)); res != nil {
+			return res, nil, nil
 		}
 	}
 	if err != nil {

@@ -94,7 +94,29 @@ type Workspace struct {
 	OwnerToken string    `json:"owner_token,omitempty"`
 	Created    time.Time `json:"created_at"`
 
-	s *Store
+	s   *Store
+	dir string // a Directory's own; "" for a store's
+}
+
+// DirectoryID is the ID of a Directory.
+const DirectoryID = "local"
+
+// Directory returns the host directory dir as a workspace of its own, with no store
+// around it: the same file operations (beneath dir, no link followed), bounded by
+// q. `sandcell mcp --workspace DIR` serves its tools on one.
+func Directory(dir string, q Quota) (*Workspace, error) {
+	if q.Bytes <= 0 || q.Files <= 0 {
+		return nil, fmt.Errorf("workspace: quota %+v", q)
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		return nil, fmt.Errorf("workspace: %w", err)
+	}
+	if !st.IsDir() {
+		return nil, fmt.Errorf("workspace: %s is not a directory", dir)
+	}
+	return &Workspace{ID: DirectoryID, Owner: os.Getuid(), Created: st.ModTime().UTC(), dir: dir,
+		s: &Store{quota: q, locks: map[string]*sync.Mutex{}}}, nil
 }
 
 // validID: a ULID in its canonical upper-case Crockford base32 spelling, so an id
@@ -188,7 +210,12 @@ func (s *Store) Delete(id string) error {
 }
 
 // Dir is the workspace's directory on the host (what a run gets as /ws).
-func (w *Workspace) Dir() string { return filepath.Join(w.s.dir, w.ID, "files") }
+func (w *Workspace) Dir() string {
+	if w.dir != "" {
+		return w.dir
+	}
+	return filepath.Join(w.s.dir, w.ID, "files")
+}
 
 // beneath is how every path inside a workspace is resolved (openat2(2)): it stays
 // beneath the directory fd, follows no symbolic link (not even one pointing inside),
