@@ -400,7 +400,8 @@ func TestMemoryLimit(t *testing.T) {
 				r.Limits.MemoryBytes = 64 * policy.MiB
 				r.Limits.TimeoutMS = 60_000
 			})
-			memErr := res.Reason == protocol.Exited && res.ExitCode == 1 && strings.Contains(string(res.Stderr), "MemoryError")
+			memErr := res.Reason == protocol.MemoryLimit && res.ExitCode == 1 && strings.Contains(string(res.Stderr), "MemoryError") &&
+				len(res.Diagnostics) > 0 && strings.Contains(res.Diagnostics[len(res.Diagnostics)-1], "ran out of memory")
 			if !memErr {
 				t.Fatalf("reason %s exit %d stderr %.500s", res.Reason, res.ExitCode, res.Stderr)
 			}
@@ -517,9 +518,10 @@ func TestRecursion(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			res, _ := run(t, code, timeout(10*time.Second))
-			pyErr := res.Reason == protocol.Exited && res.ExitCode == 1 && bytes.Contains(res.Stderr, []byte("Error"))
+			pyErr := (res.Reason == protocol.Exited || res.Reason == protocol.MemoryLimit) && res.ExitCode == 1 &&
+				bytes.Contains(res.Stderr, []byte("Error"))
 			// With the recursion limit lifted, Python frames (on the heap since 3.11)
-			// fill the guest's memory; how CPython then fails depends on where the
+			// fill the guest's memory (memory_limit); how CPython then fails depends on where the
 			// heap ends: an error at once, or seconds of walking millions of frames
 			// for the traceback, which the wall clock ends. All are contained.
 			if !pyErr && res.Reason != protocol.Trap && res.Reason != protocol.Timeout {

@@ -117,7 +117,9 @@ func TestCLIExitCodes(t *testing.T) {
 		{[]string{"run", "--cpu", "200ms", "-c", "while True: pass"}, exitCPULimit, "cpu_limit"},
 		{[]string{"run", "--fuel", "1000", "-c", "print(1)"}, exitCPULimit, "fuel exhausted"},
 		{[]string{"run", "--max-output", "10", "-c", "print('x' * 100)"}, exitOutputLimit, "output_limit"},
-		{[]string{"run", "--memory", "32", "-c", "bytearray(2**30)"}, 1, "MemoryError"},
+		{[]string{"run", "--memory", "32", "-c", "bytearray(2**30)"}, exitMemoryLimit, "memory_limit: out of memory at the 32 MiB limit"},
+		// Caught, it is the program's own business.
+		{[]string{"run", "--memory", "32", "-c", "try:\n    bytearray(2**30)\nexcept MemoryError:\n    print('caught')"}, 0, ""},
 		{[]string{"run", "--timeout", "1h", "-c", "1"}, exitRejected, "above the maximum"},
 		{[]string{"run", "--timeout", "500us", "-c", "1"}, exitRejected, "at least 1ms"},
 		{[]string{"run", "--timeout", "0", "-c", "1"}, exitRejected, "at least 1ms"},

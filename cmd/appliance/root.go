@@ -16,6 +16,7 @@ const (
 	exitRejected    = 126 // refused by policy before running
 	exitCancelled   = 130 // cancelled (128 + SIGINT)
 	exitTrap        = 134 // WebAssembly trap (128 + SIGABRT)
+	exitMemoryLimit = 137 // out of memory (128 + SIGKILL, as the kernel's OOM killer leaves it)
 	exitCPULimit    = 152 // CPU time or fuel exhausted (128 + SIGXCPU)
 	exitOutputLimit = 153 // output cap reached (128 + SIGXFSZ)
 )

@@ -334,6 +334,8 @@ func exitStatus(res protocol.Result) int {
 		return exitTrap
 	case protocol.CPULimit:
 		return exitCPULimit
+	case protocol.MemoryLimit:
+		return exitMemoryLimit
 	case protocol.OutputLimit:
 		return exitOutputLimit
 	case protocol.Rejected:
@@ -352,6 +354,8 @@ func notes(res protocol.Result, l protocol.Limits) []string {
 		out = append(out, fmt.Sprintf("timeout: killed after the %v wall-clock limit", time.Duration(l.TimeoutMS)*time.Millisecond))
 	case protocol.OutputLimit:
 		out = append(out, fmt.Sprintf("output_limit: killed at the %d-byte output cap", l.MaxStdoutBytes))
+	case protocol.MemoryLimit:
+		out = append(out, fmt.Sprintf("memory_limit: out of memory at the %d MiB limit", l.MemoryBytes/policy.MiB))
 	default:
 		out = append(out, string(res.Reason))
 	}

@@ -185,6 +185,12 @@ const (
 	CPULimit Reason = "cpu_limit"
 	// OutputLimit: stdout or stderr reached its byte cap and the worker was killed.
 	OutputLimit Reason = "output_limit"
+	// MemoryLimit: the program ended with an uncaught MemoryError (ExitCode 1, as
+	// CPython's): an allocation was refused, past the memory limit where the guest
+	// grew its memory to it. The interpreter inside the sandbox says so (a program
+	// that raises MemoryError itself ends the same way); the limit itself is the
+	// engine's, which never lets linear memory past Limits.MemoryBytes.
+	MemoryLimit Reason = "memory_limit"
 	// Trap: WebAssembly trapped (stack exhausted, unreachable, ...).
 	Trap Reason = "trap"
 	// Rejected: the request was refused before any code ran (policy, bad input).
@@ -195,7 +201,7 @@ const (
 
 // Reasons lists every Reason, in documentation order.
 func Reasons() []Reason {
-	return []Reason{Exited, Timeout, Cancelled, CPULimit, OutputLimit, Trap, Rejected, InternalError}
+	return []Reason{Exited, Timeout, Cancelled, CPULimit, MemoryLimit, OutputLimit, Trap, Rejected, InternalError}
 }
 
 // Limits bounds one run. Zero means "no limit of this kind" only where a field says so;

@@ -90,7 +90,9 @@ def _sandcell_boot():
             linecache.cache[name] = (len(text), None, text.splitlines(True), name)
         e.__traceback__ = e.__traceback__.tb_next
         sys.excepthook(type(e), e, e.__traceback__)
-        sys.exit(1)
+        # 114 tells the worker the program ran out of memory (it reports the run as
+        # memory_limit, exit status 1); see memoryErrorStatus in guest.go.
+        sys.exit(114 if isinstance(e, MemoryError) else 1)
     # The interpreter's own finalization follows (exit handlers, every module's
     # objects released, files flushed): the worker reports before tearing the store
     # down.

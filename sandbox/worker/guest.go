@@ -49,14 +49,25 @@ func guestSpec(req *protocol.Request, env *Env, arm <-chan time.Duration) engine
 	}
 }
 
+// memoryErrorStatus is the bootstrap's exit status for a program that ended with an
+// uncaught MemoryError (see bootstrap.py).
+const memoryErrorStatus = 114
+
 func report(out engine.Outcome) protocol.Report {
-	return protocol.Report{
+	rep := protocol.Report{
 		ExitCode:        out.ExitCode,
 		Reason:          out.Reason,
 		FuelConsumed:    out.FuelConsumed,
 		PeakMemoryBytes: out.PeakMemoryBytes,
 		Diagnostics:     out.Diagnostics,
 	}
+	if rep.Reason == protocol.Exited && rep.ExitCode == memoryErrorStatus {
+		rep.Reason, rep.ExitCode = protocol.MemoryLimit, 1
+		rep.Diagnostics = append(rep.Diagnostics, fmt.Sprintf(
+			"the program ran out of memory: an allocation was refused (uncaught MemoryError; guest memory %d MiB)",
+			out.PeakMemoryBytes>>20))
+	}
+	return rep
 }
 
 // interpreterFlags: -S skips the site module (nothing to find in a sandbox, and it

@@ -196,6 +196,9 @@ func Run(ctx context.Context, r Runner, dir string, req Request, base protocol.R
 	case res.Reason == protocol.OutputLimit:
 		return Outcome{Status: "error", Error: &Error{Code: "sql_result_too_large",
 			Message: fmt.Sprintf("the result is over %d bytes: ask for fewer rows (max_rows)", maxResultBytes)}}, nil
+	case res.Reason == protocol.MemoryLimit:
+		return Outcome{Status: "error", Error: &Error{Code: "sql_out_of_memory",
+			Message: "the statement ran out of memory: ask for fewer rows (max_rows), or a smaller result"}}, nil
 	case res.Reason == protocol.Timeout || res.Reason == protocol.CPULimit:
 		return Outcome{Status: "error", Error: &Error{Code: "sql_interrupted", Message: "the statement ran past its time limit"}}, nil
 	case res.Reason != protocol.Exited || res.ExitCode != 0:
