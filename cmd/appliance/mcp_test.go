@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -239,4 +240,51 @@ func TestMCPStdioWithoutADaemon(t *testing.T) {
 	if bad, text := call("run_sql", map[string]any{"db": "t.db", "sql": "SELECT x FROM t"}); bad || !strings.Contains(text, "[42]") {
 		t.Fatalf("the write's row: %q", text)
 	}
+}
+
+// A line on stdin that is not JSON, or is too long, is answered with a parse error
+// and the session goes on.
+func TestMCPStdioMalformedLines(t *testing.T) {
+	cmd := cliCmd(t, "mcp", "--workspace", t.TempDir())
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	go func() {
+		io.WriteString(in, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`+"\n")
+		io.WriteString(in, "garbage\n")
+		io.WriteString(in, `{"jsonrpc":"2.0","method":"notifications/initialized"}`+"\n")
+		io.WriteString(in, strings.Repeat("x", 2<<20)+"\n")
+		io.WriteString(in, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`+"\n")
+	}()
+	lines := bufio.NewScanner(out)
+	lines.Buffer(nil, 4<<20)
+	var parseErrors int
+	for lines.Scan() {
+		var m struct {
+			ID    *int `json:"id"`
+			Error *struct {
+				Code int `json:"code"`
+			} `json:"error"`
+			Result struct {
+				Tools []any `json:"tools"`
+			} `json:"result"`
+		}
+		json.Unmarshal(lines.Bytes(), &m)
+		if m.Error != nil && m.Error.Code == -32700 {
+			parseErrors++
+		}
+		if m.ID != nil && *m.ID == 2 {
+			if parseErrors != 2 || len(m.Result.Tools) != 5 {
+				t.Fatalf("%d parse errors, then %s", parseErrors, lines.Bytes())
+			}
+			in.Close()
+			cmd.Wait()
+			return
+		}
+	}
+	t.Fatalf("no answer to tools/list after %d parse errors: %v", parseErrors, lines.Err())
 }

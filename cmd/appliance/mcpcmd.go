@@ -2,11 +2,14 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -62,11 +65,25 @@ docs/agents.md.`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
-			s := mcpserver.New(mcpserver.Options{
+			opts := mcpserver.Options{
 				Version:     version,
 				Backend:     func(string) mcpserver.Backend { return backend },
 				Unavailable: offered,
-			})
+			}
+			if cache := defaultCacheDir(); wsDir == "" && cache != "" {
+				// The workspace of the last `sandcell mcp` on this socket, kept
+				// between starts: an agent host that restarts it finds its files.
+				sum := sha256.Sum256([]byte(socket))
+				remembered := filepath.Join(cache, "mcp-workspace-"+hex.EncodeToString(sum[:8]))
+				if b, err := os.ReadFile(remembered); err == nil {
+					opts.Workspace = strings.TrimSpace(string(b))
+				}
+				opts.Remember = func(_, id string) {
+					os.MkdirAll(filepath.Dir(remembered), 0o700)
+					os.WriteFile(remembered, []byte(id+"\n"), 0o600)
+				}
+			}
+			s := mcpserver.New(opts)
 			go s.Watch(ctx, 2*time.Second)
 			err := s.RunStdio(ctx)
 			if ctx.Err() != nil || errors.Is(err, context.Canceled) {

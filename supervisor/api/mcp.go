@@ -1,7 +1,11 @@
 package api
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -12,6 +16,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandcell/sandcell/client"
+	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/mcpserver"
 	"github.com/sandcell/sandcell/supervisor/tools"
 	"github.com/sandcell/sandcell/supervisor/wire"
@@ -36,12 +41,102 @@ const (
 	mcpSessionIdle          = 30 * time.Minute
 )
 
+// The bounds of one /mcp message, checked before the SDK decodes it: its bytes (the
+// largest tool arguments, with room for the envelope), its JSON values (decoded,
+// each costs tens of bytes of Go values: a body of tiny values would cost fifty
+// times its size) and its nesting. A batch (an array of messages, which the
+// protocol's versions since 2025-06-18 no longer have) is refused.
+const (
+	maxMCPBodyBytes = tools.MaxMessageBytes
+	maxMCPValues    = 50_000
+	maxMCPDepth     = 64
+)
+
 // mcpHTTP is the MCP server of /mcp and who owns each of its sessions.
 type mcpHTTP struct {
 	server  *mcpserver.Server
 	handler http.Handler
 	owners  sync.Map     // session id -> Peer
 	posts   atomic.Int64 // POSTs in flight (tool calls among them)
+
+	openMu  sync.Mutex
+	opening map[supervisor.Caller]int // new sessions being made, by caller
+}
+
+// reserve takes one of caller's session places for a session being made (until
+// release), or says that none is left.
+func (m *mcpHTTP) reserve(caller supervisor.Caller) error {
+	m.openMu.Lock()
+	defer m.openMu.Unlock()
+	m.forget()
+	n := m.opening[caller]
+	m.owners.Range(func(_, owner any) bool {
+		if owner.(Peer).Caller() == caller {
+			n++
+		}
+		return true
+	})
+	if n >= maxMCPSessionsPerCaller {
+		return failf(wire.CodeSessionLimit, "%d MCP sessions are open for this caller: end one (DELETE /mcp) or let one idle out (%v)",
+			n, mcpSessionIdle)
+	}
+	m.opening[caller]++
+	return nil
+}
+
+// release gives back a place reserve took (the session, if made, now has its owner).
+func (m *mcpHTTP) release(caller supervisor.Caller) {
+	m.openMu.Lock()
+	defer m.openMu.Unlock()
+	if m.opening[caller]--; m.opening[caller] <= 0 {
+		delete(m.opening, caller)
+	}
+}
+
+// checkMCPBody reads a POST's body within its bounds (maxMCPBodyBytes, maxMCPValues,
+// maxMCPDepth), refuses a batch and what the API's own bodies may not hold (a
+// member given twice, an escaped lone surrogate: see checkKeys), and puts the body
+// back for the SDK.
+func (s *Server) checkMCPBody(c echo.Context) error {
+	r := c.Request()
+	if r.ContentLength > maxMCPBodyBytes {
+		return failf(wire.CodeBodyTooLarge, "an MCP message is at most %d bytes", maxMCPBodyBytes)
+	}
+	raw, err := io.ReadAll(http.MaxBytesReader(c.Response(), r.Body, maxMCPBodyBytes))
+	var maxErr *http.MaxBytesError
+	switch {
+	case errors.As(err, &maxErr):
+		return failf(wire.CodeBodyTooLarge, "an MCP message is at most %d bytes", maxMCPBodyBytes)
+	case err != nil:
+		return problemOf(err)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(raw))
+	if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) > 0 && t[0] == '[' {
+		return fail(wire.CodeBadRequest, "a JSON-RPC batch: send one message per request")
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	values, depth := 0, 0
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			break // the end, or a syntax error, which is the SDK's to answer
+		}
+		values++
+		switch tok {
+		case json.Delim('{'), json.Delim('['):
+			depth++
+		case json.Delim('}'), json.Delim(']'):
+			depth--
+		}
+		if values > maxMCPValues || depth > maxMCPDepth {
+			return failf(wire.CodeBodyTooLarge, "an MCP message holds at most %d JSON values, nested at most %d deep",
+				maxMCPValues, maxMCPDepth)
+		}
+	}
+	if code, err := checkKeys(raw); err != nil {
+		return fail(code, err.Error())
+	}
+	return nil
 }
 
 // forget drops the owners of sessions that have ended.
@@ -65,10 +160,20 @@ func (m *mcpHTTP) closeWhenIdle(ctx context.Context) {
 
 // newMCP builds /mcp's server over s's own handler.
 func (s *Server) newMCP(version string) *mcpHTTP {
-	m := &mcpHTTP{}
+	m := &mcpHTTP{opening: map[supervisor.Caller]int{}}
 	m.server = mcpserver.New(mcpserver.Options{
 		Version:     version,
 		Unavailable: func(context.Context) string { return s.toolsUnavailable() },
+		// A caller's sessions share its workspace: an agent host that reconnects (or
+		// opens many sessions) finds its files, and holds one workspace, not one a
+		// session.
+		Owner: func(session string) string {
+			if p, ok := m.owners.Load(session); ok {
+				c := p.(Peer).Caller()
+				return fmt.Sprintf("uid %d token %q", c.UID, c.Token)
+			}
+			return session
+		},
 		Backend: func(session string) mcpserver.Backend {
 			p, ok := m.owners.Load(session)
 			if !ok {
@@ -77,7 +182,7 @@ func (s *Server) newMCP(version string) *mcpHTTP {
 			return client.NewHTTP(&http.Client{Transport: inProcess{h: s.echo, peer: p.(Peer)}})
 		},
 	})
-	m.handler = m.server.HTTPHandler(tools.MaxWriteBytes+1<<20, mcpSessionIdle)
+	m.handler = m.server.HTTPHandler(maxMCPBodyBytes, mcpSessionIdle)
 	return m
 }
 
@@ -90,20 +195,17 @@ func (s *Server) serveMCP(c echo.Context) error {
 			return fail(wire.CodeNotFound, "no MCP session "+id)
 		}
 	}
-	if c.Request().Header.Get(mcpSessionHeader) == "" && c.Request().Method == http.MethodPost {
-		// A new session: within the caller's share.
-		s.mcp.forget()
-		n := 0
-		s.mcp.owners.Range(func(_, owner any) bool {
-			if owner.(Peer).Caller() == peer.Caller() {
-				n++
-			}
-			return true
-		})
-		if n >= maxMCPSessionsPerCaller {
-			return failf(wire.CodeSessionLimit, "%d MCP sessions are open for this caller: end one (DELETE /mcp) or let one idle out (%v)",
-				n, mcpSessionIdle)
+	if c.Request().Method == http.MethodPost {
+		if err := s.checkMCPBody(c); err != nil {
+			return err
 		}
+	}
+	if c.Request().Header.Get(mcpSessionHeader) == "" && c.Request().Method == http.MethodPost {
+		// A new session: within the caller's share, counting those being made.
+		if err := s.mcp.reserve(peer.Caller()); err != nil {
+			return err
+		}
+		defer s.mcp.release(peer.Caller())
 	}
 	if c.Request().Method == http.MethodPost {
 		s.mcp.posts.Add(1)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"reflect"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -144,6 +145,11 @@ func TestMCPOverHTTP(t *testing.T) {
 		!strings.Contains(text, "approval_required") || !strings.Contains(text, "approval_id") {
 		t.Fatalf("SQL write: %v %q", res.IsError, text)
 	}
+	// Another session of the same caller shares its workspace (and so does an agent
+	// host that reconnects).
+	if res, text = callTool(t, connectMCP(t, d, nil), tools.ReadFile, map[string]any{"path": "data/a.csv"}); res.IsError || text != "x,y\n1,2\n" {
+		t.Fatalf("a second session: %q", text)
+	}
 	// Arguments past their bounds never reach the daemon.
 	if res, text = callTool(t, cs, tools.RunPython, map[string]any{"code": strings.Repeat("x", tools.MaxCodeBytes+1)}); !res.IsError {
 		t.Fatalf("oversized code: %q", text)
@@ -241,12 +247,41 @@ func TestMCPSessionsAreTheCallers(t *testing.T) {
 	if resp := post(aliceSecret, session, list); resp.StatusCode != 200 {
 		t.Fatalf("alice on her session: %d", resp.StatusCode)
 	}
-	// A caller's sessions are bounded; another caller's are not counted.
-	initialize := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`
-	for i := 0; i < 16; i++ {
-		if resp := post(bobSecret, "", initialize); resp.StatusCode != 200 {
-			t.Fatalf("bob's session %d: %d", i, resp.StatusCode)
+	// What the SDK would decode at great cost, or take other than the API does, is
+	// refused before it: a batch, a body of very many values, a member given twice.
+	for body, want := range map[string]int{
+		"[" + list + "," + list + "]": 400,
+		`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"run_sql","arguments":{"db":"t.db","sql":"SELECT 1","params":[` +
+			strings.Repeat("{},", 60_000) + `{}]}}}`: 413,
+		`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"run_python","arguments":{"code":"print(1)","code":"print(3)"}}}`: 400,
+		`{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"run_python","arguments":{"code":"print('\ud800')"}}}`:            400,
+		`{"jsonrpc":"2.0","id":7,"method":"tools/list","params":{"x":"` + strings.Repeat("x", 2<<20) + `"}}`:                              413,
+	} {
+		if resp := post(aliceSecret, session, body); resp.StatusCode != want {
+			t.Errorf("%.80s: %d, want %d", body, resp.StatusCode, want)
 		}
+	}
+	// A caller's sessions are bounded, even when opened all at once; another
+	// caller's are not counted.
+	initialize := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`
+	statuses := make(chan int, 40)
+	var wg sync.WaitGroup
+	for i := 0; i < 40; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); statuses <- post(bobSecret, "", initialize).StatusCode }()
+	}
+	wg.Wait()
+	close(statuses)
+	opened := 0
+	for st := range statuses {
+		if st == 200 {
+			opened++
+		} else if st != 429 {
+			t.Errorf("bob's session: %d", st)
+		}
+	}
+	if opened != 16 {
+		t.Fatalf("bob opened %d sessions at once, at most 16", opened)
 	}
 	resp = post(bobSecret, "", initialize)
 	var p wire.Problem

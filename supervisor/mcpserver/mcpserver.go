@@ -16,13 +16,17 @@
 package mcpserver
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -59,6 +63,16 @@ type Options struct {
 	Version string
 	// Log receives the SDK's log; nil discards it.
 	Log *slog.Logger
+	// Owner names whom session's calls are for: sessions of one owner share one
+	// workspace, the owner's, for as long as this server runs (an agent host that
+	// reconnects finds its files). nil: each session has its own.
+	Owner func(session string) string
+	// Workspace is the id of a workspace an earlier run of this server made for the
+	// owner "" (`sandcell mcp` keeps it between starts), used while it exists.
+	Workspace string
+	// Remember, if set, is told the id of each workspace the server makes, with its
+	// owner.
+	Remember func(owner, id string)
 }
 
 // Server is the MCP server of the tools.
@@ -66,10 +80,11 @@ type Server struct {
 	o   Options
 	mcp *mcp.Server
 
+	refreshing sync.Mutex // one Refresh at a time: a later state never loses to an earlier one
 	mu         sync.Mutex
 	offered    bool
 	reason     string            // why not offered
-	workspaces map[string]string // MCP session id -> its workspace id
+	workspaces map[string]string // owner (see Options.Owner) -> its workspace id
 }
 
 // New returns a server whose tools are not offered until the first Refresh (or
@@ -79,6 +94,9 @@ func New(o Options) *Server {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{o: o, workspaces: map[string]string{}, reason: "not checked yet"}
+	if o.Workspace != "" {
+		s.workspaces[""] = o.Workspace
+	}
 	s.mcp = mcp.NewServer(&mcp.Implementation{Name: "sandcell", Title: "Sandcell", Version: o.Version},
 		&mcp.ServerOptions{Logger: o.Log, Capabilities: &mcp.ServerCapabilities{Tools: &mcp.ToolCapabilities{ListChanged: true}},
 			Instructions: "Sandcell runs Python and SQL in a sandbox that can touch only one workspace directory (/ws)."})
@@ -94,8 +112,70 @@ func New(o Options) *Server {
 }
 
 // RunStdio serves one session on stdin and stdout until the client ends it or ctx
-// ends.
-func (s *Server) RunStdio(ctx context.Context) error { return s.mcp.Run(ctx, &mcp.StdioTransport{}) }
+// ends. A line that is not JSON, or is longer than tools.MaxMessageBytes, is
+// answered with JSON-RPC's parse error (-32700) and the session goes on (the SDK's
+// own reading would end the session at the first).
+func (s *Server) RunStdio(ctx context.Context) error {
+	out := &lockedWriter{w: os.Stdout}
+	pr, pw := io.Pipe()
+	go filterLines(os.Stdin, pw, out, tools.MaxMessageBytes)
+	return s.mcp.Run(ctx, &mcp.IOTransport{Reader: pr, Writer: out, MaxLineLength: tools.MaxMessageBytes + 1})
+}
+
+// lockedWriter serialises the SDK's messages and filterLines' errors.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+func (l *lockedWriter) Close() error { return nil }
+
+// parseError is JSON-RPC's answer to a message that cannot be read.
+const parseError = `{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error: %s"}}` + "\n"
+
+// filterLines copies the newline-delimited messages of in to w, and answers on out
+// each line that is not one JSON value, or is longer than max bytes (the rest of such
+// a line is skipped, never held). It closes w at the end of in.
+func filterLines(in io.Reader, w *io.PipeWriter, out io.Writer, max int) {
+	defer w.Close()
+	r := bufio.NewReaderSize(in, 64<<10)
+	var line []byte
+	long := false
+	for {
+		chunk, err := r.ReadSlice('\n')
+		if !long {
+			if len(line)+len(chunk) > max {
+				long, line = true, line[:0]
+			} else {
+				line = append(line, chunk...)
+			}
+		}
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue // the line goes on
+		}
+		switch t := bytes.TrimSpace(line); {
+		case long:
+			fmt.Fprintf(out, parseError, fmt.Sprintf("a message longer than %d bytes", max))
+		case len(t) == 0:
+		case !json.Valid(t):
+			fmt.Fprintf(out, parseError, "not JSON")
+		default:
+			if _, werr := w.Write(append(t, '\n')); werr != nil {
+				return
+			}
+		}
+		line, long = line[:0], false
+		if err != nil {
+			return
+		}
+	}
+}
 
 // HTTPHandler serves MCP's streamable HTTP transport: many sessions, each named by
 // its Mcp-Session-Id header. maxBody bounds a request body in bytes; a session idle
@@ -111,9 +191,11 @@ func (s *Server) HTTPHandler(maxBody int64, idle time.Duration) http.Handler {
 }
 
 // Refresh offers the tools or withdraws them as Unavailable says; a change notifies
-// every session (notifications/tools/list_changed). It also forgets the workspaces
-// of sessions that have ended.
+// every session (notifications/tools/list_changed). Without Options.Owner it also
+// forgets the workspaces of sessions that have ended (they stay on the daemon).
 func (s *Server) Refresh(ctx context.Context) {
+	s.refreshing.Lock()
+	defer s.refreshing.Unlock()
 	reason := s.o.Unavailable(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -130,10 +212,12 @@ func (s *Server) Refresh(ctx context.Context) {
 		}
 		s.mcp.RemoveTools(names...)
 	}
-	live := s.Sessions()
-	for id := range s.workspaces {
-		if id != "" && !live[id] {
-			delete(s.workspaces, id)
+	if s.o.Owner == nil {
+		live := s.Sessions()
+		for id := range s.workspaces {
+			if id != "" && !live[id] {
+				delete(s.workspaces, id)
+			}
 		}
 	}
 }
@@ -200,42 +284,62 @@ func (s *Server) add() {
 }
 
 // call is what every tool does first: refuse while the tools are not offered, and
-// find the backend and the workspace of the calling session.
-func (s *Server) call(ctx context.Context, req *mcp.CallToolRequest, workspace string) (Backend, string, error) {
+// find the backend and the workspace of the calling session (its owner's). done
+// is to be given the backend's error: a workspace of the owner's that has gone
+// (removed through the API) is forgotten, and the next call makes another.
+func (s *Server) call(ctx context.Context, req *mcp.CallToolRequest, workspace string) (b Backend, ws string, done func(error) error, err error) {
 	s.mu.Lock()
 	reason := s.reason
 	s.mu.Unlock()
 	if reason != "" {
-		return nil, "", fmt.Errorf("the sandbox is not available: %s", reason)
+		return nil, "", nil, fmt.Errorf("the sandbox is not available: %s", reason)
 	}
 	session := ""
 	if req != nil && req.Session != nil {
 		session = req.Session.ID()
 	}
-	b := s.o.Backend(session)
-	if b == nil {
-		return nil, "", errors.New("this MCP session has no caller")
+	if b = s.o.Backend(session); b == nil {
+		return nil, "", nil, errors.New("this MCP session has no caller")
 	}
 	if workspace != "" {
-		return b, workspace, nil
+		return b, workspace, describe, nil
+	}
+	owner := session
+	if s.o.Owner != nil {
+		owner = s.o.Owner(session)
+	}
+	done = func(err error) error {
+		var p *wire.Problem
+		if errors.As(err, &p) && p.Code == wire.CodeNotFound && strings.Contains(p.Detail, "no workspace") {
+			s.mu.Lock()
+			if s.workspaces[owner] == ws {
+				delete(s.workspaces, owner)
+			}
+			s.mu.Unlock()
+			return fmt.Errorf("%v (the session's workspace %s is gone; the next call makes a new one)", describe(err), ws)
+		}
+		return describe(err)
 	}
 	s.mu.Lock()
-	id, ok := s.workspaces[session]
+	id, ok := s.workspaces[owner]
 	s.mu.Unlock()
 	if ok {
-		return b, id, nil
+		return b, id, done, nil
 	}
 	w, err := b.CreateWorkspace(ctx)
 	if err != nil {
-		return nil, "", describe(err)
+		return nil, "", nil, describe(err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if id, ok := s.workspaces[session]; ok {
-		return b, id, nil // another call of the session created one first (this one stays empty)
+	if id, ok := s.workspaces[owner]; ok {
+		return b, id, done, nil // another call created one first (this one stays empty)
 	}
-	s.workspaces[session] = w.ID
-	return b, w.ID, nil
+	s.workspaces[owner] = w.ID
+	if s.o.Remember != nil {
+		s.o.Remember(owner, w.ID)
+	}
+	return b, w.ID, done, nil
 }
 
 // approvalID is the approval id of a refusal that asks for one, or "".
@@ -326,7 +430,7 @@ func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in too
 	if (in.Code == "") == (in.Path == "") {
 		return nil, nil, errors.New("give exactly one of code and path")
 	}
-	b, ws, err := s.call(ctx, req, in.Workspace)
+	b, ws, done, err := s.call(ctx, req, in.Workspace)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -349,7 +453,7 @@ func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in too
 		}
 	}
 	if err != nil {
-		return nil, nil, describe(err)
+		return nil, nil, done(err)
 	}
 	out := RunResult{Workspace: ws, Run: v}
 	text := tools.RunText(v)
@@ -381,7 +485,7 @@ type SQLResult struct {
 }
 
 func (s *Server) runSQL(ctx context.Context, req *mcp.CallToolRequest, in tools.RunSQLArgs) (*mcp.CallToolResult, any, error) {
-	b, ws, err := s.call(ctx, req, in.Workspace)
+	b, ws, done, err := s.call(ctx, req, in.Workspace)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -399,7 +503,7 @@ func (s *Server) runSQL(ctx context.Context, req *mcp.CallToolRequest, in tools.
 		}
 	}
 	if err != nil {
-		return nil, nil, describe(err)
+		return nil, nil, done(err)
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: tools.Clip(out, tools.MaxShownOutput)}}},
 		SQLResult{Workspace: ws, Result: out}, nil
@@ -413,13 +517,13 @@ type FilesResult struct {
 }
 
 func (s *Server) listFiles(ctx context.Context, req *mcp.CallToolRequest, in tools.ListFilesArgs) (*mcp.CallToolResult, any, error) {
-	b, ws, err := s.call(ctx, req, in.Workspace)
+	b, ws, done, err := s.call(ctx, req, in.Workspace)
 	if err != nil {
 		return nil, nil, err
 	}
 	w, err := b.Workspace(ctx, ws, in.After, 0)
 	if err != nil {
-		return nil, nil, describe(err)
+		return nil, nil, done(err)
 	}
 	var text strings.Builder
 	fmt.Fprintf(&text, "workspace %s: %d names", ws, len(w.Files))
@@ -450,13 +554,13 @@ type FileResult struct {
 }
 
 func (s *Server) readFile(ctx context.Context, req *mcp.CallToolRequest, in tools.ReadFileArgs) (*mcp.CallToolResult, any, error) {
-	b, ws, err := s.call(ctx, req, in.Workspace)
+	b, ws, done, err := s.call(ctx, req, in.Workspace)
 	if err != nil {
 		return nil, nil, err
 	}
 	data, size, err := b.ReadFile(ctx, ws, in.Path, tools.MaxReadBytes)
 	if err != nil {
-		return nil, nil, describe(err)
+		return nil, nil, done(err)
 	}
 	out := FileResult{Workspace: ws, Path: in.Path, Size: size, Encoding: "text", Truncated: size > int64(len(data))}
 	switch {
@@ -485,12 +589,12 @@ func (s *Server) writeFile(ctx context.Context, req *mcp.CallToolRequest, in too
 			return nil, nil, fmt.Errorf("content is not base64: %v", err)
 		}
 	}
-	b, ws, err := s.call(ctx, req, in.Workspace)
+	b, ws, done, err := s.call(ctx, req, in.Workspace)
 	if err != nil {
 		return nil, nil, err
 	}
 	if err := b.WriteFile(ctx, ws, in.Path, data); err != nil {
-		return nil, nil, describe(err)
+		return nil, nil, done(err)
 	}
 	out := WrittenResult{Workspace: ws, Path: in.Path, Bytes: len(data)}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{

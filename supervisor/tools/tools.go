@@ -42,10 +42,13 @@ const (
 	MaxArgBytes    = 4 << 10   // each of them
 	MaxPathBytes   = 1024      // every path in the workspace
 	MaxSQLBytes    = 64 << 10  // run_sql's statement
-	MaxWriteBytes  = 4 << 20   // write_file's content (its encoded form for base64)
+	MaxWriteBytes  = 768 << 10 // write_file's content (its encoded form for base64)
 	MaxReadBytes   = 1 << 20   // what read_file returns of a file
 	MaxTimeoutMS   = 600_000   // run_python's timeout_ms; the policy's maximum may be lower
 	MaxShownOutput = 16 << 10  // of each stream, what the text of a result shows
+	// MaxMessageBytes bounds one MCP message over HTTP: the largest arguments with
+	// room for the envelope and JSON's escapes.
+	MaxMessageBytes = 1 << 20
 )
 
 // RunPythonArgs are run_python's arguments.
