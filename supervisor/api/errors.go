@@ -161,11 +161,15 @@ func Refusal(code, detail string) *wire.Problem {
 // recorded its outcome: a request that could have run code or a statement leaves a
 // trace even when it did not.
 func refusalKinds(route string) store.Kind {
-	switch route {
-	case "POST /v1/runs":
+	switch {
+	case route == "POST /v1/runs":
 		return store.RunRefused
-	case "POST /v1/sql":
+	case route == "POST /v1/sql":
 		return store.SQLRefused
+	case strings.Contains(route, " /v1/workspaces"):
+		return store.WorkspaceRefused
+	case strings.HasSuffix(route, " /mcp"):
+		return store.MCPRefused
 	}
 	return ""
 }
@@ -183,7 +187,8 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 		kind = refusalKinds(c.Request().Method + " " + c.Path())
 	}
 	if kind != "" && !e.recorded {
-		d := map[string]any{"status": e.status, "code": e.code, "detail": e.detail}
+		d := map[string]any{"status": e.status, "code": e.code, "detail": e.detail,
+			"method": c.Request().Method, "path": c.Request().URL.Path}
 		for k, v := range e.record {
 			if _, own := d[k]; !own {
 				d[k] = v

@@ -200,18 +200,35 @@ func (s *Server) serveMCP(c echo.Context) error {
 			return err
 		}
 	}
+	reserved := false
 	if c.Request().Header.Get(mcpSessionHeader) == "" && c.Request().Method == http.MethodPost {
 		// A new session: within the caller's share, counting those being made.
 		if err := s.mcp.reserve(peer.Caller()); err != nil {
 			return err
 		}
-		defer s.mcp.release(peer.Caller())
+		reserved = true
+		defer func() {
+			if reserved {
+				s.mcp.release(peer.Caller())
+			}
+		}()
 	}
 	if c.Request().Method == http.MethodPost {
 		s.mcp.posts.Add(1)
 		defer s.mcp.posts.Add(-1)
 	}
-	w := &sessionRecorder{ResponseWriter: c.Response().Writer, record: func(id string) { s.mcp.owners.LoadOrStore(id, peer) }}
+	w := &sessionRecorder{ResponseWriter: c.Response().Writer, record: func(id string) {
+		// The place reserved becomes the session's, in one step: a burst of new
+		// sessions is counted once each.
+		s.mcp.openMu.Lock()
+		defer s.mcp.openMu.Unlock()
+		if _, loaded := s.mcp.owners.LoadOrStore(id, peer); !loaded && reserved {
+			reserved = false
+			if s.mcp.opening[peer.Caller()]--; s.mcp.opening[peer.Caller()] <= 0 {
+				delete(s.mcp.opening, peer.Caller())
+			}
+		}
+	}}
 	s.mcp.handler.ServeHTTP(w, c.Request())
 	return nil
 }

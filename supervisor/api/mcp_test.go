@@ -292,6 +292,20 @@ func TestMCPSessionsAreTheCallers(t *testing.T) {
 	if resp := post(aliceSecret, "", initialize); resp.StatusCode != 200 {
 		t.Fatalf("alice's second session: %d", resp.StatusCode)
 	}
+	// Each refusal is in the audit log, with its caller.
+	evs, _ := d.store.Events(t.Context(), d.since, "", 1000)
+	refused := map[string]int{}
+	for _, e := range evs {
+		if e.Kind == "mcp.refused" {
+			var m struct{ Code, Token string }
+			json.Unmarshal(e.Detail, &m)
+			refused[m.Token+" "+m.Code]++
+		}
+	}
+	if refused["bob not_found"] != 1 || refused["bob session_limit"] != 25 || refused["alice bad_request"] != 1 ||
+		refused["alice body_too_large"] != 2 || refused["alice invalid_json"] != 2 {
+		t.Fatalf("mcp.refused: %v", refused)
+	}
 }
 
 // elicitingClient connects with a client that answers every elicitation with action

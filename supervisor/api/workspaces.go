@@ -89,7 +89,7 @@ func (s *Server) createWorkspace(c echo.Context) error {
 	}
 	s.auditWorkspace(c, store.WorkspaceCreated, id, map[string]any{}, err)
 	if err != nil {
-		return err
+		return problemOf(err).audited() // recorded with its outcome
 	}
 	c.Response().Header().Set("Location", "/v1/workspaces/"+w.ID)
 	return c.JSON(http.StatusCreated, workspaceInfo{Workspace: w, Quota: s.o.Workspaces.Quota()})
@@ -140,7 +140,7 @@ func (s *Server) deleteWorkspace(c echo.Context) error {
 	s.wsMu.Unlock()
 	s.auditWorkspace(c, store.WorkspaceDeleted, w.ID, map[string]any{}, err)
 	if err != nil {
-		return err
+		return problemOf(err).audited() // recorded with its outcome
 	}
 	return c.NoContent(http.StatusNoContent)
 }
@@ -161,7 +161,7 @@ func (s *Server) putFile(c echo.Context) error {
 	n, err := w.Write(path, c.Request().Body)
 	s.auditWorkspace(c, store.WorkspaceFileWritten, w.ID, map[string]any{"path": path, "bytes": n}, err)
 	if err != nil {
-		return err
+		return problemOf(err).audited() // recorded with its outcome
 	}
 	return c.JSON(http.StatusCreated, workspace.File{Path: path, Type: "file", Size: n})
 }
@@ -174,7 +174,7 @@ func (s *Server) getFile(c echo.Context) error {
 	f, size, err := w.Open(path)
 	s.auditWorkspace(c, store.WorkspaceFileRead, w.ID, map[string]any{"path": path, "bytes": size}, err)
 	if err != nil {
-		return err
+		return problemOf(err).audited() // recorded with its outcome
 	}
 	defer f.Close()
 	h := c.Response().Header()
@@ -198,7 +198,7 @@ func (s *Server) deleteFile(c echo.Context) error {
 	err = w.Remove(path)
 	s.auditWorkspace(c, store.WorkspaceFileRemoved, w.ID, map[string]any{"path": path}, err)
 	if err != nil {
-		return err
+		return problemOf(err).audited() // recorded with its outcome
 	}
 	return c.NoContent(http.StatusNoContent)
 }

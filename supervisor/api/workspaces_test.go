@@ -195,3 +195,16 @@ func TestWorkspaceQuota(t *testing.T) {
 		t.Fatalf("after delete: %q", v.Result.Stdout)
 	}
 }
+
+// A workspace request refused before it reaches a workspace (one that does not exist,
+// or is another caller's) is in the audit log.
+func TestWorkspaceRefusalsAudited(t *testing.T) {
+	d := start(t, setup{})
+	resp, body := d.do(t, "GET", "/v1/workspaces/01ARZ3NDEKTSV4RRFFQ69G5FAV/files/a.txt", "")
+	wantProblem(t, resp, body, 404, wire.CodeNotFound)
+	evs, _ := d.store.Events(t.Context(), d.since, "", 10)
+	if len(evs) != 1 || evs[0].Kind != "workspace.refused" || !bytes.Contains(evs[0].Detail, []byte(`"code":"not_found"`)) ||
+		!bytes.Contains(evs[0].Detail, []byte(`"path":"/v1/workspaces/01ARZ3NDEKTSV4RRFFQ69G5FAV/files/a.txt"`)) {
+		t.Fatalf("%+v", evs)
+	}
+}

@@ -11,8 +11,9 @@ package store
 //	access.denied           a caller lacks the role, or a TCP caller a     method, path, role, pid or remote,
 //	                        valid token (at most 10 a second)              reason
 //	run.requested           a run request passed its checks                code_sha256 (and code), limits, args,
-//	                                                                       stdin_bytes, env names, workspace
-//	run.refused             a run request was refused                      status, code, detail
+//	                                                                       stdin_bytes, env names, workspace,
+//	                                                                       path, approval
+//	run.refused             a run request was refused                      status, code, detail, method, path
 //	run.admitted            a run was given to the manager                 code_sha256
 //	run.cancel              a caller cancelled a run                       -
 //	run.finished            a run ended (RunFinished)                      reason, exit_code, elapsed_ms, output
@@ -20,17 +21,23 @@ package store
 //	run.aborted             a run in flight when the daemon died           -
 //	sql.requested           a statement passed its checks                  workspace, db, sql_sha256 (and sql)
 //	sql.finished            a statement ran                                status, classification, changes, ...
-//	sql.refused             a statement was refused, or held for approval  reason, classification
+//	sql.refused             a statement was refused                        status, code, detail, method, path,
+//	                                                                       and what is known: workspace, db, ...
 //	sql.failed              a statement could not run, or SQLite failed    error
 //	sql.recovered           a stopped worker's lock and journal undone     lock_removed, journal_rolled_back
-//	approval.requested      a write was held for approval                  approval, db_sha256, ...
-//	approval.decided        an approver approved or denied                 approval, decision, error
-//	approval.redeemed       an approval was presented with its request     approval, sql_sha256, error
+//	approval.requested      a write or a run was held for approval         approval, db_sha256 or run_sha256, ...
+//	approval.decided        an approver approved or denied, or the         approval, decision, error (and by,
+//	                        requester confirmed at its MCP client          elicited)
+//	approval.redeemed       an approval was presented with its request     approval, sql_sha256 or run_sha256, error
 //	workspace.created       POST /v1/workspaces                            workspace, error
 //	workspace.deleted       DELETE /v1/workspaces/{id}                     workspace, error
 //	workspace.file_written  a file was uploaded                            workspace, path, bytes, error
 //	workspace.file_read     a file was downloaded                          workspace, path, bytes, error
 //	workspace.file_removed  a file was deleted                             workspace, path, error
+//	workspace.refused       a workspace request was refused before it     status, code, detail, method, path
+//	                        reached one (unknown or another's, a bad path)
+//	mcp.refused             an MCP request was refused by the daemon (its  status, code, detail, method, path
+//	                        bounds, another's session, session_limit)
 //
 // Every accepted run has run.requested, run.admitted and then exactly one of
 // run.finished and run.aborted; every accepted statement has sql.requested and then
@@ -64,6 +71,8 @@ const (
 	WorkspaceFileWritten Kind = "workspace.file_written"
 	WorkspaceFileRead    Kind = "workspace.file_read"
 	WorkspaceFileRemoved Kind = "workspace.file_removed"
+	WorkspaceRefused     Kind = "workspace.refused"
+	MCPRefused           Kind = "mcp.refused"
 )
 
 // Kinds returns every kind of the catalog, in its order.
@@ -71,5 +80,5 @@ func Kinds() []Kind {
 	return []Kind{DaemonStart, DaemonReload, DaemonStop, AuditPruned, AccessDenied, RunRequested, RunRefused,
 		RunAdmitted, RunCancel, RunFinished, RunAborted, SQLRequested, SQLFinished, SQLRefused, SQLFailed,
 		SQLRecovered, ApprovalRequested, ApprovalDecided, ApprovalRedeemed, WorkspaceCreated, WorkspaceDeleted,
-		WorkspaceFileWritten, WorkspaceFileRead, WorkspaceFileRemoved}
+		WorkspaceFileWritten, WorkspaceFileRead, WorkspaceFileRemoved, WorkspaceRefused, MCPRefused}
 }
