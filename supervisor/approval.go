@@ -252,14 +252,19 @@ func (a *Approvals) Decide(id string, by Caller, approve bool) (Approval, error)
 	if by == ap.Requester {
 		return *ap, ErrSelfApproval
 	}
+	return a.decide(ap, by, approve, false), nil
+}
+
+// decide records by's decision on the pending ap (a.mu is held).
+func (a *Approvals) decide(ap *Approval, by Caller, approve, confirmed bool) Approval {
 	now := a.now().UTC()
-	ap.DecidedBy, ap.DecidedAt = &by, &now
+	ap.DecidedBy, ap.DecidedAt, ap.Confirmed = &by, &now, confirmed
 	if approve {
 		ap.State, ap.ExpiresAt = ApprovalApproved, now.Add(a.Window)
 	} else {
 		ap.State = ApprovalDenied
 	}
-	return *ap, nil
+	return *ap
 }
 
 // Confirm decides a pending approval by its own requester: what the person at the
@@ -276,14 +281,7 @@ func (a *Approvals) Confirm(id string, by Caller, approve bool) (Approval, error
 	if ap.State != ApprovalPending {
 		return *ap, fmt.Errorf("%w: it is %s", ErrApprovalState, ap.State)
 	}
-	now := a.now().UTC()
-	ap.DecidedBy, ap.DecidedAt, ap.Confirmed = &by, &now, true
-	if approve {
-		ap.State, ap.ExpiresAt = ApprovalApproved, now.Add(a.Window)
-	} else {
-		ap.State = ApprovalDenied
-	}
-	return *ap, nil
+	return a.decide(ap, by, approve, true), nil
 }
 
 // Redeem spends an approved approval for the request with digest by its requester:

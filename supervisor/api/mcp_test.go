@@ -35,6 +35,11 @@ func connectMCP(t *testing.T, d *daemon, changed chan<- struct{}) *mcp.ClientSes
 			}
 		}
 	}
+	return connectWith(t, d, opts)
+}
+
+func connectWith(t *testing.T, d *daemon, opts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
 	c := mcp.NewClient(&mcp.Implementation{Name: "sandcell-test", Version: "1"}, opts)
 	cs, err := c.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: "http://sandcell/mcp",
 		HTTPClient: client.HTTP(d.socket)}, nil)
@@ -319,14 +324,7 @@ func elicitingClient(t *testing.T, d *daemon, action string, shown *[]string) *m
 			return &mcp.ElicitResult{Action: action, Content: map[string]any{}}, nil
 		}
 	}
-	c := mcp.NewClient(&mcp.Implementation{Name: "eliciting", Version: "1"}, opts)
-	cs, err := c.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: "http://sandcell/mcp",
-		HTTPClient: client.HTTP(d.socket)}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cs.Close() })
-	return cs
+	return connectWith(t, d, opts)
 }
 
 // Where policy holds runs for approval, the person at an MCP client that can be

@@ -279,22 +279,17 @@ func (s *Server) mayConfirm(p Peer) bool {
 // what the person at its MCP client answered (elicitation), where policy lets that
 // count (mayConfirm).
 func (s *Server) confirmApproval(c echo.Context) error {
-	var body struct {
-		Decision string `json:"decision"`
-	}
-	if err := s.decode(c, &body); err != nil {
+	approve, err := s.decision(c)
+	if err != nil {
 		return err
-	}
-	if body.Decision != "approve" && body.Decision != "deny" {
-		return fail(wire.CodeBadRequest, `decision: "approve" or "deny"`)
 	}
 	peer, _ := PeerFrom(c.Request().Context())
 	if !s.mayConfirm(peer) {
 		return fail(wire.CodeForbidden, "approvals.elicitation does not let this caller confirm its own requests: an approver must decide")
 	}
-	ap, err := s.o.Approvals.Confirm(c.Param("id"), peer.Caller(), body.Decision == "approve")
+	ap, err := s.o.Approvals.Confirm(c.Param("id"), peer.Caller(), approve)
 	s.record(c.Request().Context(), store.ApprovalDecided, "", map[string]any{"approval": c.Param("id"),
-		"decision": body.Decision, "by": "requester", "elicited": true, "error": errString(err)})
+		"decision": decisionName(approve), "by": "requester", "elicited": true, "error": errString(err)})
 	switch {
 	case errors.Is(err, supervisor.ErrApprovalNotFound):
 		return fail(wire.CodeNotFound, "no approval "+c.Param("id"))
@@ -341,21 +336,37 @@ func (s *Server) getApproval(c echo.Context) error {
 	return c.JSON(http.StatusOK, ap)
 }
 
-// decideApproval takes {"decision": "approve" | "deny"} from an approver.
-func (s *Server) decideApproval(c echo.Context) error {
+// decision reads {"decision": "approve" | "deny"}: true to approve.
+func (s *Server) decision(c echo.Context) (bool, error) {
 	var body struct {
 		Decision string `json:"decision"`
 	}
 	if err := s.decode(c, &body); err != nil {
-		return err
+		return false, err
 	}
 	if body.Decision != "approve" && body.Decision != "deny" {
-		return fail(wire.CodeBadRequest, `decision: "approve" or "deny"`)
+		return false, fail(wire.CodeBadRequest, `decision: "approve" or "deny"`)
+	}
+	return body.Decision == "approve", nil
+}
+
+func decisionName(approve bool) string {
+	if approve {
+		return "approve"
+	}
+	return "deny"
+}
+
+// decideApproval takes {"decision": "approve" | "deny"} from an approver.
+func (s *Server) decideApproval(c echo.Context) error {
+	approve, err := s.decision(c)
+	if err != nil {
+		return err
 	}
 	peer, _ := PeerFrom(c.Request().Context())
-	ap, err := s.o.Approvals.Decide(c.Param("id"), peer.Caller(), body.Decision == "approve")
+	ap, err := s.o.Approvals.Decide(c.Param("id"), peer.Caller(), approve)
 	s.record(c.Request().Context(), store.ApprovalDecided, "", map[string]any{"approval": c.Param("id"),
-		"decision": body.Decision, "error": errString(err)})
+		"decision": decisionName(approve), "error": errString(err)})
 	switch {
 	case errors.Is(err, supervisor.ErrApprovalNotFound):
 		return fail(wire.CodeNotFound, "no approval "+c.Param("id"))
