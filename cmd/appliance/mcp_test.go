@@ -29,6 +29,7 @@ import (
 type mcpDaemon struct {
 	sock, url, token string
 	setDisabled      func(bool)
+	stop             func() // SIGTERM, and wait for the end
 }
 
 func startMCPDaemon(t *testing.T, extra ...string) *mcpDaemon {
@@ -73,6 +74,10 @@ func startMCPDaemon(t *testing.T, extra ...string) *mcpDaemon {
 		cmd.Wait()
 	})
 	waitReady(t, sandcellclient.HTTP(d.sock), logs.String)
+	d.stop = func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	}
 	d.setDisabled = func(on bool) {
 		write(on)
 		cmd.Process.Signal(syscall.SIGHUP)
@@ -117,6 +122,15 @@ func TestMCPStdio(t *testing.T) {
 	}
 	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 0 {
 		t.Fatalf("tools with the kill switch on: %d %v", len(l.Tools), err)
+	}
+	// The daemon gone: a call is refused, and `sandcell mcp` stays up to say why.
+	d.setDisabled(false)
+	d.stop()
+	if _, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1"}}); err == nil {
+		t.Fatal("a tool was called with the daemon gone")
+	}
+	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 0 {
+		t.Fatalf("tools with the daemon gone: %+v %v", l, err)
 	}
 }
 
