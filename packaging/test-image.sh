@@ -31,7 +31,9 @@ podman rmi -f "$image" >/dev/null 2>&1 || true
 podman load -q -i "$tar"
 size=$(stat -c %s "$tar")
 step "archive $tar: $size bytes"
-[ "$size" -le 70000000 ] || fail "image archive is $size bytes, over 70 MB"
+# 75 MB: the interpreter, its compressed module and the binary (the MCP server's
+# SDK added 3.8 MB to it).
+[ "$size" -le 75000000 ] || fail "image archive is $size bytes, over 75 MB"
 
 inspect() { podman image inspect --format "$1" "$image"; }
 [ "$(inspect '{{.Config.User}}')" = 65532:65532 ] || fail "user is $(inspect '{{.Config.User}}'), not 65532"
