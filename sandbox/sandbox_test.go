@@ -784,3 +784,14 @@ func TestWorkerRefusesFramesItCannotServe(t *testing.T) {
 		})
 	}
 }
+
+// A file opened for appending appends (wasmtime writes it with pwritev2 and
+// RWF_APPEND, which the seccomp profile allows).
+func TestAppend(t *testing.T) {
+	t.Parallel()
+	res, _ := run(t, "open('/ws/a.txt', 'w').write('one\\n')\nwith open('/ws/a.txt', 'a') as f:\n    f.write('two\\n')\nwith open('/ws/a.txt', 'ab') as f:\n    f.write(b'three\\n')\nprint(open('/ws/a.txt').read(), end='')", nil)
+	wantExit(t, res, 0)
+	if string(res.Stdout) != "one\ntwo\nthree\n" {
+		t.Fatalf("%q %s", res.Stdout, res.Stderr)
+	}
+}

@@ -168,6 +168,9 @@ func (a *Approvals) Request(action string, requester Caller, subject any, digest
 	a.expire()
 	pending, live := 0, int64(0)
 	for id, ap := range a.m {
+		if ap.Requester == requester && ap.State == ApprovalPending && ap.Action == action && ap.Digest == digest {
+			return *ap, nil // the same request again: the same approval, waiting still
+		}
 		if ap.Requester == requester && ap.State == ApprovalPending {
 			pending++
 		}
@@ -265,6 +268,27 @@ func (a *Approvals) decide(ap *Approval, by Caller, approve, confirmed bool) App
 		ap.State = ApprovalDenied
 	}
 	return *ap
+}
+
+// Decidable reports whether by may decide approval id now: as an approver (confirm
+// false, Decide's rules) or as its requester (confirm true, Confirm's). The errors
+// are theirs; a decision recorded after a nil answer can still lose a race to
+// another, which Decide or Confirm then reports.
+func (a *Approvals) Decidable(id string, by Caller, confirm bool) (Approval, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ap, err := a.lookup(id)
+	switch {
+	case err != nil:
+		return Approval{}, err
+	case confirm && ap.Requester != by:
+		return Approval{}, ErrApprovalNotFound
+	case ap.State != ApprovalPending:
+		return *ap, fmt.Errorf("%w: it is %s", ErrApprovalState, ap.State)
+	case !confirm && by == ap.Requester:
+		return *ap, ErrSelfApproval
+	}
+	return *ap, nil
 }
 
 // Confirm decides a pending approval by its own requester: what the person at the

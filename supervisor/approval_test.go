@@ -3,6 +3,7 @@ package supervisor
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -72,12 +73,17 @@ func TestApprovals(t *testing.T) {
 	}
 	// At most MaxPending waiting per requester.
 	for i := 0; i < MaxPending; i++ {
-		if _, err := a.Request("sql.write", bob, "z", "d"); err != nil {
+		if _, err := a.Request("sql.write", bob, "z", fmt.Sprint("d", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := a.Request("sql.write", bob, "z", "d"); !errors.Is(err, ErrTooManyPending) {
+	if _, err := a.Request("sql.write", bob, "z", "d-over"); !errors.Is(err, ErrTooManyPending) {
 		t.Fatalf("over the cap: %v", err)
+	}
+	// The same request again, while its approval waits, is that approval.
+	first, _ := a.Request("sql.write", bob, "z", "d0")
+	if again, err := a.Request("sql.write", bob, "z", "d0"); err != nil || again.ID != first.ID {
+		t.Fatalf("the same request: %v, %s and %s", err, first.ID, again.ID)
 	}
 }
 
@@ -138,7 +144,7 @@ func TestApprovalsKeepWhatTheyCount(t *testing.T) {
 	big := strings.Repeat("x", 1<<20)
 	var n int
 	for n = 0; n < 100; n++ {
-		if _, err = a.Request("sql.write", Caller{UID: 2}, map[string]any{"sql": big}, "d"); err != nil {
+		if _, err = a.Request("sql.write", Caller{UID: 2}, map[string]any{"sql": big}, fmt.Sprint("d", n)); err != nil {
 			break
 		}
 	}

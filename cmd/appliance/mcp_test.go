@@ -126,8 +126,9 @@ func TestMCPStdio(t *testing.T) {
 	// The daemon gone: a call is refused, and `sandcell mcp` stays up to say why.
 	d.setDisabled(false)
 	d.stop()
-	if _, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1"}}); err == nil {
-		t.Fatal("a tool was called with the daemon gone")
+	if res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "1"}}); err != nil ||
+		!res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "cannot be reached") {
+		t.Fatalf("a call with the daemon gone: %+v %v", res, err)
 	}
 	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 0 {
 		t.Fatalf("tools with the daemon gone: %+v %v", l, err)
@@ -270,6 +271,8 @@ func TestMCPStdioMalformedLines(t *testing.T) {
 	go func() {
 		io.WriteString(in, `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"x","version":"1"}}}`+"\n")
 		io.WriteString(in, "garbage\n")
+		io.WriteString(in, "{}\n")
+		io.WriteString(in, "[1, 2]\n")
 		io.WriteString(in, `{"jsonrpc":"2.0","method":"notifications/initialized"}`+"\n")
 		io.WriteString(in, strings.Repeat("x", 2<<20)+"\n")
 		io.WriteString(in, `{"jsonrpc":"2.0","id":2,"method":"tools/list"}`+"\n")
@@ -288,11 +291,11 @@ func TestMCPStdioMalformedLines(t *testing.T) {
 			} `json:"result"`
 		}
 		json.Unmarshal(lines.Bytes(), &m)
-		if m.Error != nil && m.Error.Code == -32700 {
+		if m.Error != nil && (m.Error.Code == -32700 || m.Error.Code == -32600) {
 			parseErrors++
 		}
 		if m.ID != nil && *m.ID == 2 {
-			if parseErrors != 2 || len(m.Result.Tools) != 5 {
+			if parseErrors != 4 || len(m.Result.Tools) != 5 {
 				t.Fatalf("%d parse errors, then %s", parseErrors, lines.Bytes())
 			}
 			in.Close()

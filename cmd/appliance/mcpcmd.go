@@ -29,16 +29,16 @@ func newMCPCmd() *cobra.Command {
 Model Context Protocol server on stdin and stdout, for an agent host that starts
 it as a subprocess. Every call goes to the daemon listening on --socket (default
 $SANDCELL_SOCKET, else ` + config.Default().Socket.Path + `) as this process's user,
-so the daemon's roles, policy, approvals and audit apply. The session has a
-workspace of its own, created at its first use and kept afterwards; each result
-names it. While the daemon is not ready or its kill switch is on, the tool list is
+so the daemon's roles, policy, approvals and audit apply. The tools use one
+workspace, created at their first use and kept afterwards (its id is remembered in
+the cache directory, for the next start); each result names it. While the daemon is not ready or its kill switch is on, the tool list is
 empty and the client is told when that changes.
 
 With --workspace DIR it needs no daemon: the tools run their workers in this
 process, hardened as sandcell run's (every layer required), with DIR as the one
 workspace, as sandcell run --workspace DIR does; a SQL statement that writes is
-held until the person at the client confirms it; nothing is audited. See
-docs/agents.md.`,
+held until the person at the client confirms it; nothing is audited. If the
+interpreter's module cannot be loaded it exits, saying why. See docs/agents.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if socket == "" {

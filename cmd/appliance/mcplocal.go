@@ -150,7 +150,7 @@ func (l *localTools) SQL(ctx context.Context, r wire.SQLRequest) (json.RawMessag
 		}
 		p := api.Refusal(wire.CodeApprovalRequired, "the statement writes: the person at the client must confirm it")
 		id, _ := json.Marshal(ap.ID)
-		p.Extensions = map[string]json.RawMessage{"approval_id": id}
+		p.Extensions = map[string]json.RawMessage{"approval_id": id, "confirmable": json.RawMessage("true")}
 		return nil, p
 	case "refused", "stale":
 		return nil, refuse(wire.CodeStatementRefused, out.Reason)

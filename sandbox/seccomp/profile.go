@@ -67,8 +67,11 @@ func Rules() specs.LinuxSeccomp {
 
 			// I/O on descriptors the worker already holds (guest stdio, control
 			// socket, files the guest opened in /ws).
+			// pwritev2: wasmtime writes a file opened for appending with RWF_APPEND
+			// (the guest's open(f, "a")); preadv2 is its reading twin. Both act on
+			// descriptors the worker already has, as pwritev and preadv do.
 			allow("read", "write", "readv", "writev", "pread64", "pwrite64", "preadv",
-				"pwritev", "lseek", "close", "fcntl", "fsync", "fdatasync", "ftruncate",
+				"pwritev", "preadv2", "pwritev2", "lseek", "close", "fcntl", "fsync", "fdatasync", "ftruncate",
 				"fallocate", "fadvise64", "fstat"),
 			// ioctl only to ask whether a descriptor is a terminal (isatty) and to
 			// set blocking mode.

@@ -70,9 +70,9 @@ func Statuses() map[string][]int {
 		"DELETE /mcp":            {204, 400, 401, 403, 404},
 		"GET /v1/approvals":      {200, 400, 401, 403},
 		"GET /v1/approvals/:id":  {200, 401, 403, 404},
-		"POST /v1/approvals/:id": {200, 400, 401, 403, 404, 409, 413, 415},
+		"POST /v1/approvals/:id": {200, 400, 401, 403, 404, 408, 409, 413, 415, 503},
 
-		"POST /v1/approvals/:id/confirm": {200, 400, 401, 403, 404, 409, 413, 415},
+		"POST /v1/approvals/:id/confirm": {200, 400, 401, 403, 404, 408, 409, 413, 415, 503},
 	}
 }
 

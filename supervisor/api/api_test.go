@@ -70,10 +70,10 @@ type setup struct {
 	quota              workspace.Quota // of every workspace; zero: 1 MiB and 100 names
 	readTimeout        time.Duration
 	approvalTTL        time.Duration
-	writesHeld         *bool // policy holds SQL writes for approval; nil: yes
-	pool               int   // warm workers; 0: none
-	runsHeld           bool  // policy holds runs for approval too
-	noElicitation      bool  // no caller's own confirmation counts as approval
+	writesHeld         *bool    // policy holds SQL writes for approval; nil: yes
+	pool               int      // warm workers; 0: none
+	runsHeld           bool     // policy holds runs for approval too
+	elicitation        []string // approvals.elicitation: whose own confirmation counts
 }
 
 // start opens and runs a real daemon with real workers on a Unix socket in a
@@ -122,9 +122,7 @@ func start(t *testing.T, s setup) *daemon {
 	if s.runsHeld {
 		cfg.Approvals.Required = append(cfg.Approvals.Required, "run")
 	}
-	if s.noElicitation {
-		cfg.Approvals.Elicitation = []string{}
-	}
+	cfg.Approvals.Elicitation = s.elicitation
 	cfg.Pool.Size = s.pool
 	d.cfg = cfg
 	var err error

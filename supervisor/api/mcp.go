@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
 
@@ -111,8 +112,18 @@ func (s *Server) checkMCPBody(c echo.Context) error {
 		return problemOf(err)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(raw))
+	if !utf8.Valid(raw) {
+		return fail(wire.CodeInvalidJSON, "the body is not valid UTF-8")
+	}
 	if t := bytes.TrimLeft(raw, " \t\r\n"); len(t) > 0 && t[0] == '[' {
 		return fail(wire.CodeBadRequest, "a JSON-RPC batch: send one message per request")
+	}
+	// One message, and nothing after it (the SDK would read the first and drop the
+	// rest unseen).
+	one := json.NewDecoder(bytes.NewReader(raw))
+	var msg json.RawMessage
+	if one.Decode(&msg) == nil && len(bytes.TrimSpace(raw[one.InputOffset():])) > 0 {
+		return fail(wire.CodeInvalidJSON, "more than one JSON value in the body")
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	values, depth := 0, 0

@@ -198,8 +198,8 @@ func TestMCPToolsFollowTheKillSwitch(t *testing.T) {
 	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 0 {
 		t.Fatalf("with the kill switch on: %+v %v", l, err)
 	}
-	if _, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: tools.RunPython, Arguments: map[string]any{"code": "1"}}); err == nil {
-		t.Fatal("a tool was called with the kill switch on")
+	if res, text := callTool(t, cs, tools.RunPython, map[string]any{"code": "1"}); !res.IsError || !strings.Contains(text, "kill switch") {
+		t.Fatalf("a call with the kill switch on: %q", text)
 	}
 	resp, body := d.do(t, "GET", "/v1/tools", "")
 	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"available":false`)) || !bytes.Contains(body, []byte("kill switch")) {
@@ -261,6 +261,9 @@ func TestMCPSessionsAreTheCallers(t *testing.T) {
 		`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"run_python","arguments":{"code":"print(1)","code":"print(3)"}}}`: 400,
 		`{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"run_python","arguments":{"code":"print('\ud800')"}}}`:            400,
 		`{"jsonrpc":"2.0","id":7,"method":"tools/list","params":{"x":"` + strings.Repeat("x", 2<<20) + `"}}`:                              413,
+		list + "garbage": 400,
+		list + list:      400,
+		"{\"jsonrpc\":\"2.0\",\"id\":8,\"method\":\"tools/list\",\"params\":{\"x\":\"\xff\"}}": 400,
 	} {
 		if resp := post(aliceSecret, session, body); resp.StatusCode != want {
 			t.Errorf("%.80s: %d, want %d", body, resp.StatusCode, want)
@@ -308,7 +311,7 @@ func TestMCPSessionsAreTheCallers(t *testing.T) {
 		}
 	}
 	if refused["bob not_found"] != 1 || refused["bob session_limit"] != 25 || refused["alice bad_request"] != 1 ||
-		refused["alice body_too_large"] != 2 || refused["alice invalid_json"] != 2 {
+		refused["alice body_too_large"] != 2 || refused["alice invalid_json"] != 5 {
 		t.Fatalf("mcp.refused: %v", refused)
 	}
 }
@@ -332,7 +335,7 @@ func elicitingClient(t *testing.T, d *daemon, action string, shown *[]string) *m
 // be asked gets the approval id for an approver; where policy does not let a
 // caller's own confirmation count, accepting is not enough. Each step is audited.
 func TestMCPRunConfirmedAtTheClient(t *testing.T) {
-	d := start(t, setup{runsHeld: true})
+	d := start(t, setup{runsHeld: true, elicitation: []string{"socket"}})
 	var shown []string
 	cs := elicitingClient(t, d, "accept", &shown)
 	res, text := callTool(t, cs, tools.RunPython, map[string]any{"code": "print(6*7)"})
@@ -363,17 +366,21 @@ func TestMCPRunConfirmedAtTheClient(t *testing.T) {
 }
 
 func TestMCPConfirmationThatPolicyDoesNotCount(t *testing.T) {
-	d := start(t, setup{runsHeld: true, noElicitation: true,
+	d := start(t, setup{runsHeld: true,
 		access: &api.Access{Runners: api.Principals{UIDs: map[int]bool{os.Getuid(): true}}, Tokens: api.Tokens{approverToken}}})
 	var shown []string
 	cs := elicitingClient(t, d, "accept", &shown)
 	res, text := callTool(t, cs, tools.RunPython, map[string]any{"code": "print(6*7)"})
-	if !res.IsError || !strings.Contains(text, "an approver must decide") || len(shown) != 1 {
-		t.Fatalf("%q, shown %q", text, shown)
+	if !res.IsError || !strings.Contains(text, "approval_required") || len(shown) != 0 {
+		t.Fatalf("the person was asked though it would not count: %q, shown %q", text, shown)
 	}
-	// An approver's approval, given with the call, runs it.
-	id := text[strings.LastIndex(text, "approval ")+len("approval "):]
-	id = id[:strings.IndexByte(id, ',')]
+	// The same call again waits on the same approval; an approver's approval,
+	// given with the call, runs it.
+	id := text[strings.LastIndex(text, "approval_id ")+len("approval_id "):]
+	id = id[:strings.IndexByte(id, ']')]
+	if _, again := callTool(t, cs, tools.RunPython, map[string]any{"code": "print(6*7)"}); !strings.Contains(again, id) {
+		t.Fatalf("asked again: %q, not %s", again, id)
+	}
 	if st := approveOverTCP(t, "http://"+d.serveTCP(t), id); st != 200 {
 		t.Fatalf("approve %s: %d", id, st)
 	}
@@ -383,5 +390,44 @@ func TestMCPConfirmationThatPolicyDoesNotCount(t *testing.T) {
 	// Spent: once only.
 	if res, text = callTool(t, cs, tools.RunPython, map[string]any{"code": "print(6*7)", "approval": id}); !res.IsError || !strings.Contains(text, "approval_invalid") {
 		t.Fatalf("replayed: %q", text)
+	}
+}
+
+// A path run held for approval runs the bytes that were approved: the file as the
+// daemon read it when the approval was asked for. Changed since, it needs another.
+func TestApprovedPathRunsTheApprovedBytes(t *testing.T) {
+	d := start(t, setup{runsHeld: true,
+		access: &api.Access{Runners: api.Principals{UIDs: map[int]bool{os.Getuid(): true}}, Tokens: api.Tokens{approverToken}}})
+	base := "http://" + d.serveTCP(t)
+	ws := d.newWorkspace(t)
+	put := func(src string) {
+		if resp, body := d.do(t, "PUT", "/v1/workspaces/"+ws+"/files/a.py", src); resp.StatusCode != 201 {
+			t.Fatalf("upload: %d %s", resp.StatusCode, body)
+		}
+	}
+	put("print('approved')")
+	req := `{"workspace":"` + ws + `","path":"a.py"}`
+	resp, body := d.do(t, "POST", "/v1/runs", req)
+	var held struct {
+		Program    string `json:"program"`
+		ApprovalID string `json:"approval_id"`
+	}
+	if json.Unmarshal(body, &held); resp.StatusCode != 403 || held.Program != "print('approved')" || held.ApprovalID == "" {
+		t.Fatalf("held: %d %s", resp.StatusCode, body)
+	}
+	// The same request while it waits: the same approval.
+	if _, again := d.do(t, "POST", "/v1/runs", req); !bytes.Contains(again, []byte(held.ApprovalID)) {
+		t.Fatalf("asked again: %s", again)
+	}
+	if st := approveOverTCP(t, base, held.ApprovalID); st != 200 {
+		t.Fatalf("approve: %d", st)
+	}
+	approved := `{"workspace":"` + ws + `","path":"a.py","approval":"` + held.ApprovalID + `"}`
+	put("print('changed')")
+	resp, body = d.do(t, "POST", "/v1/runs", approved)
+	wantProblem(t, resp, body, 409, wire.CodeApprovalInvalid)
+	put("print('approved')")
+	if resp, body = d.do(t, "POST", "/v1/runs", approved); resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"stdout":"approved\n"`)) {
+		t.Fatalf("the approved bytes: %d %s", resp.StatusCode, body)
 	}
 }

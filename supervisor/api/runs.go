@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
@@ -8,6 +9,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"io"
 	"io/fs"
 	"net/http"
 	"sort"
@@ -22,6 +24,7 @@ import (
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
+	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
 func (s *Server) createRun(c echo.Context) error {
@@ -48,9 +51,10 @@ func (s *Server) createRun(c echo.Context) error {
 			s.release(acquired)
 		}
 	}()
+	var w *workspace.Workspace
 	if body.Workspace != "" {
-		w, err := s.workspace(c, body.Workspace)
-		if err != nil {
+		var err error
+		if w, err = s.workspace(c, body.Workspace); err != nil {
 			return err
 		}
 		over, u, err := w.OverQuota()
@@ -70,6 +74,23 @@ func (s *Server) createRun(c echo.Context) error {
 		acquired = w.ID
 		// No single file the run writes may be larger than the whole quota.
 		req.Hardening.Rlimits.FSIZE = min(req.Hardening.Rlimits.FSIZE, uint64(s.o.Workspaces.Quota().Bytes))
+	}
+	if s.approvalRequired(ActionRun) && req.Path != "" {
+		// What is approved is the file's bytes, and those bytes run: read now, the
+		// program is code from here on (the file may change; the run does not).
+		f, size, err := w.Open(req.Path)
+		if err != nil {
+			return err
+		}
+		src, err := io.ReadAll(io.LimitReader(f, protocol.MaxFrame/2))
+		f.Close()
+		if err != nil || int64(len(src)) != size {
+			return failf(wire.CodeBadRequest, "path %q: cannot read it whole (at most %d bytes)", req.Path, protocol.MaxFrame/2)
+		}
+		req.Code, req.Filename, req.Path = string(bytes.TrimPrefix(src, []byte("\ufeff"))), GuestWorkdir+"/"+req.Path, ""
+		if err := sandbox.CheckProgram(&req); err != nil {
+			return fail(wire.CodeBadRequest, err.Error())
+		}
 	}
 	approval, err := s.runApproval(ctx, body, req)
 	if err != nil {
@@ -136,10 +157,14 @@ func envNames(env map[string]string) []string {
 // ActionRun is the approval action of a run of code.
 const ActionRun = "run"
 
-// runDigest identifies a run for an approval: everything that decides what runs.
-func runDigest(b wire.RunRequest) string {
+// GuestWorkdir is the workspace's path in the guest.
+const GuestWorkdir = "/ws"
+
+// runDigest identifies a run for an approval: everything that decides what runs,
+// the program's bytes (a path's file as read) among them.
+func runDigest(b wire.RunRequest, req protocol.Request) string {
 	b.Approval, b.Wait = "", nil
-	canon, _ := json.Marshal(b)
+	canon, _ := json.Marshal([]any{b, req.Code})
 	sum := sha256.Sum256(canon)
 	return hex.EncodeToString(sum[:])
 }
@@ -157,7 +182,7 @@ func (s *Server) runApproval(ctx context.Context, b wire.RunRequest, req protoco
 	}
 	peer, _ := PeerFrom(ctx)
 	caller := peer.Caller()
-	digest := runDigest(b)
+	digest := runDigest(b, req)
 	if b.Approval != "" {
 		ap, err := s.o.Approvals.Redeem(b.Approval, caller, digest)
 		s.record(ctx, store.ApprovalRedeemed, "", map[string]any{"approval": b.Approval, "run_sha256": digest, "error": errString(err)})
@@ -174,8 +199,11 @@ func (s *Server) runApproval(ctx context.Context, b wire.RunRequest, req protoco
 	if !s.approversExist() && !s.mayConfirm(peer) {
 		return "", fail(wire.CodeApprovalUnavailable, "runs are held for approval, and no one can approve this caller's: no run starts")
 	}
-	subject := map[string]any{"code": b.Code, "path": b.Path, "args": b.Args, "stdin_bytes": len(req.Stdin),
-		"env": envNames(req.Env), "workspace": b.Workspace, "limits": req.Limits}
+	// Everything that decides the run, as it will run: the program's source (a
+	// path's file as read), its arguments, its whole stdin and environment, and the
+	// limits policy resolved.
+	subject := map[string]any{"code": req.Code, "path": b.Path, "args": b.Args, "stdin": string(req.Stdin),
+		"stdin_sha256": sha256Hex(req.Stdin), "env": req.Env, "workspace": b.Workspace, "limits": req.Limits}
 	ap, err := s.o.Approvals.Request(ActionRun, caller, subject, digest)
 	if err != nil {
 		return "", fail(wire.CodeTooManyPending, err.Error())
@@ -184,7 +212,14 @@ func (s *Server) runApproval(ctx context.Context, b wire.RunRequest, req protoco
 		"workspace": b.Workspace})
 	return "", fail(wire.CodeApprovalRequired,
 		"runs are held for approval: an approver must approve it (or the person at your MCP client confirm it), then send the same request with \"approval\": \""+ap.ID+"\"").
-		with(map[string]any{"approval_id": ap.ID, "code": b.Code, "path": b.Path, "expires_at": ap.ExpiresAt}).audited()
+		with(map[string]any{"approval_id": ap.ID, "program": req.Code, "path": b.Path, "args": b.Args, "stdin": string(req.Stdin),
+			"expires_at":  ap.ExpiresAt,
+			"confirmable": s.mayConfirm(peer)}).audited()
+}
+
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 // request turns a body into a sandbox request under policy.

@@ -204,7 +204,7 @@ func (s *Server) sql(c echo.Context) error {
 		return fail(wire.CodeApprovalRequired,
 			"the statement writes: an approver must approve it, then send the same request with \"approval\": \""+ap.ID+"\"").
 			with(map[string]any{"approval_id": ap.ID, "statement": body.SQL, "classification": out.Classification,
-				"expires_at": ap.ExpiresAt}).audited()
+				"expires_at": ap.ExpiresAt, "confirmable": s.mayConfirm(peer)}).audited()
 	default:
 		d["error"] = out.Error
 		audit(store.SQLFailed, d)
@@ -279,20 +279,56 @@ func (s *Server) mayConfirm(p Peer) bool {
 // what the person at its MCP client answered (elicitation), where policy lets that
 // count (mayConfirm).
 func (s *Server) confirmApproval(c echo.Context) error {
-	approve, err := s.decision(c)
-	if err != nil {
-		return err
-	}
 	peer, _ := PeerFrom(c.Request().Context())
 	if !s.mayConfirm(peer) {
 		return fail(wire.CodeForbidden, "approvals.elicitation does not let this caller confirm its own requests: an approver must decide")
 	}
-	ap, err := s.o.Approvals.Confirm(c.Param("id"), peer.Caller(), approve)
-	s.record(c.Request().Context(), store.ApprovalDecided, "", map[string]any{"approval": c.Param("id"),
-		"decision": decisionName(approve), "by": "requester", "elicited": true, "error": errString(err)})
+	return s.settle(c, true)
+}
+
+// decideApproval takes {"decision": "approve" | "deny"} from an approver.
+func (s *Server) decideApproval(c echo.Context) error { return s.settle(c, false) }
+
+// settle decides approval {id} as {"decision"} says, by an approver or (confirm)
+// by its requester. The decision is recorded before it takes effect: one whose
+// record cannot be written is 503 audit_unavailable, and the approval stays as it
+// was.
+func (s *Server) settle(c echo.Context, confirm bool) error {
+	var body struct {
+		Decision string `json:"decision"`
+	}
+	if err := s.decode(c, &body); err != nil {
+		return err
+	}
+	if body.Decision != "approve" && body.Decision != "deny" {
+		return fail(wire.CodeBadRequest, `decision: "approve" or "deny"`)
+	}
+	ctx, id := c.Request().Context(), c.Param("id")
+	peer, _ := PeerFrom(ctx)
+	detail := map[string]any{"approval": id, "decision": body.Decision}
+	if confirm {
+		detail["by"], detail["elicited"] = "requester", true
+	}
+	ap, err := s.o.Approvals.Decidable(id, peer.Caller(), confirm)
+	if err == nil {
+		if rerr := s.record(ctx, store.ApprovalDecided, "", detail); rerr != nil {
+			return fail(wire.CodeAuditDown, "the audit log cannot be written, so the decision is not taken: "+rerr.Error()).audited()
+		}
+		if confirm {
+			ap, err = s.o.Approvals.Confirm(id, peer.Caller(), body.Decision == "approve")
+		} else {
+			ap, err = s.o.Approvals.Decide(id, peer.Caller(), body.Decision == "approve")
+		}
+	}
+	if err != nil {
+		detail["error"] = err.Error()
+		s.record(ctx, store.ApprovalDecided, "", detail)
+	}
 	switch {
 	case errors.Is(err, supervisor.ErrApprovalNotFound):
-		return fail(wire.CodeNotFound, "no approval "+c.Param("id"))
+		return fail(wire.CodeNotFound, "no approval "+id)
+	case errors.Is(err, supervisor.ErrSelfApproval):
+		return fail(wire.CodeForbidden, err.Error())
 	case err != nil:
 		return fail(wire.CodeApprovalInvalid, err.Error()).with(map[string]any{"approval": ap})
 	}
@@ -332,48 +368,6 @@ func (s *Server) getApproval(c echo.Context) error {
 	peer, _ := PeerFrom(c.Request().Context())
 	if err != nil || (ap.Requester != peer.Caller() && !s.access().Allows(peer, RoleApprover)) {
 		return fail(wire.CodeNotFound, "no approval "+c.Param("id"))
-	}
-	return c.JSON(http.StatusOK, ap)
-}
-
-// decision reads {"decision": "approve" | "deny"}: true to approve.
-func (s *Server) decision(c echo.Context) (bool, error) {
-	var body struct {
-		Decision string `json:"decision"`
-	}
-	if err := s.decode(c, &body); err != nil {
-		return false, err
-	}
-	if body.Decision != "approve" && body.Decision != "deny" {
-		return false, fail(wire.CodeBadRequest, `decision: "approve" or "deny"`)
-	}
-	return body.Decision == "approve", nil
-}
-
-func decisionName(approve bool) string {
-	if approve {
-		return "approve"
-	}
-	return "deny"
-}
-
-// decideApproval takes {"decision": "approve" | "deny"} from an approver.
-func (s *Server) decideApproval(c echo.Context) error {
-	approve, err := s.decision(c)
-	if err != nil {
-		return err
-	}
-	peer, _ := PeerFrom(c.Request().Context())
-	ap, err := s.o.Approvals.Decide(c.Param("id"), peer.Caller(), approve)
-	s.record(c.Request().Context(), store.ApprovalDecided, "", map[string]any{"approval": c.Param("id"),
-		"decision": decisionName(approve), "error": errString(err)})
-	switch {
-	case errors.Is(err, supervisor.ErrApprovalNotFound):
-		return fail(wire.CodeNotFound, "no approval "+c.Param("id"))
-	case errors.Is(err, supervisor.ErrSelfApproval):
-		return fail(wire.CodeForbidden, err.Error())
-	case err != nil:
-		return fail(wire.CodeApprovalInvalid, err.Error()).with(map[string]any{"approval": ap})
 	}
 	return c.JSON(http.StatusOK, ap)
 }

@@ -194,11 +194,11 @@ func TestSQLApprovalExpires(t *testing.T) {
 }
 
 // With no approver configured, and no caller's own confirmation counted
-// (approvals.elicitation empty), writes are refused outright.
+// (approvals.elicitation empty, the default), writes are refused outright.
 func TestSQLNoApprover(t *testing.T) {
 	uid := os.Getuid()
 	runnerOnly := api.Access{Runners: api.Principals{UIDs: map[int]bool{uid: true}}}
-	d, ws, dbPath := sqlDaemon(t, setup{access: &runnerOnly, noElicitation: true})
+	d, ws, dbPath := sqlDaemon(t, setup{access: &runnerOnly})
 	before := fileSum(t, dbPath)
 	code, m := d.sql(t, map[string]any{"workspace": ws, "db": "t.db", "sql": "CREATE TABLE t (x)"})
 	if code != 403 || m["code"] != wire.CodeApprovalUnavailable {

@@ -262,7 +262,7 @@ func Default() Config {
 		Workspaces: Workspaces{MaxBytes: 256 << 20, MaxFiles: 10_000},
 		Pool:       Pool{Size: 4, MemoryBudget: 512 << 20},
 		Health:     Health{ExitOnFailure: true, CanaryInterval: Duration{time.Minute}},
-		Approvals: Approvals{Required: []string{"sql.write"}, Elicitation: []string{"socket"}, TTL: Duration{15 * time.Minute},
+		Approvals: Approvals{Required: []string{"sql.write"}, Elicitation: []string{}, TTL: Duration{15 * time.Minute},
 			Window: Duration{10 * time.Minute}},
 		Limits: Limits{
 			Default: fromLimits(p.Default),

@@ -30,6 +30,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -105,6 +106,16 @@ func New(o Options) *Server {
 			if method == "tools/list" || method == "tools/call" {
 				s.Refresh(ctx)
 			}
+			if method == "tools/call" {
+				s.mu.Lock()
+				reason := s.reason
+				s.mu.Unlock()
+				if reason != "" {
+					// Withdrawn tools: the call is refused with why, not as unknown.
+					return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{
+						Text: "the sandbox is not available: " + reason}}}, nil
+				}
+			}
 			return next(ctx, method, req)
 		}
 	})
@@ -139,6 +150,25 @@ func (l *lockedWriter) Close() error { return nil }
 // parseError is JSON-RPC's answer to a message that cannot be read.
 const parseError = `{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"Parse error: %s"}}` + "\n"
 
+// invalidRequest is JSON-RPC's answer to JSON that is not a message.
+const invalidRequest = `{"jsonrpc":"2.0","id":null,"error":{"code":-32600,"message":"Invalid Request: one JSON-RPC 2.0 message (an object) per line"}}` + "\n"
+
+// isMessage reports whether t (valid JSON) is one JSON-RPC 2.0 message: an object
+// with "jsonrpc": "2.0", and an id, if any, that is a string, a number or null.
+func isMessage(t []byte) bool {
+	var m struct {
+		JSONRPC *string         `json:"jsonrpc"`
+		ID      json.RawMessage `json:"id"`
+	}
+	if t[0] != '{' || json.Unmarshal(t, &m) != nil || m.JSONRPC == nil || *m.JSONRPC != "2.0" {
+		return false
+	}
+	if len(m.ID) > 0 && (m.ID[0] == '{' || m.ID[0] == '[' || m.ID[0] == 't' || m.ID[0] == 'f') {
+		return false
+	}
+	return true
+}
+
 // filterLines copies the newline-delimited messages of in to w, and answers on out
 // each line that is not one JSON value, or is longer than max bytes (the rest of such
 // a line is skipped, never held). It closes w at the end of in.
@@ -165,6 +195,8 @@ func filterLines(in io.Reader, w *io.PipeWriter, out io.Writer, max int) {
 		case len(t) == 0:
 		case !json.Valid(t):
 			fmt.Fprintf(out, parseError, "not JSON")
+		case !isMessage(t):
+			fmt.Fprint(out, invalidRequest)
 		default:
 			if _, werr := w.Write(append(t, '\n')); werr != nil {
 				return
@@ -342,15 +374,37 @@ func (s *Server) call(ctx context.Context, req *mcp.CallToolRequest, workspace s
 	return b, w.ID, done, nil
 }
 
-// approvalID is the approval id of a refusal that asks for one, or "".
-func approvalID(err error) string {
+// approvalID is the approval id of a refusal that asks for one ("" otherwise), and
+// whether the daemon would take the caller's own confirmation of it.
+func approvalID(err error) (string, bool) {
 	var p *wire.Problem
 	if !errors.As(err, &p) || p.Code != wire.CodeApprovalRequired {
-		return ""
+		return "", false
 	}
 	var id string
+	var confirmable bool
 	json.Unmarshal(p.Extensions["approval_id"], &id)
-	return id
+	json.Unmarshal(p.Extensions["confirmable"], &confirmable)
+	return id, confirmable
+}
+
+// visible makes text safe to show a person whole: every control character but
+// newline and tab, and every character that reorders or hides text (bidirectional
+// controls, zero-width characters), written as an escape, so that what is shown is
+// what runs.
+func visible(text string) string {
+	var b strings.Builder
+	for _, r := range text {
+		switch {
+		case r == '\n' || r == '\t':
+			b.WriteRune(r)
+		case unicode.IsControl(r), unicode.Is(unicode.Cf, r), r == utf8.RuneError:
+			fmt.Fprintf(&b, "\\u{%04X}", r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 // confirmInput names the one input request of a held call: the person's answer.
@@ -442,13 +496,29 @@ func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in too
 		rr.Approval = id
 	}
 	v, err := b.Run(ctx, rr)
-	if id := approvalID(err); id != "" {
-		what := in.Code
-		if what == "" {
-			what = "the workspace's file " + in.Path
+	if id, confirmable := approvalID(err); id != "" && confirmable {
+		// The person sees the whole program as the daemon will run it (a path's
+		// file as it read it), and everything else that decides the run.
+		var p *wire.Problem
+		errors.As(err, &p)
+		var code, stdin string
+		json.Unmarshal(p.Extensions["program"], &code)
+		json.Unmarshal(p.Extensions["stdin"], &stdin)
+		var msg strings.Builder
+		fmt.Fprintf(&msg, "Run this Python in Sandcell's sandbox (workspace %s)?\n\n%s\n", ws, visible(code))
+		if in.Path != "" {
+			fmt.Fprintf(&msg, "\n(the workspace's file %s, as it is now)\n", visible(in.Path))
 		}
-		if res := ask(req, id, "Run this Python in Sandcell's sandbox (workspace "+ws+")?\n\n"+
-			tools.Clip([]byte(what), tools.MaxShownOutput)); res != nil {
+		if len(in.Args) > 0 {
+			fmt.Fprintf(&msg, "\nArguments: %s\n", visible(fmt.Sprintf("%q", in.Args)))
+		}
+		if stdin != "" {
+			fmt.Fprintf(&msg, "\nStandard input:\n%s\n", visible(stdin))
+		}
+		if in.TimeoutMS > 0 {
+			fmt.Fprintf(&msg, "\nTime limit: %d ms\n", in.TimeoutMS)
+		}
+		if res := ask(req, id, msg.String()); res != nil {
 			return res, nil, nil
 		}
 	}
@@ -496,9 +566,12 @@ func (s *Server) runSQL(ctx context.Context, req *mcp.CallToolRequest, in tools.
 		sr.Approval = id
 	}
 	out, err := b.SQL(ctx, sr)
-	if id := approvalID(err); id != "" {
-		if res := ask(req, id, "Let this SQL statement write to "+in.DB+" (workspace "+ws+")?\n\n"+
-			tools.Clip([]byte(in.SQL), tools.MaxShownOutput)); res != nil {
+	if id, confirmable := approvalID(err); id != "" && confirmable {
+		msg := fmt.Sprintf("Let this SQL statement write to %s (workspace %s)?\n\n%s\n", visible(in.DB), ws, visible(in.SQL))
+		if len(in.Params) > 0 {
+			msg += "\nParameters: " + visible(string(in.Params)) + "\n"
+		}
+		if res := ask(req, id, msg); res != nil {
 			return res, nil, nil
 		}
 	}
