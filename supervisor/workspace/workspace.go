@@ -375,7 +375,7 @@ func plainFile(path string, st *unix.Stat_t) error {
 // Write stores r's bytes at path, creating missing directories. The bytes go to a
 // new file in the target's directory, renamed over the name when complete, so
 // readers never see half a file and whatever the name was (a link, a FIFO) is
-// replaced, not written through. More bytes than the quota leaves is ErrQuota, and
+// replaced, not written through; a regular file replaced keeps its permission bits. More bytes than the quota leaves is ErrQuota, and
 // nothing is changed.
 func (w *Workspace) Write(path string, r io.Reader) (int64, error) {
 	if err := CleanPath(path); err != nil {
@@ -432,6 +432,10 @@ func (w *Workspace) Write(path string, r io.Reader) (int64, error) {
 		return 0, fmt.Errorf("workspace: %s: %w", path, err)
 	}
 	f := os.NewFile(uintptr(fd), tmpName)
+	if old.Mode&unix.S_IFMT == unix.S_IFREG {
+		// A file replaced keeps its permissions (a 0600 file stays private).
+		unix.Fchmod(fd, old.Mode&0o777)
+	}
 	n, err := io.Copy(f, io.LimitReader(r, max(room, 0)+1))
 	if err == nil && n > room {
 		err = fmt.Errorf("%w: the workspace has %d bytes left of %d", ErrQuota, max(room, 0), w.s.quota.Bytes)

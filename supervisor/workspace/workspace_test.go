@@ -399,3 +399,29 @@ func TestListPageBytesBounded(t *testing.T) {
 		t.Fatalf("a page of %d names, %d bytes, next %q", len(files), size, next)
 	}
 }
+
+// A file replaced keeps its permissions; Directory serves a host directory as a
+// workspace of its own, with the same rules.
+func TestReplacedFileKeepsItsModeAndDirectory(t *testing.T) {
+	dir := t.TempDir()
+	w, err := Directory(dir, Quota{Bytes: 1 << 20, Files: 100})
+	if err != nil || w.ID != DirectoryID || w.Dir() != dir {
+		t.Fatalf("%+v %v", w, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "private.env"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write("private.env", strings.NewReader("secret")); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(filepath.Join(dir, "private.env")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("mode after the write: %v %v", st.Mode(), err)
+	}
+	os.Symlink("/etc/passwd", filepath.Join(dir, "passwd"))
+	if _, err := read(t, w, "passwd"); !errors.Is(err, ErrUnsafe) {
+		t.Fatalf("a link out of the directory: %v", err)
+	}
+	if _, err := Directory(filepath.Join(dir, "private.env"), Quota{Bytes: 1, Files: 1}); err == nil {
+		t.Fatal("a file served as a directory")
+	}
+}
