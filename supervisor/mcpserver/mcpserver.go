@@ -6,9 +6,10 @@
 //
 // Each tool call becomes one API request (POST /v1/runs, POST /v1/sql, the workspace
 // routes), so the roles, policy, quotas, approvals and audit of the API apply to it
-// unchanged. Each MCP session has a workspace of its own, created at its first use
-// and kept after the session ends (an agent's files are never removed behind its
-// back); a call may name another workspace its caller owns.
+// unchanged. The sessions of one owner (Options.Owner: over HTTP, the caller) share
+// a workspace, created at its first use and kept after the sessions end (an agent's
+// files are never removed behind its back); a call may name another workspace its
+// caller owns.
 //
 // The tools are offered only while the daemon accepts work: while it is not ready,
 // stopping or switched off, tools/list is empty, clients are told the list changed,

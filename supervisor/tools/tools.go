@@ -58,7 +58,7 @@ type RunPythonArgs struct {
 	Args      []string `json:"args,omitempty" jsonschema:"the program's arguments (sys.argv[1:])"`
 	Stdin     string   `json:"stdin,omitempty" jsonschema:"the program's standard input (text)"`
 	TimeoutMS int64    `json:"timeout_ms,omitempty" jsonschema:"wall-clock limit in milliseconds (default: the daemon's; at most its maximum)"`
-	Workspace string   `json:"workspace,omitempty" jsonschema:"workspace id (default: this session's own workspace)"`
+	Workspace string   `json:"workspace,omitempty" jsonschema:"workspace id (default: the one this session's caller works in, named in every result)"`
 	Approval  string   `json:"approval,omitempty" jsonschema:"where runs need approval: the id of one an approver gave for exactly this call"`
 	// SaveOutput keeps the run's whole output in the workspace, as SaveOutput.stdout
 	// and SaveOutput.stderr, for read_file, where the answer's text clips it.
@@ -71,21 +71,21 @@ type RunSQLArgs struct {
 	DB        string          `json:"db" jsonschema:"the database file's path in the workspace"`
 	Params    json.RawMessage `json:"params,omitempty" jsonschema:"values bound to the statement's parameters: an array (?) or an object (:name)"`
 	MaxRows   int             `json:"max_rows,omitempty" jsonschema:"rows returned at most (default 1000)"`
-	Workspace string          `json:"workspace,omitempty" jsonschema:"workspace id (default: this session's own workspace)"`
+	Workspace string          `json:"workspace,omitempty" jsonschema:"workspace id (default: the one this session's caller works in, named in every result)"`
 	Approval  string          `json:"approval,omitempty" jsonschema:"for a write held for approval: the id of one an approver gave for exactly this call"`
 }
 
 // ListFilesArgs are list_files' arguments.
 type ListFilesArgs struct {
 	After     string `json:"after,omitempty" jsonschema:"list the names after this one (the next of a previous answer)"`
-	Workspace string `json:"workspace,omitempty" jsonschema:"workspace id (default: this session's own workspace)"`
+	Workspace string `json:"workspace,omitempty" jsonschema:"workspace id (default: the one this session's caller works in, named in every result)"`
 }
 
 // ReadFileArgs are read_file's arguments.
 type ReadFileArgs struct {
 	Path      string `json:"path" jsonschema:"the file's path in the workspace"`
 	Encoding  string `json:"encoding,omitempty" jsonschema:"text (default; UTF-8) or base64"`
-	Workspace string `json:"workspace,omitempty" jsonschema:"workspace id (default: this session's own workspace)"`
+	Workspace string `json:"workspace,omitempty" jsonschema:"workspace id (default: the one this session's caller works in, named in every result)"`
 }
 
 // WriteFileArgs are write_file's arguments.
@@ -93,7 +93,7 @@ type WriteFileArgs struct {
 	Path      string `json:"path" jsonschema:"the file's path in the workspace (created or replaced)"`
 	Content   string `json:"content" jsonschema:"the file's whole content"`
 	Encoding  string `json:"encoding,omitempty" jsonschema:"text (default) or base64"`
-	Workspace string `json:"workspace,omitempty" jsonschema:"workspace id (default: this session's own workspace)"`
+	Workspace string `json:"workspace,omitempty" jsonschema:"workspace id (default: the one this session's caller works in, named in every result)"`
 }
 
 // Definition is one tool as agents see it.
