@@ -569,6 +569,9 @@ func CheckProgram(req *protocol.Request) error {
 		// Python source is UTF-8 (PEP 3120); argv cannot carry other bytes faithfully.
 		return fmt.Errorf("%w: code is not valid UTF-8", ErrBadRequest)
 	}
+	if strings.ContainsRune(req.Path, 0) || !utf8.ValidString(req.Path) {
+		return fmt.Errorf("%w: path is not NUL-free UTF-8", ErrBadRequest)
+	}
 	for _, a := range append(req.Args, req.Filename) {
 		if strings.ContainsRune(a, 0) {
 			return fmt.Errorf("%w: an argument contains a NUL byte", ErrBadRequest)

@@ -78,7 +78,11 @@ func warm(r *reply, tmpl *protocol.Request, body func(*protocol.Request, *Env) p
 		// The run starts now: its CPU limit and its monotonic clock count from here.
 		clock.Restart()
 		arm <- time.Duration(c.Limits.CPUMS) * time.Millisecond
-		feedStdin(c, w.stdin)
+		if err := feedStdin(c, w.stdin); err != nil {
+			// The guest would wait for its program until the wall clock: end it now.
+			r.send(failed("cannot prepare stdin: " + err.Error()))
+			os.Exit(0)
+		}
 	}()
 	spec := guestSpec(tmpl, w.st.env(w.eng, w.mod, r), arm)
 	spec.Clock = clock
