@@ -12,12 +12,16 @@
 //	lib/python3.13/lib-dynload/  empty: CPython's landmark for its exec_prefix
 //	MANIFEST                     JSON: the Interpreter the directory was installed from
 //	BUILDINFO, LICENSE.*         how it was built; the licences of what it contains
-//	python-<key>.cwasm(.json)    the module precompiled for one engine configuration
+//	python-<key>.cwasm(.json)    the snapshot precompiled for one engine configuration
+//	hash-seed                    the hash seed of the snapshots compiled here
 //
-// Workers see lib/ read-only at /usr/local/lib, where the interpreter looks for its
-// library. The .cwasm cache key covers the wasmtime version, the engine
-// configuration, the target and the python.wasm hash (Key). This package does not
-// import wasmtime: the engine is passed in as a Compiler.
+// python.wasm is a WASI reactor. What workers run is its snapshot (snapshot.go):
+// python.wasm initialised once with bootstrap.py and a hash seed, its memory and
+// globals written back into the module, then precompiled. Workers see lib/ read-only
+// at /usr/local/lib, where the interpreter looks for its library. The .cwasm cache
+// key covers the wasmtime version, the engine configuration, the target, the
+// python.wasm hash and what the snapshot also depends on (Key). This package does
+// not import wasmtime: the engine is passed in as a Compiler.
 package bundle
 
 import (

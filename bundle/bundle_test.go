@@ -248,3 +248,19 @@ func fileSHA256(t *testing.T, p string) string {
 	sum := sha256.Sum256(raw)
 	return hex.EncodeToString(sum[:])
 }
+
+// A snapshot is a function of python.wasm, the library, the bootstrap and the hash
+// seed alone: made here, seed 0's bytes are the pinned ones.
+func TestSnapshotIsPinned(t *testing.T) {
+	if testing.Short() {
+		t.Skip("makes a snapshot (compiles python.wasm, about 5 s)")
+	}
+	b := bundletest.Open(t)
+	snap, err := b.SnapshotWasm(engine.New(engine.Options{}), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum := sha256.Sum256(snap); hex.EncodeToString(sum[:]) != bundle.SnapshotSHA256 {
+		t.Fatalf("the seed-0 snapshot has sha256 %x (%d bytes), pinned %s", sum, len(snap), bundle.SnapshotSHA256)
+	}
+}

@@ -22,6 +22,10 @@ type Compiler interface {
 	Fingerprint() string
 	// Precompile compiles a module's bytes to the engine's serialized form.
 	Precompile(wasm []byte) ([]byte, error)
+	// Snapshot initialises the reactor wasm with argv, the host directory lib
+	// preopened read-only at guestLib, and returns the module rewritten to start
+	// in the state its initialisation left.
+	Snapshot(wasm []byte, lib, guestLib string, argv []string) ([]byte, error)
 	// Check loads the .cwasm at path, proving the engine accepts it on this host.
 	Check(path string) error
 }
@@ -32,8 +36,12 @@ type Sidecar struct {
 	Key         string `json:"key"`
 	Fingerprint string `json:"fingerprint"`
 	WasmSHA256  string `json:"wasm_sha256"`
-	Size        int64  `json:"size"`
-	SHA256      string `json:"sha256"`
+	// BootstrapSHA256 is the SHA-256 of the bootstrap the snapshot ran.
+	BootstrapSHA256 string `json:"bootstrap_sha256"`
+	// HashSeed is the snapshot's hash seed (see HashSeedName).
+	HashSeed uint32 `json:"hash_seed"`
+	Size     int64  `json:"size"`
+	SHA256   string `json:"sha256"`
 }
 
 // ErrStale is wrapped by CheckPrecompiled when a .cwasm cannot be trusted: no
@@ -41,9 +49,11 @@ type Sidecar struct {
 var ErrStale = errors.New("bundle: precompiled module is stale or damaged")
 
 // Key is the cache key of a .cwasm: the first 32 hex digits of the SHA-256 of the
-// engine fingerprint and the python.wasm SHA-256.
+// engine fingerprint, the python.wasm SHA-256, and the SHA-256s of what the
+// snapshot also depends on (this build's bootstrap, the pinned standard library).
 func Key(fingerprint, wasmSHA256 string) string {
-	sum := sha256.Sum256([]byte(fingerprint + "\x00" + wasmSHA256))
+	sum := sha256.Sum256([]byte(fingerprint + "\x00" + wasmSHA256 + "\x00" + hashBytes([]byte(bootstrap)) +
+		"\x00" + Pinned().Stdlib.SHA256))
 	return hex.EncodeToString(sum[:16])
 }
 
@@ -167,8 +177,9 @@ func (b *Bundle) Unpack(c Compiler, key, dir string) (string, error) {
 	return p, nil
 }
 
-// Precompile compiles the bundle's python.wasm for c into dir and writes its sidecar.
-// It returns the .cwasm's path.
+// Precompile makes the snapshot of the bundle's python.wasm (SnapshotWasm, with the
+// hash seed of dir, see HashSeed), compiles it for c into dir and writes its
+// sidecar. It returns the .cwasm's path.
 func (b *Bundle) Precompile(c Compiler, dir string) (string, error) {
 	wasm, err := os.ReadFile(b.WasmPath())
 	if err != nil {
@@ -182,13 +193,21 @@ func (b *Bundle) Precompile(c Compiler, dir string) (string, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("bundle: create %s: %w", dir, err)
 	}
-	code, err := c.Precompile(wasm)
+	seed, err := HashSeed(dir)
+	if err != nil {
+		return "", err
+	}
+	snap, err := b.snapshot(c, wasm, seed)
+	if err != nil {
+		return "", err
+	}
+	code, err := c.Precompile(snap)
 	if err != nil {
 		return "", err
 	}
 	key := Key(c.Fingerprint(), Pinned().Wasm.SHA256)
 	sc := Sidecar{Key: key, Fingerprint: c.Fingerprint(), WasmSHA256: Pinned().Wasm.SHA256,
-		Size: int64(len(code)), SHA256: hashBytes(code)}
+		BootstrapSHA256: hashBytes([]byte(bootstrap)), HashSeed: seed, Size: int64(len(code)), SHA256: hashBytes(code)}
 	side, err := json.MarshalIndent(sc, "", "  ")
 	if err != nil {
 		return "", fmt.Errorf("bundle: encode sidecar: %w", err)

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Builds python.wasm and python313.zip inside the debootstrapped trixie root made by
 # build.sh. Inputs: the pinned source tarballs in /src (checked by build.sh), the
-# compilers from Debian's packages, and /usr/local/bin/wasirun (the host runner).
+# compilers from Debian's packages, /usr/local/bin/wasirun (the host runner), and
+# /sandcell.c and /reactor.mk (the reactor's entry points and its link).
 # Output: /out/python.wasm, /out/python313.zip, /out/BUILDINFO.
 set -eu
 # File modes end up in the zip, and hash seeds in frozen code: fix both.
@@ -130,7 +131,10 @@ OPT="-DNDEBUG -O2" LDFLAGS="-Wl,--strip-debug" \
   --disable-test-modules >/dev/null
 python3 Tools/wasm/wasi.py make-host >/dev/null
 HOST=cross-build/wasm32-wasip1
-cp "$HOST/python.wasm" /out/python.wasm
+# python.wasm is the same objects linked as a WASI reactor around sandcell.c, whose
+# exports the product calls to make its snapshot and to run programs.
+make -C "$HOST" -f Makefile -f /reactor.mk SANDCELL_C=/sandcell.c python-reactor.wasm >/dev/null
+cp "$HOST/python-reactor.wasm" /out/python.wasm
 
 # --- The standard library as one stored zip, with unchecked-hash .pyc ---------------
 LIB=$B/stdlib

@@ -42,7 +42,7 @@ licenses() {
 }
 
 rootkey=$(printf '%s\n%s\n%s\n' "$SUITE" "$MIRROR" "$PACKAGES" | sha256sum | cut -c1-16)
-key=$(cat "$here/recipe.sh" "$here/build-inside.sh" | sha256sum | cut -c1-16)
+key=$(cat "$here/recipe.sh" "$here/build-inside.sh" "$here/sandcell.c" "$here/reactor.mk" | sha256sum | cut -c1-16)
 if [ -z "$fresh" ] && [ -f "$cache/out-$key/python.wasm" ]; then
   echo "interpreter: cached build $key"
   rm -rf "$outdir"
@@ -89,7 +89,7 @@ echo "$SOURCES" | while read -r path _; do
   if [ -n "$path" ]; then cp "$cache/src/$(basename "$path")" "$root/src/"; fi
 done
 cp "$wasirun" "$root/usr/local/bin/wasirun"
-cp "$here/build-inside.sh" "$root/build-inside.sh"
+cp "$here/build-inside.sh" "$here/sandcell.c" "$here/reactor.mk" "$root/"
 
 log=$cache/build-$(basename "$root").log
 mountpoint -q "$root/dev" || mount --bind /dev "$root/dev"

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -35,11 +37,12 @@ func newBundleCmd() *cobra.Command {
 	var variant string
 	precompile := &cobra.Command{
 		Use:   "precompile",
-		Short: "Compile python.wasm to .cwasm in the bundle directory for each engine variant (plain and fuel-metered)",
-		Long: `Compile python.wasm to .cwasm in the bundle directory for each engine variant:
-"plain" (epoch interruption) and "fuel" (fuel metering), or only the one --variant
-names; a variant without its .cwasm is compiled into the cache directory when first
-needed.`,
+		Short: "Snapshot python.wasm and compile the snapshot to .cwasm in the bundle directory for each engine variant (plain and fuel-metered)",
+		Long: `Make the snapshot of python.wasm (the interpreter initialised once, with the
+directory's hash seed: see the hash-seed file, drawn at random when absent) and
+compile it to .cwasm in the bundle directory for each engine variant: "plain"
+(epoch interruption) and "fuel" (fuel metering), or only the one --variant names; a
+variant without its .cwasm is compiled into the cache directory when first needed.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			fuels, err := variantFuels(variant)
@@ -68,10 +71,10 @@ needed.`,
 		},
 	}
 	precompile.Flags().StringVar(&variant, "variant", "all", `engine variants to compile: "plain", "fuel" or "all"`)
-	var all bool
+	var all, snapshot bool
 	verify := &cobra.Command{
 		Use:   "verify",
-		Short: "Check python.wasm, MANIFEST and every .cwasm present",
+		Short: "Check python.wasm, MANIFEST and every .cwasm present (--snapshot: and the snapshot's bytes)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			b, err := bundle.Open(dir)
@@ -82,6 +85,16 @@ needed.`,
 				return err
 			}
 			fmt.Printf("%s: CPython %s python.wasm and %s ok\n", b.Dir, bundle.Pinned().Version, bundle.Pinned().Stdlib.Name)
+			if snapshot {
+				snap, err := b.SnapshotWasm(engine.New(engine.Options{}), 0)
+				if err != nil {
+					return err
+				}
+				if sum := sha256.Sum256(snap); hex.EncodeToString(sum[:]) != bundle.SnapshotSHA256 {
+					return fmt.Errorf("%w: the snapshot with hash seed 0 has sha256 %x, expected %s", bundle.ErrMismatch, sum, bundle.SnapshotSHA256)
+				}
+				fmt.Printf("%s: the snapshot with hash seed 0 is the pinned one (sha256 %s)\n", b.Dir, bundle.SnapshotSHA256)
+			}
 			for _, fuel := range []bool{false, true} {
 				e := engine.New(engine.Options{Fuel: fuel})
 				key := bundle.Key(e.Fingerprint(), bundle.Pinned().Wasm.SHA256)
@@ -111,6 +124,7 @@ needed.`,
 		},
 	}
 	verify.Flags().BoolVar(&all, "all", true, "fail unless every variant has its .cwasm (or its compressed form)")
+	verify.Flags().BoolVar(&snapshot, "snapshot", false, "also make the snapshot with hash seed 0 and check it against the pinned SHA-256 (seconds)")
 	cmd.AddCommand(install, precompile, verify)
 	return cmd
 }

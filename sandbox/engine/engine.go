@@ -1,5 +1,6 @@
-// Package engine runs a WASI preview1 command module (python.wasm) under wasmtime with
-// explicit limits. It is the only package that imports wasmtime-go.
+// Package engine runs a WASI preview1 module under wasmtime with explicit limits: a
+// snapshot of the initialised interpreter (see Snapshot), or a command module. It is
+// the only package that imports wasmtime-go.
 //
 // An Engine is built from Options that fix everything compiled code depends on
 // (Cranelift, epoch interruption, fuel metering, copy-on-write memory images, the wasm
@@ -168,26 +169,18 @@ type Spec struct {
 	Argv []string
 	// Env is the guest's whole environment.
 	Env map[string]string
-	// InheritStdin gives the guest this process's fd 0 as stdin; otherwise the
-	// guest's stdin is empty.
+	// InheritStdin gives the guest this process's fd 0 as stdin; StdinFile, when
+	// set, the file at that path instead; otherwise the guest's stdin is empty.
 	InheritStdin bool
+	StdinFile    string
 	// Preopens are the only host directories the guest can name.
 	Preopens []Preopen
 	// MemoryBytes caps linear memory (store limiter); must be positive.
 	MemoryBytes int64
 	// CPU caps the process's CPU time (epoch deadline); 0 means no CPU limit.
 	CPU time.Duration
-	// CPUArm, when not nil, replaces CPU: the limit is received from it and counts
-	// from then on (a guest started before its run is known runs unlimited until its
-	// program arrives).
-	CPUArm <-chan time.Duration
 	// Fuel is the fuel budget; it must be positive exactly when the engine meters fuel.
 	Fuel uint64
-	// Clock, when not nil, is the guest's monotonic clock (a guest started before its
-	// run is known is given one to Restart when its program arrives); nil leaves
-	// wasmtime's own clocks, whose monotonic zero is the start of Run and which cost
-	// a third as much to read.
-	Clock *Clock
 	// Ended, when not nil, is called with the outcome as soon as the guest has
 	// ended, before the store is torn down (unmapping a large linear memory takes
 	// milliseconds): a single-use worker reports from it.
@@ -203,9 +196,10 @@ type Outcome struct {
 	Diagnostics     []string
 }
 
-// Run instantiates m in a fresh store and calls its _start export with the guest's
-// stdout and stderr inherited from this process (fds 1 and 2). It returns when the
-// guest exits or traps; errors in setting up the run are reported as an Outcome with
+// Run instantiates m in a fresh store and calls its RunExport (a snapshot, whose
+// result is the exit status) or its _start export (a command module), with the
+// guest's stdout and stderr inherited from this process (fds 1 and 2). It returns
+// when the guest returns, exits or traps; errors in setting up the run are reported as an Outcome with
 // Reason InternalError, never as a panic.
 func (e *Engine) Run(m *Module, spec Spec) Outcome {
 	if e.opts.Fuel != (spec.Fuel > 0) {
@@ -225,6 +219,10 @@ func (e *Engine) Run(m *Module, spec Spec) Outcome {
 	wasi.SetEnv(keys, vals)
 	if spec.InheritStdin {
 		wasi.InheritStdin()
+	} else if spec.StdinFile != "" {
+		if err := wasi.SetStdinFile(spec.StdinFile); err != nil {
+			return internal("cannot open the guest's stdin")
+		}
 	}
 	wasi.InheritStdout()
 	wasi.InheritStderr()
@@ -258,39 +256,37 @@ func (e *Engine) Run(m *Module, spec Spec) Outcome {
 	if err := linker.DefineWasi(); err != nil {
 		return internal("cannot define WASI")
 	}
-	var memory *wasmtime.Memory
-	if spec.Clock != nil {
-		if err := defineClock(linker, spec.Clock, &memory); err != nil {
-			return internal("cannot define the guest's clock")
-		}
-	}
 	inst, err := linker.Instantiate(store, m.m)
 	if err != nil {
 		return classify(err, internal("cannot instantiate module"))
 	}
+	var memory *wasmtime.Memory
 	if ex := inst.GetExport(store, "memory"); ex != nil {
 		memory = ex.Memory()
 	}
-	start := inst.GetFunc(store, "_start")
-	if start == nil {
-		return internal("module has no _start export")
+	// A snapshot runs its program through RunExport; a command module, _start.
+	entry, snapshot := inst.GetFunc(store, RunExport), true
+	if entry == nil {
+		entry, snapshot = inst.GetFunc(store, "_start"), false
+	}
+	switch {
+	case entry == nil:
+		return internal("module has neither a " + RunExport + " nor a _start export")
+	case snapshot && inst.GetFunc(store, InitExport) != nil:
+		return internal("module is a reactor that was never initialised: run its snapshot")
 	}
 
-	if spec.CPU > 0 || spec.CPUArm != nil {
-		arm := spec.CPUArm
-		if arm == nil {
-			c := make(chan time.Duration, 1)
-			c <- spec.CPU
-			arm = c
-		}
-		stop := watchCPU(e.we, arm)
+	if spec.CPU > 0 {
+		stop := watchCPU(e.we, spec.CPU)
 		defer stop()
 	}
-	_, err = start.Call(store)
+	res, err := entry.Call(store)
 
 	out := Outcome{Reason: protocol.Exited}
 	if err != nil {
 		out = classify(err, out)
+	} else if status, ok := res.(int32); snapshot && ok {
+		out.ExitCode = int(status)
 	}
 	if memory != nil {
 		out.PeakMemoryBytes = int64(memory.DataSize(store))
@@ -366,21 +362,11 @@ func cause(msg string) string {
 }
 
 // watchCPU increments the engine's epoch, interrupting the guest at its next epoch
-// check, once this process has used the budget received from arm (0: no limit) more
-// CPU time than when it was received.
-func watchCPU(we *wasmtime.Engine, arm <-chan time.Duration) (stop func()) {
+// check, once this process has used budget more CPU time than when it was called.
+func watchCPU(we *wasmtime.Engine, budget time.Duration) (stop func()) {
 	done := make(chan struct{})
+	base := processCPU()
 	go func() {
-		var budget time.Duration
-		select {
-		case <-done:
-			return
-		case budget = <-arm:
-		}
-		if budget <= 0 {
-			return
-		}
-		base := processCPU()
 		t := time.NewTicker(epochTick)
 		defer t.Stop()
 		for {

@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,11 +50,18 @@ func TestLoadRefusesOtherConfiguration(t *testing.T) {
 	}
 }
 
-// spec runs code as the worker would, with a fresh workspace.
+// spec runs code as the worker would, with a fresh workspace: the snapshot reads the
+// program from its stdin (see bundle/bootstrap.py).
 func spec(t testing.TB, code string) (engine.Spec, string) {
 	ws := t.TempDir()
+	header := "code\x00" + code + "\x00<string>\x000"
+	stdin := filepath.Join(t.TempDir(), "stdin")
+	if err := os.WriteFile(stdin, fmt.Appendf(nil, "%010d%s", len(header), header), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	return engine.Spec{
-		Argv: []string{bundle.GuestExecutable, "-S", "-I", "-c", code},
+		Argv:      []string{bundle.GuestExecutable},
+		StdinFile: stdin,
 		Preopens: []engine.Preopen{
 			{Host: ws, Guest: "/ws"},
 			{Host: bundletest.LibDir(t), Guest: bundle.GuestLibDir, ReadOnly: true},
@@ -85,7 +93,7 @@ func TestRunInProcess(t *testing.T) {
 	if out := e.Run(mod, engine.Spec{Argv: []string{"python"}, MemoryBytes: 128 << 20, Fuel: 5}); out.Reason != protocol.InternalError {
 		t.Fatalf("fuel budget on a plain engine: %+v", out)
 	}
-	// Less memory than the module's initial 10 MiB: instantiation fails cleanly.
+	// Less memory than the snapshot's 20 MiB: instantiation fails cleanly.
 	if out := e.Run(mod, engine.Spec{Argv: []string{"python"}, MemoryBytes: 1 << 20}); out.Reason == protocol.Exited {
 		t.Fatalf("ran with 1 MiB: %+v", out)
 	}
@@ -108,8 +116,8 @@ func TestCPULimitInProcess(t *testing.T) {
 
 // BenchmarkInterruption measures what the CPU-limit mechanisms cost on CPU-bound
 // Python: the same program on engines without interruption, with epoch checks, and
-// with fuel metering. Each op is a whole in-process run (instantiate, CPython start-up,
-// the loop); BenchmarkInterruption/*/startup runs `pass` to subtract start-up.
+// with fuel metering. Each op is a whole in-process run (instantiate the snapshot, the
+// loop); BenchmarkInterruption/*/startup runs `pass` to subtract start-up.
 func BenchmarkInterruption(b *testing.B) {
 	bd := bundletest.Open(b)
 	cache := b.TempDir()
@@ -156,8 +164,8 @@ var cpuPrograms = []struct{ name, code string }{
 }
 
 // BenchmarkInterpreter runs start-up (`pass`) and three CPU-bound programs on the
-// bundled interpreter in process (instantiate, CPython init, the program; no worker
-// process), on native /usr/bin/python3 -S -I as a whole process, and, when
+// bundled interpreter in process (instantiate the snapshot, the program and its end;
+// no worker process), on native /usr/bin/python3 -S -I as a whole process, and, when
 // SANDCELL_NPM_WASM names the npm python.wasm of the walking skeleton, on that.
 func BenchmarkInterpreter(b *testing.B) {
 	e := engine.New(engine.Options{})
@@ -190,6 +198,7 @@ func BenchmarkInterpreter(b *testing.B) {
 				for i := 0; i < b.N; i++ {
 					s, _ := spec(b, prog.code)
 					s.Argv = []string{"python", "-S", "-I", "-c", prog.code}
+					s.StdinFile = ""
 					s.Preopens = s.Preopens[:1]
 					if out := e.Run(npm, s); out.Reason != protocol.Exited || out.ExitCode != 0 {
 						b.Fatalf("%+v", out)

@@ -25,7 +25,8 @@
 //	  |                                                  | load the .cwasm; narrow
 //	  |                                                  | (rlimits, capabilities,
 //	  |                                                  | Landlock, seccomp); verify the
-//	  |                                                  | contract; run python.wasm
+//	  |                                                  | contract; run a fresh instance
+//	  |                                                  | of the interpreter's snapshot
 //	  |             (guest stdout/stderr on fds 1, 2)    |
 //	  |<- - - - - - - - - - - - - - - - - - - - - - - - -|
 //	  |  report {Report: exit code, reason, contract}    |
@@ -37,9 +38,9 @@
 // the parent's pool until a run claims it:
 //
 //	|  template {Request: limits, hardening, roots}    |
-//	|------------------------------------------------->| check; prepare; load; start
-//	|                                                  | the interpreter, which waits
-//	|                                                  | for its program on stdin
+//	|------------------------------------------------->| check; prepare (namespaces,
+//	|                                                  | root, seccomp compiled); load
+//	|                                                  | the .cwasm
 //	|  ready                                           |
 //	|<-------------------------------------------------|
 //	|                 (idle in the pool)               |
@@ -50,7 +51,8 @@
 //	|                                                  | check the claim against the
 //	|                                                  | template; attach the workspace;
 //	|                                                  | narrow; verify the contract;
-//	|                                                  | write the program to the guest
+//	|                                                  | instantiate the snapshot and
+//	|                                                  | give it the program
 //	|             (guest stdout/stderr on fds 1, 2)    |
 //	|  report {Report}                                 |
 //	|<-------------------------------------------------| exit

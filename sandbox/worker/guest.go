@@ -1,7 +1,6 @@
 package worker
 
 import (
-	_ "embed"
 	"fmt"
 	"os"
 	"sort"
@@ -16,37 +15,28 @@ import (
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
 
-// The guest phase: the interpreter's argv, its program on stdin, and its run.
+// The guest phase: its program on stdin, and its run.
 
 // GuestWorkdir is the guest path of the workspace preopen, and its working directory.
 const GuestWorkdir = "/ws"
 
-//go:embed bootstrap.py
-var bootstrap string
-
-// runGuest runs the request's Python program, whose program feedStdin has written.
+// runGuest runs the request's Python program, whose program feedStdin has written:
+// a fresh instance of the interpreter's snapshot, its RunExport called once.
 func runGuest(req *protocol.Request, env *Env) protocol.Report {
-	spec := guestSpec(req, env, nil)
-	spec.Ended = func(out engine.Outcome) { env.reply.send(report(out)) }
-	return report(env.Engine.Run(env.Module, spec))
-}
-
-// guestSpec is the engine's run of the bootstrap for req's limits in env; arm, when
-// not nil, delivers the CPU limit later (see engine.Spec).
-func guestSpec(req *protocol.Request, env *Env, arm <-chan time.Duration) engine.Spec {
 	preopens := []engine.Preopen{{Host: env.Workspace, Guest: GuestWorkdir}}
 	if env.GuestRoot != "" {
 		preopens = []engine.Preopen{{Host: env.GuestRoot, Guest: "/"}}
 	}
-	return engine.Spec{
-		Argv:         Argv(),
+	spec := engine.Spec{
+		Argv:         []string{bundle.GuestExecutable},
 		Preopens:     append(preopens, engine.Preopen{Host: env.Library, Guest: bundle.GuestLibDir, ReadOnly: true}),
 		MemoryBytes:  req.Limits.MemoryBytes,
 		CPU:          time.Duration(req.Limits.CPUMS) * time.Millisecond,
-		CPUArm:       arm,
 		Fuel:         req.Limits.Fuel,
 		InheritStdin: true,
+		Ended:        func(out engine.Outcome) { env.reply.send(report(out)) },
 	}
+	return report(env.Engine.Run(env.Module, spec))
 }
 
 // memoryErrorStatus is the bootstrap's exit status for a program that ended with an
@@ -70,18 +60,9 @@ func report(out engine.Outcome) protocol.Report {
 	return rep
 }
 
-// interpreterFlags: -S skips the site module (nothing to find in a sandbox, and it
-// costs start-up time); -I isolates from PYTHON* variables and the user site.
-var interpreterFlags = []string{"-S", "-I"}
-
-// Argv is the guest argv: the interpreter running the embedded bootstrap, which
-// reads the program from stdin (see Program).
-func Argv() []string {
-	return append(append([]string{bundle.GuestExecutable}, interpreterFlags...), "-c", bootstrap)
-}
-
-// Program is what the bootstrap reads from stdin before the program's own stdin: ten
-// decimal digits giving the header's length, then the header (see bootstrap.py).
+// Program is what the snapshot's bootstrap reads from stdin before the program's own
+// stdin: ten decimal digits giving the header's length, then the header (see
+// bundle/bootstrap.py).
 func Program(req *protocol.Request) ([]byte, error) {
 	var fields []string
 	switch {

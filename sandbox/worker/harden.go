@@ -27,7 +27,6 @@ const (
 	rootWorkspace = rootGuest + "/ws"
 	rootLibrary   = "/lib"
 	rootRoots     = "/roots"
-	readyFIFO     = ".sandcell-ready" // in rootWorkspace, before a warm worker's workspace is mounted
 )
 
 // hardened is the state of hardening: the contract so far, and where the workspace
@@ -323,13 +322,6 @@ func pivot(workspace, library string, roots []string, ownPid bool) error {
 	for _, name := range dirs {
 		if err := unix.Mkdirat(root, name, 0o755); err != nil {
 			return fmt.Errorf("mkdir %s: %w", name, err)
-		}
-	}
-	if workspace == "" {
-		// A warm worker's interpreter says it is ready through a FIFO in the
-		// workspace's mount point, which the workspace, once mounted, hides.
-		if err := unix.Mkfifoat(root, "guest/ws/"+readyFIFO, 0o600); err != nil {
-			return fmt.Errorf("mkfifo: %w", err)
 		}
 	}
 	for name, tree := range mounts {

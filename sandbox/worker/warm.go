@@ -4,9 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
-	"sync/atomic"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -28,12 +25,13 @@ type warmWorker struct {
 	stdin *os.File // the write end of fd 0, a pipe the claim fills
 }
 
-// warm serves a template. For the guest body the interpreter starts on this (the
-// main) thread before the claim and blocks reading its program from stdin, while
-// the exchange goes on on another thread; the claim narrows the whole process
-// (every layer covers every thread) before the program is written. It returns false
-// when there is nothing to report: the parent dropped the idle worker.
-func warm(r *reply, tmpl *protocol.Request, body func(*protocol.Request, *Env) protocol.Report, guest bool) bool {
+// warm serves a template: it prepares, says ready, and once claimed narrows the whole
+// process to the claim, writes the program to the guest's stdin and runs body. The
+// interpreter is a snapshot instantiated for the run (about a millisecond), so
+// nothing of the guest exists before its run is known: its clocks, descriptors and
+// memory start with the run. It returns false when there is nothing to report: the
+// parent dropped the idle worker.
+func warm(r *reply, tmpl *protocol.Request, body func(*protocol.Request, *Env) protocol.Report) bool {
 	defer func() {
 		if p := recover(); p != nil {
 			r.send(failed(fmt.Sprintf("worker panic: %v", p)))
@@ -44,62 +42,15 @@ func warm(r *reply, tmpl *protocol.Request, body func(*protocol.Request, *Env) p
 		r.send(failed(msg)) // instead of ready
 		return r.ok
 	}
-	if !guest {
-		c, ok := w.claim()
-		if !ok {
-			return r.ok
-		}
-		if err := feedStdin(c, w.stdin); err != nil {
-			r.send(failed("cannot prepare stdin"))
-			return true
-		}
-		r.send(body(c, w.st.env(w.eng, w.mod, r)))
+	c, ok := w.claim()
+	if !ok {
+		return r.ok
+	}
+	if err := feedStdin(c, w.stdin); err != nil {
+		r.send(failed("cannot prepare stdin: " + err.Error()))
 		return true
 	}
-
-	var ended atomic.Bool
-	arm := make(chan time.Duration, 1)
-	claimed := make(chan struct{})
-	clock := engine.NewClock()
-	go func() {
-		// Narrowing ends with no_new_privs on this thread, which the seccomp filter's
-		// TSYNC then gives every thread: it must all happen on one thread.
-		runtime.LockOSThread()
-		// Ready means the interpreter is started and waits for its program.
-		if err := awaitReady(rootWorkspace+"/"+readyFIFO, &ended); err != nil {
-			r.send(failed(err.Error())) // instead of ready
-			os.Exit(0)
-		}
-		c, ok := w.claim()
-		if !ok {
-			os.Exit(0) // dropped, or refused and reported: nothing ran
-		}
-		close(claimed)
-		// The run starts now: its CPU limit and its monotonic clock count from here.
-		clock.Restart()
-		arm <- time.Duration(c.Limits.CPUMS) * time.Millisecond
-		if err := feedStdin(c, w.stdin); err != nil {
-			// The guest would wait for its program until the wall clock: end it now.
-			r.send(failed("cannot prepare stdin: " + err.Error()))
-			os.Exit(0)
-		}
-	}()
-	spec := guestSpec(tmpl, w.st.env(w.eng, w.mod, r), arm)
-	spec.Clock = clock
-	// The bootstrap's sign that it is warm (it removes the variable before the
-	// program's own environment is set).
-	spec.Env = map[string]string{warmVariable: "1"}
-	// (A guest that ended before its claim, which should not happen, is reported
-	// once claimed.)
-	spec.Ended = func(out engine.Outcome) {
-		ended.Store(true)
-		<-claimed
-		r.send(report(out))
-	}
-	out := w.eng.Run(w.mod, spec)
-	ended.Store(true)
-	<-claimed
-	r.send(report(out))
+	r.send(body(c, w.st.env(w.eng, w.mod, r)))
 	return true
 }
 
@@ -165,29 +116,6 @@ func (w *warmWorker) claim() (*protocol.Request, bool) {
 	}
 	w.r.st = w.st
 	return c, true
-}
-
-// warmVariable is set in a warm guest's environment; see bootstrap.py.
-const warmVariable = "SANDCELL_WARM"
-
-// awaitReady waits until the guest opens the start-up FIFO at path for reading: a
-// writer's non-blocking open fails with ENXIO until then (fifo(7)). It fails once
-// the guest has ended, or after a minute.
-func awaitReady(path string, ended *atomic.Bool) error {
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
-		fd, err := unix.Open(path, unix.O_WRONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
-		if err == nil {
-			return unix.Close(fd)
-		}
-		if err != unix.ENXIO {
-			return fmt.Errorf("start-up FIFO: %w", err)
-		}
-		if ended.Load() {
-			return errors.New("the interpreter ended during its start-up")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return errors.New("the interpreter did not start within a minute")
 }
 
 // checkClaim returns why a claim cannot run in a worker prepared for tmpl, or "".

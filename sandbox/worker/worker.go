@@ -1,6 +1,7 @@
 // Package worker is the body of a worker process (`sandcell __worker`): it reads its
-// run from the control fd (at once, or as a claim after a template), runs python.wasm
-// through the engine with the workspace preopened as /ws, and writes one Report back.
+// run from the control fd (at once, or as a claim after a template), runs a fresh
+// instance of the interpreter's snapshot (see bundle) through the engine with the
+// workspace preopened as /ws, and writes one Report back.
 // See sandbox/protocol for the exchange. The files follow its phases: worker.go the
 // entry, the cold path and what both paths share; harden.go prepare and narrow;
 // warm.go the warm path (template, ready, claim, ack); guest.go the guest's run.
@@ -80,8 +81,8 @@ func sizeStacks() int {
 }
 
 // Main is the worker: it runs one request's Python and returns the process exit
-// status (see Serve). A warm worker starts the interpreter before its run is known.
-func Main() int { return serve(runGuest, true) }
+// status (see Serve).
+func Main() int { return Serve(runGuest) }
 
 func probeProcfs() int {
 	fd, err := procMount(true)
@@ -119,11 +120,7 @@ type Env struct {
 //
 // The escape suite's test worker calls Serve with its own body, so it is hardened by
 // exactly this code.
-func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int { return serve(body, false) }
-
-// serve is Serve; guest says that body is runGuest, whose interpreter a warm worker
-// starts before the claim.
-func serve(body func(*protocol.Request, *Env) protocol.Report, guest bool) int {
+func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int {
 	if len(os.Args) > 2 && os.Args[2] == protocol.ProbeProcfs {
 		return probeProcfs()
 	}
@@ -149,7 +146,7 @@ func serve(body func(*protocol.Request, *Env) protocol.Report, guest bool) int {
 	case err != nil:
 		return 1 // no frame: the parent is gone
 	case f.Step == protocol.StepTemplate:
-		if !warm(r, f.Request, body, guest) {
+		if !warm(r, f.Request, body) {
 			return 1
 		}
 	default:

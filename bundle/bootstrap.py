@@ -1,0 +1,190 @@
+# Sandcell's guest bootstrap. It runs once, in __main__, when the interpreter's
+# snapshot is made (bundle/interpreter/sandcell.c, sandcell_init): it does the work
+# that does not depend on any program (the modules agents use most imported, the
+# compiler and evaluation loop warmed), and it defines _sandcell_run, which the C side
+# takes out of __main__ and calls once in every run, in a fresh copy of that state.
+#
+# _sandcell_run reads the program from stdin: ten ASCII digits giving the length of a
+# header, then the header, UTF-8 fields separated by NUL (which no field may contain):
+#   MODE, SOURCE-OR-PATH, NAME, N, ARG1..ARGN, KEY1, VALUE1, ...
+# MODE "code": SOURCE is the program, NAME its file name ("<string>" for -c);
+# MODE "path": PATH is the script (/ws/...), NAME is empty.
+# MODE "isolated": as "code", for a program of the daemon's own (the SQL tool, the
+# self-test): sys.path stays the read-only standard library alone, so nothing the
+# workspace holds is ever imported by it.
+# Whatever follows the header is the program's own stdin.
+#
+# It gives the run what a fresh `python -c CODE ARGS` or `python /ws/PATH ARGS` would
+# have: `random` reseeded from WASI's random source, the environment, sys.argv and
+# sys.orig_argv of this run, /ws as the working directory; then it runs the program in
+# __main__ with the same tracebacks (its own frame left out) and returns the exit
+# status as the interpreter would compute it, reduced modulo 256 as a POSIX exit(3)
+# would (one beyond a C long is 255, as native CPython's). Then it ends the program as
+# the interpreter's finalization would, as far as a program can see (see end()).
+def _sandcell_init():
+    import builtins
+    import os
+    import random
+    import sys
+
+    # The modules agents use most, imported into the snapshot (most are frozen into
+    # python.wasm as well, see bundle/interpreter/build-inside.sh).
+    import atexit, base64, bisect, collections, copy, csv, dataclasses, datetime  # noqa: E401
+    import decimal, enum, fractions, functools, gc, hashlib, heapq, io, itertools  # noqa: E401
+    import json, linecache, math, operator, pathlib, re, sqlite3, statistics  # noqa: E401
+    import string, struct, textwrap, time, traceback, typing, zlib  # noqa: E401
+
+    # -S skips site, which is what defines exit() and quit(); scripts use them.
+    builtins.exit = builtins.quit = sys.exit
+    # The first use of the compiler, the evaluation loop and the common codecs costs
+    # (pages of code and memory touched once): pay it in the snapshot.
+    warm = compile("def f(a):\n    return '%d' % (a * 7)\nprint(f(6), end='')", "<warm-up>", "exec")
+    exec(warm, {"print": lambda *a, **k: None})
+    json.loads(json.dumps({"a": [1, 2.5, "x", None]}))
+    re.compile(r"(\w+)=(\d+)").findall("a=1 b=2")
+    "é".encode().decode()
+    # The snapshot's bytes must not depend on the random source it was made with:
+    # every run reseeds.
+    random.seed(0)
+    del builtins, warm
+
+    # Whether the run opened a file or a database: only then can a file object or a
+    # connection the program left open outlive __main__ (see end()).
+    opened = []
+
+    def audit(event, args):
+        if not opened and (event == "open" or event == "sqlite3.connect"):
+            opened.append(event)
+
+    sys.addaudithook(audit)
+    # Everything the snapshot holds stays alive: the collector skips it from now on,
+    # so a run's collections cost what the run allocated, and they write to none of
+    # the snapshot's pages (each first write to one is a copy).
+    gc.collect()
+    gc.freeze()
+
+    def end(status, main):
+        """Ends the run as CPython's finalization would, visibly, at a fraction of its
+        cost (a full Py_FinalizeEx frees the whole heap: 20 ms here): the exit
+        handlers run; __main__ is cleared and cycles collected, so its objects'
+        finalizers run (files flushed and closed); if the run opened a file or a
+        database, every file object and connection still open is closed (buffered
+        layers first); the standard streams are flushed, and a failure there makes
+        the status 120."""
+        atexit._run_exitfuncs()
+        for k in [k for k in main if k.startswith("_") and k != "__builtins__"]:
+            main[k] = None
+        for k in [k for k in main if k != "__builtins__"]:
+            main[k] = None
+        gc.collect()
+        if opened:
+            std = {id(f) for f in (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__)}
+            std |= {id(getattr(f, "buffer", None)) for f in (sys.__stdin__, sys.__stdout__, sys.__stderr__)}
+            std |= {id(getattr(getattr(f, "buffer", None), "raw", None)) for f in (sys.__stdin__, sys.__stdout__, sys.__stderr__)}
+            layers = ([], [], [])
+            for o in gc.get_objects():
+                if isinstance(o, io.TextIOBase):
+                    layers[0].append(o)
+                elif isinstance(o, (io.BufferedIOBase, sqlite3.Connection)):
+                    layers[1].append(o)
+                elif isinstance(o, io.RawIOBase):
+                    layers[2].append(o)
+            for layer in layers:
+                for o in layer:
+                    if id(o) not in std:
+                        try:
+                            o.close()
+                        except BaseException as e:
+                            sys.unraisablehook(sys.UnraisableHookArgs(type(e), e, e.__traceback__, "closing a file at exit", o))
+        for f in (sys.stdout, sys.stderr):
+            try:
+                if f is not None:
+                    f.flush()
+            except BaseException:
+                status = 120
+        return status
+
+    def run():
+        def read(n):
+            b = bytearray()
+            while len(b) < n:
+                chunk = os.read(0, n - len(b))
+                if not chunk:
+                    return None
+                b += chunk
+            return bytes(b)
+
+        n = read(10)
+        header = n and read(int(n))
+        if header is None:
+            return 70  # EX_SOFTWARE: the worker sent no program
+        random.seed()
+        fields = header.decode().split("\0")
+        mode, src, name, nargs = fields[0], fields[1], fields[2], int(fields[3])
+        args = fields[4:4 + nargs]
+        env = fields[4 + nargs:]
+        for i in range(0, len(env), 2):
+            os.environ[env[i]] = env[i + 1]
+        os.chdir("/ws")
+        g = sys.modules["__main__"].__dict__
+        if mode == "isolated":
+            # -I already left the script's directory out; keep only the library's
+            # entries, whatever else may have put one there.
+            sys.path[:] = [p for p in sys.path if p.startswith("/usr/local/lib/")]
+            sys.argv[:] = [name] + args
+            sys.orig_argv[:] = [sys.executable, "-I", "-S", "-c", src] + args
+            g["__file__"] = name
+            mode = "code"
+        elif mode == "code":
+            if name == "<string>":
+                sys.argv[:] = ["-c"] + args
+                sys.orig_argv[:] = [sys.executable, "-I", "-S", "-c", src] + args
+            else:
+                sys.argv[:] = [name] + args
+                sys.orig_argv[:] = [sys.executable, "-I", "-S", name] + args
+                g["__file__"] = name
+            sys.path.insert(0, "")
+        else:
+            name = src
+            sys.argv[:] = [name] + args
+            sys.orig_argv[:] = [sys.executable, "-I", "-S", name] + args
+            g["__file__"] = name
+            sys.path.insert(0, os.path.dirname(name))
+            with open(name, "rb") as f:
+                src = f.read()
+            opened.clear()
+        return end(program(src, name, mode, g), g)
+
+    def program(src, name, mode, g):
+        try:
+            exec(compile(src, name, "exec"), g)
+        except SystemExit as e:
+            code = e.code
+            if code is None:
+                return 0
+            if isinstance(code, int):
+                # CPython reads the status as a C long: outside its range it is -1.
+                return (code if -(2**63) <= code < 2**63 else -1) & 0xFF
+            # A status that is not a number is printed, and the status is 1.
+            try:
+                print(code, file=sys.stderr)
+            except BaseException:
+                pass
+            return 1
+        except BaseException as e:
+            if mode == "code":
+                # Let tracebacks show the program's source lines, which exist only here.
+                text = src.decode() if isinstance(src, bytes) else src
+                linecache.cache[name] = (len(text), None, text.splitlines(True), name)
+            e.__traceback__ = e.__traceback__.tb_next
+            sys.excepthook(type(e), e, e.__traceback__)
+            # 114 tells the worker the program ran out of memory (it reports the run as
+            # memory_limit, exit status 1); see memoryErrorStatus in sandbox/worker.
+            return 114 if isinstance(e, MemoryError) else 1
+        return 0
+
+    return run
+
+
+_sandcell_run = _sandcell_init()
+del _sandcell_init

@@ -1,0 +1,105 @@
+package bundle
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+
+	_ "embed"
+)
+
+// The guest's bootstrap (bootstrap.py): the init source of the snapshot. It is part
+// of every snapshot and so of every .cwasm's Key.
+//
+//go:embed bootstrap.py
+var bootstrap string
+
+// HashSeedName is the file in a .cwasm's directory that holds the hash seed of the
+// snapshots compiled there: a decimal number in [0, 2^32). CPython's str and bytes
+// hashes (and so the order of sets and the layout of dicts) depend on it, and a
+// snapshot freezes it: every run from one snapshot hashes alike, as under a fixed
+// PYTHONHASHSEED. The seed is drawn at random when the first snapshot is made in a
+// directory, so that each installation that compiles its own .cwasm files has its
+// own and outside input cannot be built to collide in its hash tables; a package's
+// shipped .cwasm carries the seed drawn when the package was built.
+const HashSeedName = "hash-seed"
+
+// HashSeed returns the hash seed of dir (see HashSeedName), drawing and writing a new
+// one if dir has none. A file that does not hold a seed is an error, never replaced.
+func HashSeed(dir string) (uint32, error) {
+	p := filepath.Join(dir, HashSeedName)
+	b, err := os.ReadFile(p)
+	if errors.Is(err, os.ErrNotExist) {
+		var r [4]byte
+		if _, err := rand.Read(r[:]); err != nil {
+			return 0, err
+		}
+		seed := binary.LittleEndian.Uint32(r[:])
+		if err := writeAtomic(p, []byte(strconv.FormatUint(uint64(seed), 10)+"\n"), 0o644); err != nil {
+			return 0, err
+		}
+		// Another process may have written its own first: use what is there.
+		return HashSeed(dir)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("bundle: %w", err)
+	}
+	v, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("bundle: %s does not hold a hash seed (a number below 2^32)", p)
+	}
+	return uint32(v), nil
+}
+
+// SnapshotArgv is the WASI argv of the snapshot's initialisation for seed: the
+// interpreter's name, the hash seed, the bootstrap (see
+// bundle/interpreter/sandcell.c).
+func SnapshotArgv(seed uint32) []string {
+	return []string{GuestExecutable, strconv.FormatUint(uint64(seed), 10), bootstrap}
+}
+
+// SnapshotWasm returns the snapshot of the bundle's verified python.wasm for seed,
+// made by c. The same seed gives the same bytes (SnapshotSHA256 pins those of seed
+// 0).
+func (b *Bundle) SnapshotWasm(c Compiler, seed uint32) ([]byte, error) {
+	wasm, err := readVerified(Pinned().Wasm, b.WasmPath())
+	if err != nil {
+		return nil, err
+	}
+	return b.snapshot(c, wasm, seed)
+}
+
+// lastSnapshot keeps the most recent snapshot made in this process: the .cwasm files
+// of both engine configurations (fuel metering on and off) compile the same snapshot,
+// which takes seconds to make.
+var lastSnapshot struct {
+	sync.Mutex
+	key  string
+	wasm []byte
+}
+
+func (b *Bundle) snapshot(c Compiler, wasm []byte, seed uint32) ([]byte, error) {
+	// (The library is the pinned one wherever it is: it is verified below.)
+	key := hashBytes(wasm) + "\x00" + strconv.FormatUint(uint64(seed), 10)
+	lastSnapshot.Lock()
+	defer lastSnapshot.Unlock()
+	if lastSnapshot.key == key {
+		return lastSnapshot.wasm, nil
+	}
+	// What the initialisation imports from the library is frozen into the snapshot.
+	if err := Pinned().Stdlib.Verify(filepath.Join(b.LibPath(), Pinned().Stdlib.Name)); err != nil {
+		return nil, err
+	}
+	snap, err := c.Snapshot(wasm, b.LibPath(), GuestLibDir, SnapshotArgv(seed))
+	if err != nil {
+		return nil, fmt.Errorf("bundle: snapshot: %w", err)
+	}
+	lastSnapshot.key, lastSnapshot.wasm = key, snap
+	return snap, nil
+}
