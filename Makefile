@@ -46,8 +46,15 @@ prereqs: ## Install the Debian packages the build needs, if any is missing (as r
 	  if [ "$$(id -u)" != 0 ]; then echo "the build needs:$$need; run: sudo apt-get install -y$$need" >&2; exit 1; fi; \
 	  echo "installing:$$need"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need
 
-build: prereqs ## Build bin/sandcell (version stamped)
-	go build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/appliance
+# The lean worker (cmd/sandcell-worker) is built just before each binary that carries
+# it, with the same flags, into LEAN_WORKER, which cmd/appliance embeds under the
+# leanworker tag (workers then run none of the daemon's package initialisers; see
+# sandbox.UseWorkerBinary). A binary built without the tag re-executes itself.
+LEAN_WORKER := cmd/appliance/sandcell-worker
+
+build: prereqs ## Build bin/sandcell (version stamped, carrying the lean worker)
+	go build -trimpath -ldflags '$(LDFLAGS)' -o $(LEAN_WORKER) ./cmd/sandcell-worker
+	go build -trimpath -tags leanworker -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/appliance
 
 # Static, so it runs in the trixie build root whatever the host's glibc. (The linker's
 # warnings about getpwuid_r/getaddrinfo/dlopen in static binaries concern code that
@@ -114,6 +121,8 @@ $(NFPM):
 stage: bundle ## Stage the package contents in dist/stage (PIE binary, its precompiled bundle, man pages, completions)
 	rm -rf dist/stage && mkdir -p dist/stage/completions dist/stage/man dist/stage/licenses
 	go build -trimpath -buildmode=pie -ldflags '$(LDFLAGS) -s -w -linkmode external -extldflags "-Wl,-z,relro,-z,now"' \
+	  -o $(LEAN_WORKER) ./cmd/sandcell-worker
+	go build -trimpath -tags leanworker -buildmode=pie -ldflags '$(LDFLAGS) -s -w -linkmode external -extldflags "-Wl,-z,relro,-z,now"' \
 	  -o dist/stage/sandcell ./cmd/appliance
 	dist/stage/sandcell bundle install --dir dist/stage/bundle build/interpreter
 	dist/stage/sandcell bundle precompile --dir dist/stage/bundle
@@ -175,9 +184,10 @@ $(PODMAN_DIR)/storage.conf:
 image-root: bundle ## Stage the image's files in dist/image (static binary, bundle, licences, /etc)
 	rm -rf dist/image
 	mkdir -p $(IMAGE_ROOT)/usr/bin $(IMAGE_ROOT)/etc/sandcell $(IMAGE_ROOT)/usr/share/licenses/sandcell dist/image/state
-	set -o pipefail; go build -trimpath -tags osusergo,netgo -ldflags '$(LDFLAGS) -s -w -linkmode external -extldflags -static' \
-	  -o $(IMAGE_ROOT)/usr/bin/sandcell ./cmd/appliance 2>&1 | \
-	  { grep -vE 'statically linked applications|^/usr/bin/ld: .*in function|^# github.com/sandcell/sandcell/cmd/appliance$$' || true; }
+	set -o pipefail; for p in sandcell-worker:$(LEAN_WORKER) appliance:$(IMAGE_ROOT)/usr/bin/sandcell; do \
+	  go build -trimpath -tags osusergo,netgo,leanworker -ldflags '$(LDFLAGS) -s -w -linkmode external -extldflags -static' \
+	    -o $${p#*:} ./cmd/$${p%%:*} 2>&1 | \
+	    { grep -vE 'statically linked applications|^/usr/bin/ld: .*in function|^# github.com/sandcell/sandcell/cmd/[a-z-]+$$' || true; }; done
 	$(IMAGE_ROOT)/usr/bin/sandcell bundle install --dir $(IMAGE_ROOT)/usr/lib/sandcell build/interpreter
 	$(IMAGE_ROOT)/usr/bin/sandcell bundle precompile --dir $(IMAGE_ROOT)/usr/lib/sandcell --variant plain
 	zstd -19 -T0 -q --rm $(IMAGE_ROOT)/usr/lib/sandcell/python-*.cwasm

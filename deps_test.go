@@ -77,6 +77,18 @@ func TestImportRules(t *testing.T) {
 			}
 		}
 	}
+	// The lean worker links the sandbox alone: nothing whose package initialisers a
+	// worker would run for nothing (the bundle's zstd, the daemon's frameworks).
+	for _, dep := range goList(t, "{{.ImportPath}} {{join .Deps \" \"}}", "./cmd/sandcell-worker")[module+"/cmd/sandcell-worker"] {
+		if strings.HasPrefix(dep, module+"/") && !strings.HasPrefix(dep, module+"/sandbox/") {
+			t.Errorf("the lean worker links %s", dep)
+		}
+		for _, banned := range []string{"github.com/klauspost", "github.com/prometheus", "github.com/spf13", "google.golang.org/protobuf"} {
+			if strings.HasPrefix(dep, banned) {
+				t.Errorf("the lean worker links %s", dep)
+			}
+		}
+	}
 	for _, dep := range goList(t, "{{.ImportPath}} {{join .Deps \" \"}}", "./sandbox/worker")[module+"/sandbox/worker"] {
 		for _, banned := range []string{"net/http", "github.com/labstack/echo", "modernc.org/sqlite", "database/sql"} {
 			if dep == banned || strings.HasPrefix(dep, banned+"/") {

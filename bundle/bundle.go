@@ -34,6 +34,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
 )
 
 // Artifact describes one pinned file.
@@ -98,7 +100,7 @@ const (
 	// LibDir is the directory the guest sees read-only at GuestLibDir.
 	LibDir = "lib"
 	// GuestLibDir is where the interpreter looks for its library (prefix /usr/local).
-	GuestLibDir = "/usr/local/lib"
+	GuestLibDir = protocol.GuestLibDir
 	// GuestExecutable is the interpreter's argv[0]: CPython finds its library by
 	// searching upwards from the executable's directory.
 	GuestExecutable = "/usr/local/bin/python"

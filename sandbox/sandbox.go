@@ -160,12 +160,53 @@ func checkContract(rep protocol.Report, require []string) string {
 	return ""
 }
 
-// NewSpawner returns the spawner of workers that re-execute the running binary,
-// with protected (the bundle and its .cwasm cache, say) and the binary's own
-// directory as Protected: a guest must not replace the binary that runs later
-// workers either.
+// workerExe is the lean worker's path once UseWorkerBinary has made it, else "".
+var workerExe atomic.Pointer[string]
+
+// UseWorkerBinary makes the spawners that NewSpawner returns from now on start
+// workers from bin, an executable whose `__worker` verb is the worker (the daemon
+// binary carries cmd/sandcell-worker, which links only the sandbox, so that a worker
+// runs none of the daemon's package initialisers). bin is copied once into a sealed
+// memfd (as the modules are, see sealedModule) that workers execute as
+// /proc/self/fd/N: the code that runs is the bytes linked into this binary, and
+// nothing on disk can swap it, as with re-executing /proc/self/exe. Errors leave
+// spawners re-executing the running binary.
+func UseWorkerBinary(bin []byte) error {
+	fd, err := unix.MemfdCreate("sandcell-worker", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return fmt.Errorf("memfd_create: %w", err)
+	}
+	// Above the descriptors a worker is given (0-5), which a child's dup2 would
+	// overwrite before its exec reads the path.
+	high, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 16)
+	unix.Close(fd)
+	if err != nil {
+		return fmt.Errorf("dup worker memfd: %w", err)
+	}
+	f := os.NewFile(uintptr(high), "sandcell-worker")
+	if _, err := f.Write(bin); err != nil {
+		f.Close()
+		return fmt.Errorf("write worker memfd: %w", err)
+	}
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS,
+		unix.F_SEAL_WRITE|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		f.Close()
+		return fmt.Errorf("seal worker memfd: %w", err)
+	}
+	exe := fmt.Sprintf("/proc/self/fd/%d", high)
+	workerExe.Store(&exe) // f stays open for the life of the process
+	return nil
+}
+
+// NewSpawner returns the spawner of workers that run the lean worker (see
+// UseWorkerBinary) or else re-execute the running binary, with protected (the bundle
+// and its .cwasm cache, say) and the binary's own directory as Protected: a guest
+// must not replace the binary that runs later workers either.
 func NewSpawner(protected ...string) *Spawner {
 	sp := &Spawner{Exe: "/proc/self/exe", Protected: protected}
+	if exe := workerExe.Load(); exe != nil {
+		sp.Exe = *exe
+	}
 	if exe, err := os.Executable(); err == nil {
 		sp.Protected = append(sp.Protected, filepath.Dir(exe))
 	}

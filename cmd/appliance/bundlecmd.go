@@ -151,6 +151,12 @@ func newVersionCmd() *cobra.Command {
 			p := bundle.Pinned()
 			fmt.Printf("sandcell %s (revision %s)\nwasmtime %s\nCPython %s for WASI: %s\n  %s sha256 %s\n  %s sha256 %s\n",
 				version, revision, engine.WasmtimeVersion, p.Version, p.Build, p.Wasm.Name, p.Wasm.SHA256, p.Stdlib.Name, p.Stdlib.SHA256)
+			if len(leanWorker) > 0 {
+				sum := sha256.Sum256(leanWorker)
+				fmt.Printf("worker: the lean worker this binary carries (%d bytes, sha256 %x), run from a sealed memfd\n", len(leanWorker), sum)
+			} else {
+				fmt.Println("worker: this binary, re-executed (built without the leanworker tag)")
+			}
 		},
 	}
 }

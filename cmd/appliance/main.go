@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 
+	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/sandbox/worker"
 )
@@ -45,4 +47,26 @@ func execute(args []string) int {
 		return exitRejected
 	}
 	return exitUsage
+}
+
+var leanOnce sync.Once
+
+// useLeanWorker makes this process's spawners run the lean worker, when this binary
+// carries one (built with the leanworker tag): sandbox.UseWorkerBinary. Without one,
+// or if the memfd cannot be made (said on stderr), workers re-execute this binary.
+func useLeanWorker() {
+	leanOnce.Do(func() {
+		if len(leanWorker) == 0 {
+			return
+		}
+		if err := sandbox.UseWorkerBinary(leanWorker); err != nil {
+			fmt.Fprintf(os.Stderr, "sandcell: workers re-execute this binary: the lean worker cannot be used: %v\n", err)
+		}
+	})
+}
+
+// newSpawner is sandbox.NewSpawner with the lean worker in use (useLeanWorker).
+func newSpawner(protected ...string) *sandbox.Spawner {
+	useLeanWorker()
+	return sandbox.NewSpawner(protected...)
 }

@@ -31,6 +31,13 @@ func TestMain(m *testing.M) {
 		os.Exit(worker.Main())
 	}
 	if os.Getenv("SANDCELL_CLI_TEST") == "1" {
+		if p := os.Getenv("SANDCELL_TEST_LEAN_WORKER"); p != "" {
+			// As a binary built with the leanworker tag: see TestLeanWorker.
+			var err error
+			if leanWorker, err = os.ReadFile(p); err != nil {
+				panic(err)
+			}
+		}
 		os.Exit(execute(os.Args[1:]))
 	}
 	os.Exit(m.Run())
@@ -580,5 +587,51 @@ func TestCLISQL(t *testing.T) {
 	defer os.Remove(db)
 	if r := cli(t, "", "sql", "--workspace", exeDir, "t.db", "SELECT 1"); r.code == 0 || !strings.Contains(r.stderr, "overlaps") {
 		t.Fatalf("the binary's directory as the workspace: %+v", r)
+	}
+}
+
+// A binary that carries the lean worker (cmd/sandcell-worker, built here from source
+// as `make build` builds it) runs every worker from it, through a sealed memfd, and
+// says so; the runs are those of `sandcell __worker`, layers and all.
+func TestLeanWorker(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds cmd/sandcell-worker")
+	}
+	bin := filepath.Join(t.TempDir(), "sandcell-worker")
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "github.com/sandcell/sandcell/cmd/sandcell-worker")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	lean := func(args ...string) cliResult {
+		cmd := cliCmd(t, args...)
+		cmd.Env = append(cmd.Env, "SANDCELL_TEST_LEAN_WORKER="+bin)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Run(); err != nil {
+			if _, ok := err.(*exec.ExitError); !ok {
+				t.Fatal(err)
+			}
+		}
+		return cliResult{out.String(), errb.String(), cmd.ProcessState.ExitCode()}
+	}
+	if r := lean("version"); !strings.Contains(r.stdout, "worker: the lean worker this binary carries") {
+		t.Fatalf("%+v", r)
+	}
+	r := lean("run", "--json", "-c", "import os; print(6*7, os.listdir('/'))")
+	var res struct {
+		ExitCode    int    `json:"exit_code"`
+		Stdout      string `json:"stdout"`
+		Enforcement struct {
+			Seccomp struct {
+				Active bool `json:"active"`
+			} `json:"seccomp"`
+			Landlock struct {
+				Active bool `json:"active"`
+			} `json:"landlock"`
+		} `json:"enforcement"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != 0 || res.ExitCode != 0 ||
+		res.Stdout != "42 ['ws']\n" || !res.Enforcement.Seccomp.Active || !res.Enforcement.Landlock.Active {
+		t.Fatalf("%v: %+v", err, r)
 	}
 }

@@ -54,7 +54,7 @@ func newLocalTools(dir, bundleDir, cacheDir string) (*localTools, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &localTools{ws: ws, sp: sandbox.NewSpawner(bundleDir, cacheDir), pol: policy.Default(),
+	return &localTools{ws: ws, sp: newSpawner(bundleDir, cacheDir), pol: policy.Default(),
 		bundleDir: bundleDir, cacheDir: cacheDir, approvals: supervisor.NewApprovals(15*time.Minute, 10*time.Minute),
 		me: supervisor.Caller{UID: os.Getuid()}}, nil
 }

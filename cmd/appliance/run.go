@@ -200,7 +200,7 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
-	sp := sandbox.NewSpawner(f.bundleDir, f.cacheDir)
+	sp := newSpawner(f.bundleDir, f.cacheDir)
 	res, err := sp.Run(ctx, req)
 	if errors.Is(err, sandbox.ErrBadRequest) {
 		return rejected{err}

@@ -94,7 +94,7 @@ func loadConfig(f *serveFlags) (config.Config, string, error) {
 // spawner is the worker spawner for cfg: the bundle, its cache and this binary's
 // directory are never a workspace.
 func spawner(cfg config.Config) *sandbox.Spawner {
-	return sandbox.NewSpawner(cfg.Bundle.Dir, cfg.Bundle.CacheDir)
+	return newSpawner(cfg.Bundle.Dir, cfg.Bundle.CacheDir)
 }
 
 // serve is `sandcell serve`: the daemon (package daemon) with the process's signals.
@@ -108,6 +108,7 @@ func serve(f *serveFlags) error {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sig)
+	useLeanWorker()
 	err := func() error {
 		d, err := daemon.Open(daemon.Options{Load: func() (config.Config, string, error) { return loadConfig(f) },
 			Log: log, Version: version, Revision: revision})

@@ -14,7 +14,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor/sqltool"
@@ -69,7 +68,7 @@ success, 1 when SQLite fails, 126 when the statement is refused.`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			out, err := sqltool.Run(ctx, sandbox.NewSpawner(bundleDir, cacheDir), dir, req, base)
+			out, err := sqltool.Run(ctx, newSpawner(bundleDir, cacheDir), dir, req, base)
 			if err != nil {
 				return err
 			}

@@ -34,6 +34,10 @@ const (
 	ModuleFD = 5
 )
 
+// GuestLibDir is where the guest sees the interpreter's library (read-only): CPython's
+// prefix is /usr/local. See bundle, which installs that library.
+const GuestLibDir = "/usr/local/lib"
+
 // StatusBytes returns the field (e.g. "VmRSS") of a /proc/PID/status text, given
 // there in kB, in bytes; 0 if absent (proc(5)).
 func StatusBytes(status []byte, field string) int64 {

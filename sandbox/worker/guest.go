@@ -10,7 +10,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/sandbox/engine"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
@@ -28,8 +27,7 @@ func runGuest(req *protocol.Request, env *Env) protocol.Report {
 		preopens = []engine.Preopen{{Host: env.GuestRoot, Guest: "/"}}
 	}
 	spec := engine.Spec{
-		Argv:         []string{bundle.GuestExecutable},
-		Preopens:     append(preopens, engine.Preopen{Host: env.Library, Guest: bundle.GuestLibDir, ReadOnly: true}),
+		Preopens:     append(preopens, engine.Preopen{Host: env.Library, Guest: protocol.GuestLibDir, ReadOnly: true}),
 		MemoryBytes:  req.Limits.MemoryBytes,
 		CPU:          time.Duration(req.Limits.CPUMS) * time.Millisecond,
 		Fuel:         req.Limits.Fuel,
