@@ -160,8 +160,12 @@ func checkContract(rep protocol.Report, require []string) string {
 	return ""
 }
 
-// workerExe is the lean worker's path once UseWorkerBinary has made it, else "".
-var workerExe atomic.Pointer[string]
+// workerExe is the lean worker's path once UseWorkerBinary has made it, else "";
+// workerFile holds its memfd open (unreferenced, an os.File is closed when collected).
+var (
+	workerExe  atomic.Pointer[string]
+	workerFile atomic.Pointer[os.File]
+)
 
 // UseWorkerBinary makes the spawners that NewSpawner returns from now on start
 // workers from bin, an executable whose `__worker` verb is the worker (the daemon
@@ -169,9 +173,12 @@ var workerExe atomic.Pointer[string]
 // runs none of the daemon's package initialisers). bin is copied once into a sealed
 // memfd (as the modules are, see sealedModule) that workers execute as
 // /proc/self/fd/N: the code that runs is the bytes linked into this binary, and
-// nothing on disk can swap it, as with re-executing /proc/self/exe. Errors leave
-// spawners re-executing the running binary.
+// nothing on disk can swap it, as with re-executing /proc/self/exe. It may be called
+// once per process. Errors leave spawners re-executing the running binary.
 func UseWorkerBinary(bin []byte) error {
+	if workerExe.Load() != nil {
+		return errors.New("the worker binary is already set")
+	}
 	fd, err := unix.MemfdCreate("sandcell-worker", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		return fmt.Errorf("memfd_create: %w", err)
@@ -184,6 +191,12 @@ func UseWorkerBinary(bin []byte) error {
 		return fmt.Errorf("dup worker memfd: %w", err)
 	}
 	f := os.NewFile(uintptr(high), "sandcell-worker")
+	// Executable by the worker whatever the umask: in its user namespace it is not
+	// the memfd's owner.
+	if err := unix.Fchmod(high, 0o555); err != nil {
+		f.Close()
+		return fmt.Errorf("chmod worker memfd: %w", err)
+	}
 	if _, err := f.Write(bin); err != nil {
 		f.Close()
 		return fmt.Errorf("write worker memfd: %w", err)
@@ -194,7 +207,8 @@ func UseWorkerBinary(bin []byte) error {
 		return fmt.Errorf("seal worker memfd: %w", err)
 	}
 	exe := fmt.Sprintf("/proc/self/fd/%d", high)
-	workerExe.Store(&exe) // f stays open for the life of the process
+	workerFile.Store(f) // open for the life of the process
+	workerExe.Store(&exe)
 	return nil
 }
 

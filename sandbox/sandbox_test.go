@@ -37,6 +37,16 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == escapeCommand {
 		os.Exit(worker.Serve(escapeBody))
 	}
+	// Every worker of these tests runs from a sealed memfd copy of this binary, as a
+	// daemon's run from its lean worker (sandbox.UseWorkerBinary).
+	self, err := os.ReadFile("/proc/self/exe")
+	if err == nil {
+		err = sandbox.UseWorkerBinary(self)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker binary:", err)
+		os.Exit(1)
+	}
 	os.Exit(m.Run())
 }
 
@@ -892,5 +902,22 @@ func TestHashSeedPerInstallation(t *testing.T) {
 	}
 	if hashes["1"] == hashes["2"] {
 		t.Errorf("seeds 1 and 2 hash alike: %q", hashes["1"])
+	}
+}
+
+// The worker binary's memfd stays open however often the collector runs (an
+// unreferenced os.File is closed when collected, and its number reused).
+func TestWorkerBinaryOutlivesCollection(t *testing.T) {
+	for i := 0; i < 3; i++ {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if exe := sandbox.NewSpawner().Exe; !strings.HasPrefix(exe, "/proc/self/fd/") {
+		t.Fatalf("workers run %s", exe)
+	}
+	res, _ := run(t, "print(6*7)", nil)
+	wantExit(t, res, 0)
+	if err := sandbox.UseWorkerBinary([]byte("x")); err == nil {
+		t.Fatal("the worker binary was set twice")
 	}
 }

@@ -32,7 +32,9 @@ func TestMain(m *testing.M) {
 	}
 	if os.Getenv("SANDCELL_CLI_TEST") == "1" {
 		if p := os.Getenv("SANDCELL_TEST_LEAN_WORKER"); p != "" {
-			// As a binary built with the leanworker tag: see TestLeanWorker.
+			// As a binary built with the leanworker tag, with the daemon's umask:
+			// see TestLeanWorker.
+			syscall.Umask(0o077)
 			var err error
 			if leanWorker, err = os.ReadFile(p); err != nil {
 				panic(err)
