@@ -57,12 +57,28 @@ type Event struct {
 // ErrBroken is wrapped by Verify when the chain does not hold.
 var ErrBroken = errors.New("store: audit chain broken")
 
-// Store is an open audit log. Append is safe for concurrent use (one writer at a time).
+// Store is an open audit log. Append is safe for concurrent use: one goroutine
+// commits, and records appended while a commit is under way share the next one
+// (group commit), so concurrent runs pay one fsync between them, not one each.
 type Store struct {
 	db   *sql.DB
-	mu   sync.Mutex
-	last string // hash of the newest record
+	mu   sync.Mutex // the chain: last and seq, and the one writer
+	last string     // hash of the newest record
 	seq  int64
+
+	qmu     sync.Mutex
+	queue   []*pending // records waiting for the next commit
+	closed  bool
+	commits int64         // transactions committed (for tests)
+	wake    chan struct{} // a record was queued (capacity 1)
+	stop    chan struct{} // closed by Close
+	stopped chan struct{} // closed by the committer when it returns
+}
+
+// pending is a record waiting for its commit, and where its outcome goes.
+type pending struct {
+	e    Event
+	done chan error
 }
 
 // Open opens (creating if needed) the audit log at path and applies the migrations.
@@ -72,7 +88,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("store: %w", err)
 	}
 	db.SetMaxOpenConns(1) // SQLite allows one writer: serialise here, not on SQLITE_BUSY
-	s := &Store{db: db, last: genesis}
+	s := &Store{db: db, last: genesis, wake: make(chan struct{}, 1), stop: make(chan struct{}), stopped: make(chan struct{})}
 	if err := s.migrate(); err != nil {
 		db.Close()
 		return nil, err
@@ -82,7 +98,41 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("store: %w", err)
 	}
+	go s.committer()
 	return s, nil
+}
+
+// errClosed is the outcome of an append to a closed store.
+var errClosed = errors.New("store: closed")
+
+// committer writes the queued records, all that are queued in one transaction, until
+// the store is closed; then it fails what is left.
+func (s *Store) committer() {
+	defer close(s.stopped)
+	for {
+		select {
+		case <-s.wake:
+		case <-s.stop:
+			s.qmu.Lock()
+			batch := s.queue
+			s.queue = nil
+			s.qmu.Unlock()
+			for _, p := range batch {
+				p.done <- errClosed
+			}
+			return
+		}
+		for {
+			s.qmu.Lock()
+			batch := s.queue
+			s.queue = nil
+			s.qmu.Unlock()
+			if len(batch) == 0 {
+				break
+			}
+			s.commit(batch)
+		}
+	}
 }
 
 func (s *Store) migrate() error {
@@ -134,7 +184,17 @@ func (s *Store) Writable(ctx context.Context) error {
 }
 
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	s.qmu.Lock()
+	already := s.closed
+	s.closed = true
+	s.qmu.Unlock()
+	if !already {
+		close(s.stop)
+		<-s.stopped
+	}
+	return s.db.Close()
+}
 
 // hash is the SHA-256 over the previous hash and the record's fields, each
 // length-prefixed so that no two records hash alike by shifting bytes between fields.
@@ -150,6 +210,10 @@ func hash(prev string, e Event) string {
 // Append writes e as the next record, durably (the transaction commits with
 // synchronous=FULL before Append returns), and returns it with Seq and Hash set. An
 // error means no record was written: the caller must not go on as if it had been.
+// Records appended concurrently are written in one transaction, in the order they
+// arrived; a failed transaction writes none of them, and each of their callers gets
+// the error. ctx bounds only the wait for the commit to start, never a commit under
+// way.
 func (s *Store) Append(ctx context.Context, e Event) (Event, error) {
 	if len(e.Detail) == 0 {
 		e.Detail = json.RawMessage(`{}`)
@@ -157,19 +221,68 @@ func (s *Store) Append(ctx context.Context, e Event) (Event, error) {
 	if !json.Valid(e.Detail) {
 		return e, errors.New("store: detail is not JSON")
 	}
+	if err := ctx.Err(); err != nil {
+		return e, err
+	}
+	p := &pending{e: e, done: make(chan error, 1)}
+	s.qmu.Lock()
+	if s.closed {
+		s.qmu.Unlock()
+		return e, errClosed
+	}
+	s.queue = append(s.queue, p)
+	s.qmu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default: // the committer is already woken
+	}
+	err := <-p.done
+	return p.e, err
+}
+
+// commit writes batch in one transaction and tells each record's caller.
+func (s *Store) commit(batch []*pending) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e.Seq = s.seq + 1
-	e.Time = time.Now().UTC()
-	e.Hash = hash(s.last, e)
-	_, err := s.db.ExecContext(ctx, `INSERT INTO audit (seq, time, kind, uid, run_id, detail, prev_hash, hash)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, e.Seq, e.Time.Format(time.RFC3339Nano), e.Kind, e.UID, e.RunID,
-		string(e.Detail), s.last, e.Hash)
-	if err != nil {
-		return e, fmt.Errorf("store: append: %w", err)
+	fail := func(err error) {
+		for _, p := range batch {
+			p.done <- fmt.Errorf("store: append: %w", err)
+		}
 	}
-	s.seq, s.last = e.Seq, e.Hash
-	return e, nil
+	// A commit under way finishes whatever the callers' contexts do: its outcome
+	// must reach every one of them.
+	ctx := context.Background()
+	tx, err := s.db.BeginTx(ctx, nil)
+	if err != nil {
+		fail(err)
+		return
+	}
+	seq, last := s.seq, s.last
+	now := time.Now().UTC()
+	for _, p := range batch {
+		seq++
+		p.e.Seq, p.e.Time = seq, now
+		p.e.Hash = hash(last, p.e)
+		if _, err := tx.ExecContext(ctx, `INSERT INTO audit (seq, time, kind, uid, run_id, detail, prev_hash, hash)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)`, p.e.Seq, p.e.Time.Format(time.RFC3339Nano), p.e.Kind, p.e.UID, p.e.RunID,
+			string(p.e.Detail), last, p.e.Hash); err != nil {
+			tx.Rollback()
+			fail(err)
+			return
+		}
+		last = p.e.Hash
+	}
+	if err := tx.Commit(); err != nil {
+		fail(err)
+		return
+	}
+	s.seq, s.last = seq, last
+	s.qmu.Lock()
+	s.commits++
+	s.qmu.Unlock()
+	for _, p := range batch {
+		p.done <- nil
+	}
 }
 
 // Prune removes the records older than before, oldest first, and keeps the newest
