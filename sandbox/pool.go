@@ -299,6 +299,7 @@ func (pl *pool) start() (idleWorker, error) {
 	t := pl.opts.Template
 	t.Roots = pl.roots
 	t.Hardening.HostNamespaces = hostNamespaces()
+	t.Hardening.SharedNetwork = pl.s.shareNetwork(t.Hardening)
 	frame, err := protocol.Encode(protocol.Frame{Step: protocol.StepTemplate, Request: &t})
 	if err != nil {
 		return idleWorker{}, err
@@ -311,7 +312,7 @@ func (pl *pool) start() (idleWorker, error) {
 	if err != nil {
 		return idleWorker{}, err
 	}
-	p, err := pl.s.launch(true, dir, module)
+	p, err := pl.s.launch(true, t.Hardening.SharedNetwork, dir, module)
 	dir.Close()
 	if err != nil {
 		return idleWorker{}, fmt.Errorf("start worker: %w", err)

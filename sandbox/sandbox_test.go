@@ -37,6 +37,13 @@ func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == escapeCommand {
 		os.Exit(worker.Serve(escapeBody))
 	}
+	if len(os.Args) > 1 && os.Args[1] == netnsCommand {
+		os.Exit(worker.Serve(func(*protocol.Request, *worker.Env) protocol.Report {
+			link, _ := os.Readlink("/proc/self/ns/net")
+			os.Stdout.WriteString(link)
+			return protocol.Report{Reason: protocol.Exited}
+		}))
+	}
 	// Every worker of these tests runs from a sealed memfd copy of this binary, as a
 	// daemon's run from its lean worker (sandbox.UseWorkerBinary).
 	self, err := os.ReadFile("/proc/self/exe")
@@ -919,5 +926,50 @@ func TestWorkerBinaryOutlivesCollection(t *testing.T) {
 	wantExit(t, res, 0)
 	if err := sandbox.UseWorkerBinary([]byte("x")); err == nil {
 		t.Fatal("the worker binary was set twice")
+	}
+}
+
+// netnsCommand starts a test worker that prints its network namespace.
+const netnsCommand = "__netns"
+
+// Workers with a seccomp filter (which denies socket(2)) share one empty network
+// namespace, made once by their spawner (creating one per worker takes a kernel-wide
+// lock); workers without one get their own; either is the host's, and the contract
+// says netns is active (its only device a loopback, down).
+func TestSharedNetworkNamespace(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the shared network namespace needs CAP_SYS_ADMIN; CI runs as root")
+	}
+	host, err := os.Readlink("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := sandbox.NewSpawner()
+	sp.Command = netnsCommand
+	limits, err := policy.Default().Resolve(protocol.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	netns := func(h protocol.Hardening) string {
+		t.Helper()
+		req := protocol.Request{Code: "1", Workspace: t.TempDir(), ModulePath: bundletest.Module(t, false),
+			LibDir: bundletest.LibDir(t), Limits: limits, Hardening: h}
+		res, err := sp.Run(context.Background(), req)
+		if err != nil || res.Reason != protocol.Exited || res.Enforcement == nil || !res.Enforcement.Namespaces[protocol.LayerNetNS] {
+			t.Fatalf("%v: %+v", err, res)
+		}
+		return string(res.Stdout)
+	}
+	l := policy.Default().Hardening(limits)
+	a, b := netns(l), netns(l)
+	noSeccomp := l
+	noSeccomp.Seccomp = nil
+	noSeccomp.Require = slices.DeleteFunc(slices.Clone(l.Require), func(r string) bool { return r == protocol.LayerSeccomp })
+	c, d := netns(noSeccomp), netns(noSeccomp)
+	if a != b || a == host || !strings.HasPrefix(a, "net:[") {
+		t.Errorf("workers with seccomp: %s and %s (host %s), want one shared namespace", a, b, host)
+	}
+	if c == d || c == a || d == a || c == host {
+		t.Errorf("workers without seccomp: %s and %s (shared %s, host %s), want their own", c, d, a, host)
 	}
 }

@@ -12,7 +12,7 @@ const (
 	LayerSeccomp      = "seccomp"      // seccomp filter installed on every thread
 	LayerLandlock     = "landlock"     // Landlock domain: bundle read-only, workspace read-write, no TCP
 	LayerUserNS       = "userns"       // own user namespace (uid 0 inside, the parent's uid outside)
-	LayerNetNS        = "netns"        // own network namespace: only a loopback, down
+	LayerNetNS        = "netns"        // not the host's network namespace, and empty: only a loopback, down (see Hardening.SharedNetwork)
 	LayerMountNS      = "mntns"        // own mount namespace whose root holds only /ws and /lib
 	LayerPidNS        = "pidns"        // own pid namespace: the worker is pid 1 and sees no other process
 	LayerIPCNS        = "ipcns"        // own System V IPC and POSIX message queue namespace
@@ -49,6 +49,11 @@ type Hardening struct {
 	// /proc/self/ns/NAME, e.g. "net:[4026531840]"). A worker namespace that differs
 	// from the parent's is new.
 	HostNamespaces map[string]string `json:"host_namespaces,omitempty"`
+	// SharedNetwork says the parent started the worker in the empty network
+	// namespace its workers share rather than a new one: it keeps them apart only
+	// while their seccomp filter denies socket(2), so the worker reports the netns
+	// layer inactive if its filter is not in force.
+	SharedNetwork bool `json:"shared_network,omitempty"`
 	// Rlimits are the resource limits the worker sets on itself (setrlimit(2)).
 	Rlimits Rlimits `json:"rlimits"`
 	// Require names the layers (see Layers) that must be active, or the guest does

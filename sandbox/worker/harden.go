@@ -68,6 +68,12 @@ func prepare(req *protocol.Request, warm bool) *hardened {
 		host := h.HostNamespaces[name]
 		st.enf.Namespaces[layer] = h.Namespaces && err == nil && host != "" && link != host
 	}
+	if st.enf.Namespaces[protocol.LayerNetNS] {
+		if err := emptyNetwork(); err != nil {
+			st.enf.Namespaces[protocol.LayerNetNS] = false
+			fail(protocol.LayerNetNS, err)
+		}
+	}
 	defer st.lockCaps()
 	if warm && h.Seccomp != nil {
 		st.seccomp, st.seccompErr = seccomp.Compile(*h.Seccomp)
@@ -108,6 +114,38 @@ func prepare(req *protocol.Request, warm bool) *hardened {
 		}
 	}
 	return st
+}
+
+// emptyNetwork checks that this process's network namespace holds a loopback device
+// that is down and nothing else (/proc/self/net/dev, and SIOCGIFFLAGS through a
+// socket of no address family's network: AF_UNIX).
+func emptyNetwork() error {
+	b, err := os.ReadFile("/proc/self/net/dev")
+	if err != nil {
+		return fmt.Errorf("network devices: %w", err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	for _, l := range lines[min(2, len(lines)):] { // two header lines
+		if name, _, _ := strings.Cut(strings.TrimSpace(l), ":"); name != "lo" {
+			return fmt.Errorf("the network namespace has a device %q", name)
+		}
+	}
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socket: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("loopback flags: %w", err)
+	}
+	if ifr.Uint16()&unix.IFF_UP != 0 {
+		return errors.New("the network namespace's loopback device is up")
+	}
+	return nil
 }
 
 // lockCaps runs lockCapabilities where libcap's psx can find this process's threads
@@ -199,6 +237,12 @@ func narrow(req *protocol.Request, st *hardened) {
 	// On every thread: set by psx, or by the filter's TSYNC.
 	st.enf.NoNewPrivs = err == nil && nnp == 1 && (threads == nil || h.Seccomp != nil) &&
 		(h.Seccomp == nil || st.enf.Seccomp.Active)
+	// A network namespace shared with the other workers keeps them apart only while
+	// none can open a socket in it: the filter denies socket(2).
+	if h.SharedNetwork && st.enf.Namespaces[protocol.LayerNetNS] && !st.enf.Seccomp.Active {
+		st.enf.Namespaces[protocol.LayerNetNS] = false
+		fail(protocol.LayerNetNS, errors.New("the empty network namespace is shared with other workers, and the seccomp filter that keeps them from opening sockets in it is not in force"))
+	}
 }
 
 // setRlimits sets the limits of h and reads every one back into the contract. A warm

@@ -102,9 +102,10 @@ func (w *warmWorker) claim() (*protocol.Request, bool) {
 		return nil, false
 	}
 	c := f.Request
-	// The roots and the seccomp filter are the template's (the parent matched the
-	// claim to it): the claim carries neither.
+	// The roots, the seccomp filter and the network namespace are the template's (the
+	// parent matched the claim to it): the claim carries none of them.
 	c.Roots, c.Hardening.Seccomp = w.tmpl.Roots, w.tmpl.Hardening.Seccomp
+	c.Hardening.SharedNetwork = w.tmpl.Hardening.SharedNetwork // how it was started
 	if msg := checkClaim(w.tmpl, c); msg != "" {
 		w.r.send(failed(msg))
 		return nil, false
