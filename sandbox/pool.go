@@ -60,7 +60,8 @@ type PoolStats struct {
 }
 
 // pool keeps warm workers: started, in their namespaces with a root of their own,
-// the module loaded and the interpreter initialized, blocked on their program. Each
+// the snapshot's module loaded, waiting for their claim (the snapshot is instantiated
+// once claimed). Each
 // serves one run and is then killed; refill happens in the background, one worker at
 // a time.
 type pool struct {
@@ -145,6 +146,7 @@ func poolKey(req *protocol.Request) string {
 	h := req.Hardening
 	h.Rlimits = protocol.Rlimits{}
 	h.HostNamespaces = nil
+	h.SharedNetwork = false // the spawner's decision, from the rest
 	b, _ := json.Marshal(struct {
 		Module, Lib  string
 		Memory, Fuel int64

@@ -195,8 +195,8 @@ type Workspaces struct {
 }
 
 // Pool configures the warm pool: workers started, hardened as far as a run not yet
-// known allows, with the interpreter initialized, each serving one run with the
-// default limits (other runs start a worker of their own).
+// known allows, with the interpreter's snapshot loaded, each serving one run with
+// the default limits (other runs start a worker of their own).
 type Pool struct {
 	// Size is how many idle workers are kept; 0 turns the pool off.
 	Size int `toml:"size" env:"SIZE"`
