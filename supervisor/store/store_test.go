@@ -214,3 +214,30 @@ func TestGroupCommit(t *testing.T) {
 		t.Fatalf("%d records after a cancelled append", got)
 	}
 }
+
+// BenchmarkAppend is one durable record at a time (a commit, an fsync, each), and
+// eight appending at once (sharing commits).
+func BenchmarkAppend(b *testing.B) {
+	s, err := Open(filepath.Join(b.TempDir(), "audit.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	b.Run("sequential", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if _, err := s.Append(context.Background(), Event{Kind: RunRequested}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("concurrent8", func(b *testing.B) {
+		b.SetParallelism(4) // 4 x GOMAXPROCS(2) goroutines
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := s.Append(context.Background(), Event{Kind: RunRequested}); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	})
+}
