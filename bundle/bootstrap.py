@@ -57,6 +57,10 @@ def _sandcell_init():
             opened.append(event)
 
     sys.addaudithook(audit)
+    # What end() calls, held here: a program may replace any of them.
+    run_exitfuncs, collect, get_objects = atexit._run_exitfuncs, gc.collect, gc.get_objects
+    layers = (io.TextIOBase, (io.BufferedIOBase, sqlite3.Connection), io.RawIOBase)
+    stdout0, stderr0 = sys.__stdout__, sys.__stderr__
     # Everything the snapshot holds stays alive: the collector skips it from now on,
     # so a run's collections cost what the run allocated, and they write to none of
     # the snapshot's pages (each first write to one is a copy).
@@ -69,40 +73,66 @@ def _sandcell_init():
         handlers run; __main__ is cleared and cycles collected, so its objects'
         finalizers run (files flushed and closed); if the run opened a file or a
         database, every file object and connection still open is closed (buffered
-        layers first); the standard streams are flushed, and a failure there makes
-        the status 120."""
-        atexit._run_exitfuncs()
-        for k in [k for k in main if k.startswith("_") and k != "__builtins__"]:
-            main[k] = None
-        for k in [k for k in main if k != "__builtins__"]:
-            main[k] = None
-        gc.collect()
+        layers first); the standard streams are flushed (sys.stdout, sys.stderr,
+        then the original ones if they were replaced; closed ones are skipped), and a
+        failure of sys.stdout's makes the status 120. Nothing the program left
+        behind stops the rest."""
+        try:
+            run_exitfuncs()
+        except BaseException:
+            pass
+        try:
+            for k in [k for k in main if type(k) is str and k.startswith("_") and k != "__builtins__"]:
+                main[k] = None
+            for k in [k for k in main if k != "__builtins__"]:
+                main[k] = None
+        except BaseException:
+            pass
+        try:
+            collect()
+        except BaseException:
+            pass
         if opened:
-            std = {id(f) for f in (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__)}
-            std |= {id(getattr(f, "buffer", None)) for f in (sys.__stdin__, sys.__stdout__, sys.__stderr__)}
-            std |= {id(getattr(getattr(f, "buffer", None), "raw", None)) for f in (sys.__stdin__, sys.__stdout__, sys.__stderr__)}
-            layers = ([], [], [])
-            for o in gc.get_objects():
-                if isinstance(o, io.TextIOBase):
-                    layers[0].append(o)
-                elif isinstance(o, (io.BufferedIOBase, sqlite3.Connection)):
-                    layers[1].append(o)
-                elif isinstance(o, io.RawIOBase):
-                    layers[2].append(o)
-            for layer in layers:
-                for o in layer:
-                    if id(o) not in std:
-                        try:
-                            o.close()
-                        except BaseException as e:
-                            sys.unraisablehook(sys.UnraisableHookArgs(type(e), e, e.__traceback__, "closing a file at exit", o))
-        for f in (sys.stdout, sys.stderr):
+            close_files()
+        out = sys.stdout
+        done = set()
+        for f in (out, sys.stderr, stdout0, stderr0):
+            if f is None or id(f) in done:
+                continue
+            done.add(id(f))
             try:
-                if f is not None:
+                if not getattr(f, "closed", False):
                     f.flush()
             except BaseException:
-                status = 120
+                if f is out:
+                    status = 120 | (status & 0x100)
         return status
+
+    def close_files():
+        std = set()
+        for f in (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__, sys.__stderr__, stdout0, stderr0):
+            buffer = getattr(f, "buffer", None)
+            std |= {id(f), id(buffer), id(getattr(buffer, "raw", None))}
+        found = ([], [], [])
+        for o in get_objects():
+            try:
+                for i, kinds in enumerate(layers):
+                    if issubclass(type(o), kinds):
+                        found[i].append(o)
+                        break
+            except BaseException:
+                pass
+        for layer in found:
+            for o in layer:
+                if id(o) in std:
+                    continue
+                try:
+                    o.close()
+                except BaseException as e:
+                    try:
+                        sys.unraisablehook(sys.UnraisableHookArgs(type(e), e, e.__traceback__, "closing a file at exit", o))
+                    except BaseException:
+                        pass
 
     def run():
         def read(n):
@@ -156,6 +186,11 @@ def _sandcell_init():
         return end(program(src, name, mode, g), g)
 
     def program(src, name, mode, g):
+        if mode == "code":
+            # Let tracebacks show the program's source lines, which exist only here
+            # (those of exit handlers and warnings too).
+            text = src.decode() if isinstance(src, bytes) else src
+            linecache.cache[name] = (len(text), None, text.splitlines(True), name)
         try:
             exec(compile(src, name, "exec"), g)
         except SystemExit as e:
@@ -172,15 +207,16 @@ def _sandcell_init():
                 pass
             return 1
         except BaseException as e:
-            if mode == "code":
-                # Let tracebacks show the program's source lines, which exist only here.
-                text = src.decode() if isinstance(src, bytes) else src
-                linecache.cache[name] = (len(text), None, text.splitlines(True), name)
             e.__traceback__ = e.__traceback__.tb_next
-            sys.excepthook(type(e), e, e.__traceback__)
-            # 114 tells the worker the program ran out of memory (it reports the run as
-            # memory_limit, exit status 1); see memoryErrorStatus in sandbox/worker.
-            return 114 if isinstance(e, MemoryError) else 1
+            try:
+                sys.excepthook(type(e), e, e.__traceback__)
+            except BaseException:
+                pass
+            if isinstance(e, KeyboardInterrupt):
+                return 130  # as a shell shows a python that SIGINT ended
+            # 256 + 1 tells the worker the program ran out of memory (it reports the run
+            # as memory_limit, exit status 1): a program's own status is below 256.
+            return 0x100 | 1 if isinstance(e, MemoryError) else 1
         return 0
 
     return run

@@ -5,7 +5,7 @@ package bundle
 // recipe.
 const (
 	wasmSize     = 11043739
-	wasmSHA256   = "06871bd59d19530be4b99562728b31efa694b80f98f7a528bdb87cfb8855502f"
+	wasmSHA256   = "080c98d3aaaad22bacd9269635fc49fc7b6b8815f2aebec59629bcbd4efce7bd"
 	stdlibSize   = 10634439
 	stdlibSHA256 = "fcf8a3fe23e2774733f7ff177e8697c1b26dc7a1537bc605109c3141d641711d"
 )
@@ -15,4 +15,4 @@ const (
 // a function of those inputs alone; a test checks these bytes, and `make
 // interpreter-verify` checks them for a freshly built python.wasm. Change it together
 // with bootstrap.py.
-const SnapshotSHA256 = "ba44a8ad985bb39c99f83d7b0b614cb59262a01415fe41930f0c03a8faa76e49"
+const SnapshotSHA256 = "e36c50274d640d0841cbc714bb629b510bcccb5246428ac623d1ef421e659768"

@@ -41,10 +41,17 @@ func HashSeed(dir string) (uint32, error) {
 			return 0, err
 		}
 		seed := binary.LittleEndian.Uint32(r[:])
-		if err := writeAtomic(p, []byte(strconv.FormatUint(uint64(seed), 10)+"\n"), 0o644); err != nil {
+		// Written beside, then linked into place, which fails if another process
+		// drew one first: then there is one seed, theirs.
+		tmp := fmt.Sprintf("%s.%d.new", p, os.Getpid())
+		if err := writeAtomic(tmp, []byte(strconv.FormatUint(uint64(seed), 10)+"\n"), 0o644); err != nil {
 			return 0, err
 		}
-		// Another process may have written its own first: use what is there.
+		err := os.Link(tmp, p)
+		os.Remove(tmp)
+		if err != nil && !errors.Is(err, os.ErrExist) {
+			return 0, fmt.Errorf("bundle: %w", err)
+		}
 		return HashSeed(dir)
 	}
 	if err != nil {

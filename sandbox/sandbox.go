@@ -438,9 +438,10 @@ type proc struct {
 // stays on its thread until the worker is reaped: Linux sends the parent-death signal
 // when the thread that forked the child exits.
 // shareNetwork says whether a worker hardened with h joins the shared network
-// namespace: it asks for namespaces and a seccomp filter, and the namespace exists.
+// namespace: it asks for namespaces and a seccomp filter that denies socket(2), and
+// the namespace exists.
 func (s *Spawner) shareNetwork(h protocol.Hardening) bool {
-	if !h.Namespaces || h.Seccomp == nil {
+	if !h.Namespaces || h.Seccomp == nil || !protocol.DeniesSyscall(*h.Seccomp, "socket") {
 		return false
 	}
 	n, _ := s.sharedNetns()

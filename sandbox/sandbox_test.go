@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/sandbox"
@@ -932,7 +933,7 @@ func TestWorkerBinaryOutlivesCollection(t *testing.T) {
 // netnsCommand starts a test worker that prints its network namespace.
 const netnsCommand = "__netns"
 
-// Workers with a seccomp filter (which denies socket(2)) share one empty network
+// Workers whose seccomp filter denies socket(2) share one empty network
 // namespace, made once by their spawner (creating one per worker takes a kernel-wide
 // lock); workers without one get their own; either is the host's, and the contract
 // says netns is active (its only device a loopback, down).
@@ -971,5 +972,38 @@ func TestSharedNetworkNamespace(t *testing.T) {
 	}
 	if c == d || c == a || d == a || c == host {
 		t.Errorf("workers without seccomp: %s and %s (shared %s, host %s), want their own", c, d, a, host)
+	}
+	// A filter that lets socket(2) run does not keep workers apart in a shared one.
+	sockets := l
+	prof := *l.Seccomp
+	prof.Syscalls = append(slices.Clone(prof.Syscalls), specs.LinuxSyscall{Names: []string{"socket"}, Action: specs.ActAllow})
+	sockets.Seccomp = &prof
+	if e := netns(sockets); e == a || e == host {
+		t.Errorf("a worker whose filter allows socket(2) is in %s (shared %s, host %s)", e, a, host)
+	}
+}
+
+// What a program leaves behind never stops its end (the output is written, the
+// status is the program's): keys of __main__ that are not strings, the collector
+// or exit handlers replaced, sys.stdout closed or replaced; and a program's own
+// status is never taken for the out-of-memory report.
+func TestEndOfProgramSurvivesTheProgram(t *testing.T) {
+	t.Parallel()
+	for code, want := range map[string]struct {
+		stdout string
+		exit   int
+	}{
+		`print("hi"); globals()[1] = 2`: {"hi\n", 0},
+		"import atexit, gc, io\natexit._run_exitfuncs = gc.collect = None\nio.TextIOBase = None\nopen('/ws/f', 'w').write('x')\nprint('ok')": {"ok\n", 0},
+		`import sys; print("x", end=""); sys.stdout.close()`:             {"x", 0},
+		`import sys, io; print("x", end=""); sys.stdout = io.StringIO()`: {"x", 0},
+		`import sys; print("before"); sys.exit(114)`:                     {"before\n", 114},
+		`raise KeyboardInterrupt`:                                        {"", 130},
+	} {
+		res, _ := run(t, code, nil)
+		if res.Reason != protocol.Exited || res.ExitCode != want.exit || string(res.Stdout) != want.stdout {
+			t.Errorf("%q: %s %d stdout %q stderr %q, want exited %d stdout %q", code, res.Reason, res.ExitCode,
+				res.Stdout, res.Stderr, want.exit, want.stdout)
+		}
 	}
 }

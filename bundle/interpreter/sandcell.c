@@ -9,7 +9,8 @@
  *                   __main__ and kept here. Returns 0, or a nonzero step number.
  *   sandcell_run    Registers this instance's preopened directories and calls
  *                   _sandcell_run(), which reads, runs and ends one program. Returns
- *                   its exit status (0-255). Once per instance.
+ *                   its exit status (0-255), plus 256 when the program ended with an
+ *                   uncaught MemoryError. Once per instance.
  *
  * Nothing else reads the WASI environment or argv: a run's environment and arguments
  * come with its program.
@@ -113,7 +114,9 @@ int sandcell_run(void) {
     PyObject *r = PyObject_CallNoArgs(run_function);
     if (r) {
         long v = PyLong_AsLong(r);
-        if (!(v == -1 && PyErr_Occurred())) status = (int)(v & 0xFF);
+        /* 0-255, and 256 + status for a program that ran out of memory (see
+         * bootstrap.py): a program's own exit status never reaches 256. */
+        if (!(v == -1 && PyErr_Occurred())) status = (int)(v & 0x1FF);
         Py_DECREF(r);
     }
     if (PyErr_Occurred()) PyErr_Print();

@@ -60,8 +60,9 @@ empty environment, no network and no processes.
 The program's stdout and stderr are printed as they are, and sandcell exits with the
 program's exit status. Runs that do not end by themselves exit with:
   124 timeout   125 sandcell failed (usage, bundle, internal error)   126 rejected
-  130 cancelled   134 trap   152 cpu_limit   153 output_limit
-(A program out of memory gets MemoryError and exits 1, as it would natively.)
+  130 cancelled   134 trap   137 memory_limit   152 cpu_limit   153 output_limit
+(A program out of memory gets MemoryError; one that does not catch it ends as
+memory_limit, exit 137.)
 --json prints the whole result object on stdout instead, with the same exit status;
 its "enforcement" object is the contract: the layers that were in force.
 

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -187,4 +188,33 @@ func CheckLayers(names []string) error {
 		return fmt.Errorf("unknown enforcement layer %v (known: %v)", bad, Layers())
 	}
 	return nil
+}
+
+// DeniesSyscall reports whether profile keeps every call of the system call name from
+// running: it is not named by any rule whose action lets it run (allow, log, trace,
+// notify: with or without conditions), and the default action refuses it (errno,
+// kill, trap). Another architecture's rules are not consulted: a profile's rules
+// apply to every architecture it lists.
+func DeniesSyscall(profile specs.LinuxSeccomp, name string) bool {
+	runs := func(a specs.LinuxSeccompAction) bool {
+		switch a {
+		case specs.ActErrno, specs.ActKill, specs.ActKillProcess, specs.ActKillThread, specs.ActTrap:
+			return false
+		}
+		return true // allow, log, trace, notify, and anything unknown
+	}
+	if runs(profile.DefaultAction) {
+		for _, r := range profile.Syscalls {
+			if !runs(r.Action) && slices.Contains(r.Names, name) && len(r.Args) == 0 {
+				return true // refused outright by a rule of its own
+			}
+		}
+		return false
+	}
+	for _, r := range profile.Syscalls {
+		if runs(r.Action) && slices.Contains(r.Names, name) {
+			return false
+		}
+	}
+	return true
 }

@@ -8,11 +8,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/sandcell/sandcell/sandbox/protocol"
 	libseccomp "github.com/seccomp/libseccomp-golang"
 	"golang.org/x/sys/unix"
 )
@@ -239,5 +241,28 @@ func TestVictimDenied(t *testing.T) {
 		if res[k] != v {
 			t.Errorf("%s: got %q, want %q", k, res[k], v)
 		}
+	}
+}
+
+// The built-in profile denies socket(2) (a worker that shares its network namespace
+// relies on it); a profile that allows it, at all or under conditions, does not.
+func TestDeniesSyscall(t *testing.T) {
+	p := Rules()
+	if !protocol.DeniesSyscall(p, "socket") || !protocol.DeniesSyscall(p, "socketpair") || protocol.DeniesSyscall(p, "read") {
+		t.Fatal("the built-in profile: socket denied, read allowed")
+	}
+	allowing := p
+	allowing.Syscalls = append(slices.Clone(p.Syscalls), specs.LinuxSyscall{Names: []string{"socket"}, Action: specs.ActAllow,
+		Args: []specs.LinuxSeccompArg{{Index: 0, Value: 1, Op: specs.OpEqualTo}}})
+	if protocol.DeniesSyscall(allowing, "socket") {
+		t.Fatal("a conditional allow of socket was taken for a denial")
+	}
+	open := specs.LinuxSeccomp{DefaultAction: specs.ActAllow}
+	if protocol.DeniesSyscall(open, "socket") {
+		t.Fatal("an allow-by-default profile denies socket")
+	}
+	open.Syscalls = []specs.LinuxSyscall{{Names: []string{"socket"}, Action: specs.ActErrno}}
+	if !protocol.DeniesSyscall(open, "socket") {
+		t.Fatal("an allow-by-default profile with an errno rule for socket")
 	}
 }

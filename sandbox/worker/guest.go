@@ -37,9 +37,10 @@ func runGuest(req *protocol.Request, env *Env) protocol.Report {
 	return report(env.Engine.Run(env.Module, spec))
 }
 
-// memoryErrorStatus is the bootstrap's exit status for a program that ended with an
-// uncaught MemoryError (see bootstrap.py).
-const memoryErrorStatus = 114
+// memoryErrorFlag is added to the exit status the snapshot returns for a program
+// that ended with an uncaught MemoryError (see bundle/bootstrap.py); a program's own
+// status is below it.
+const memoryErrorFlag = 0x100
 
 func report(out engine.Outcome) protocol.Report {
 	rep := protocol.Report{
@@ -49,8 +50,8 @@ func report(out engine.Outcome) protocol.Report {
 		PeakMemoryBytes: out.PeakMemoryBytes,
 		Diagnostics:     out.Diagnostics,
 	}
-	if rep.Reason == protocol.Exited && rep.ExitCode == memoryErrorStatus {
-		rep.Reason, rep.ExitCode = protocol.MemoryLimit, 1
+	if rep.Reason == protocol.Exited && rep.ExitCode >= 0 && rep.ExitCode&memoryErrorFlag != 0 {
+		rep.Reason, rep.ExitCode = protocol.MemoryLimit, rep.ExitCode&0xFF
 		rep.Diagnostics = append(rep.Diagnostics, fmt.Sprintf(
 			"the program ran out of memory: an allocation was refused (uncaught MemoryError; guest memory %d MiB)",
 			out.PeakMemoryBytes>>20))

@@ -239,9 +239,10 @@ func narrow(req *protocol.Request, st *hardened) {
 		(h.Seccomp == nil || st.enf.Seccomp.Active)
 	// A network namespace shared with the other workers keeps them apart only while
 	// none can open a socket in it: the filter denies socket(2).
-	if h.SharedNetwork && st.enf.Namespaces[protocol.LayerNetNS] && !st.enf.Seccomp.Active {
+	if h.SharedNetwork && st.enf.Namespaces[protocol.LayerNetNS] &&
+		(!st.enf.Seccomp.Active || h.Seccomp == nil || !protocol.DeniesSyscall(*h.Seccomp, "socket")) {
 		st.enf.Namespaces[protocol.LayerNetNS] = false
-		fail(protocol.LayerNetNS, errors.New("the empty network namespace is shared with other workers, and the seccomp filter that keeps them from opening sockets in it is not in force"))
+		fail(protocol.LayerNetNS, errors.New("the empty network namespace is shared with other workers, and no seccomp filter in force keeps them from opening sockets in it"))
 	}
 }
 

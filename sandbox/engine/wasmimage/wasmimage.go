@@ -85,12 +85,17 @@ func Parse(wasm []byte) (*Module, error) {
 	var importedGlobals uint32
 	memories := 0
 	exports := map[uint32]string{}
+	seen := map[byte]bool{}
 	for r.off < len(r.b) {
 		id := r.byte()
 		size := r.u32()
 		if r.err != nil || int(size) > len(r.b)-r.off {
 			return nil, fmt.Errorf("wasmimage: section %d: %w", id, errTruncated)
 		}
+		if id != secCustom && seen[id] {
+			return nil, fmt.Errorf("wasmimage: section %d appears twice", id)
+		}
+		seen[id] = true
 		s := section{id: id, body: r.b[r.off : r.off+int(size)]}
 		r.off += int(size)
 		sr := &reader{b: s.body}

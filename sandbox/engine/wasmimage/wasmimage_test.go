@@ -93,6 +93,7 @@ func TestParseRefuses(t *testing.T) {
 	for name, wasm := range map[string][]byte{
 		"not wasm":          []byte("\x7fELF\x02\x01\x01\x00"),
 		"truncated section": module(memory1)[:10],
+		"section twice":     module(sec(secMemory, 0), memory1),
 		"overlong size":     append([]byte{0, 'a', 's', 'm', 1, 0, 0, 0, secMemory}, 0xFF, 0xFF, 0xFF, 0xFF, 0x0F),
 	} {
 		if _, err := Parse(wasm); err == nil || errors.Is(err, ErrUnsupported) {
@@ -106,6 +107,8 @@ func TestParseRefuses(t *testing.T) {
 func FuzzParse(f *testing.F) {
 	f.Add(module(memory1, globals, exportSP, dataHello, customName))
 	f.Add(module(memory1))
+	// Found by this fuzzer: two memory sections, the first empty.
+	f.Add([]byte("\x00asm\x01\x00\x00\x00\x05\x01\x00\x05\x04\x01\x01\x0e0"))
 	f.Fuzz(func(t *testing.T, wasm []byte) {
 		m, err := Parse(wasm)
 		if err != nil {
