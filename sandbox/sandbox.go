@@ -501,14 +501,11 @@ func (s *Spawner) launch(namespaces, shareNet bool, dir, module *os.File) (*proc
 			}
 		}
 		err := p.cmd.Start()
-		if netns != nil {
-			if unix.Setns(int(hostNet.Fd()), unix.CLONE_NEWNET) != nil {
-				// This thread stays in the shared namespace: it ends with this
-				// goroutine instead of serving others (no UnlockOSThread).
-			} else {
-				defer runtime.UnlockOSThread()
-			}
-		} else {
+		// Back to this process's namespace; a thread that cannot return ends with
+		// this goroutine instead of serving others (no UnlockOSThread). While it is
+		// locked, the Go runtime starts new threads from its template thread, never
+		// from this one (runtime.LockOSThread).
+		if netns == nil || unix.Setns(int(hostNet.Fd()), unix.CLONE_NEWNET) == nil {
 			defer runtime.UnlockOSThread()
 		}
 		startErr <- err

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // Section ids (binary/modules.html).
@@ -294,7 +295,7 @@ func dropExports(body []byte, drop []string) []byte {
 		name := r.name()
 		r.byte()
 		r.u32()
-		if !contains(drop, name) {
+		if !slices.Contains(drop, name) {
 			kept = append(kept, body[start:r.off])
 		}
 	}
@@ -303,15 +304,6 @@ func dropExports(body []byte, drop []string) []byte {
 		out = append(out, e...)
 	}
 	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // dataSegments is a data section holding mem's non-zero bytes as active segments.
