@@ -9,10 +9,3 @@ const (
 	stdlibSize   = 10634439
 	stdlibSHA256 = "fcf8a3fe23e2774733f7ff177e8697c1b26dc7a1537bc605109c3141d641711d"
 )
-
-// SnapshotSHA256 is the SHA-256 of the snapshot of the pinned python.wasm and library
-// made with hash seed 0 by this build's bootstrap (Bundle.SnapshotWasm). A snapshot is
-// a function of those inputs alone; a test checks these bytes, and `make
-// interpreter-verify` checks them for a freshly built python.wasm. Change it together
-// with bootstrap.py.
-const SnapshotSHA256 = "e36c50274d640d0841cbc714bb629b510bcccb5246428ac623d1ef421e659768"

@@ -71,15 +71,23 @@ func SnapshotArgv(seed uint32) []string {
 	return []string{GuestExecutable, strconv.FormatUint(uint64(seed), 10), bootstrap}
 }
 
-// SnapshotWasm returns the snapshot of the bundle's verified python.wasm for seed,
-// made by c. The same seed gives the same bytes (SnapshotSHA256 pins those of seed
-// 0).
+// SnapshotWasm makes the snapshot of the bundle's verified python.wasm for seed with
+// c, afresh. The same bundle directory and seed give the same bytes. (Not across
+// directories: CPython's import system records what it reads of the library
+// directory's metadata at start-up, its modification times, in the snapshot.)
 func (b *Bundle) SnapshotWasm(c Compiler, seed uint32) ([]byte, error) {
 	wasm, err := readVerified(Pinned().Wasm, b.WasmPath())
 	if err != nil {
 		return nil, err
 	}
-	return b.snapshot(c, wasm, seed)
+	if err := Pinned().Stdlib.Verify(filepath.Join(b.LibPath(), Pinned().Stdlib.Name)); err != nil {
+		return nil, err
+	}
+	snap, err := c.Snapshot(wasm, b.LibPath(), GuestLibDir, SnapshotArgv(seed))
+	if err != nil {
+		return nil, fmt.Errorf("bundle: snapshot: %w", err)
+	}
+	return snap, nil
 }
 
 // lastSnapshot keeps the most recent snapshot made in this process: the .cwasm files
@@ -91,21 +99,20 @@ var lastSnapshot struct {
 	wasm []byte
 }
 
+// snapshot is SnapshotWasm for wasm, python.wasm as verified by the caller, through
+// lastSnapshot.
 func (b *Bundle) snapshot(c Compiler, wasm []byte, seed uint32) ([]byte, error) {
-	// (The library is the pinned one wherever it is: it is verified below.)
-	key := hashBytes(wasm) + "\x00" + strconv.FormatUint(uint64(seed), 10)
+	key := hashBytes(wasm) + "\x00" + strconv.FormatUint(uint64(seed), 10) + "\x00" + b.LibPath()
 	lastSnapshot.Lock()
 	defer lastSnapshot.Unlock()
 	if lastSnapshot.key == key {
 		return lastSnapshot.wasm, nil
 	}
-	// What the initialisation imports from the library is frozen into the snapshot.
-	if err := Pinned().Stdlib.Verify(filepath.Join(b.LibPath(), Pinned().Stdlib.Name)); err != nil {
-		return nil, err
-	}
-	snap, err := c.Snapshot(wasm, b.LibPath(), GuestLibDir, SnapshotArgv(seed))
+	// (What the initialisation imports from the library is frozen into the
+	// snapshot: SnapshotWasm verifies the library first.)
+	snap, err := b.SnapshotWasm(c, seed)
 	if err != nil {
-		return nil, fmt.Errorf("bundle: snapshot: %w", err)
+		return nil, err
 	}
 	lastSnapshot.key, lastSnapshot.wasm = key, snap
 	return snap, nil
