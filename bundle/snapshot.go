@@ -64,10 +64,10 @@ func HashSeed(dir string) (uint32, error) {
 	return uint32(v), nil
 }
 
-// SnapshotArgv is the WASI argv of the snapshot's initialisation for seed: the
+// snapshotArgv is the WASI argv of the snapshot's initialisation for seed: the
 // interpreter's name, the hash seed, the bootstrap (see
 // bundle/interpreter/sandcell.c).
-func SnapshotArgv(seed uint32) []string {
+func snapshotArgv(seed uint32) []string {
 	return []string{GuestExecutable, strconv.FormatUint(uint64(seed), 10), bootstrap}
 }
 
@@ -83,7 +83,7 @@ func (b *Bundle) SnapshotWasm(c Compiler, seed uint32) ([]byte, error) {
 	if err := Pinned().Stdlib.Verify(filepath.Join(b.LibPath(), Pinned().Stdlib.Name)); err != nil {
 		return nil, err
 	}
-	snap, err := c.Snapshot(wasm, b.LibPath(), GuestLibDir, SnapshotArgv(seed))
+	snap, err := c.Snapshot(wasm, b.LibPath(), GuestLibDir, snapshotArgv(seed))
 	if err != nil {
 		return nil, fmt.Errorf("bundle: snapshot: %w", err)
 	}

@@ -90,19 +90,14 @@ func (s *Spawner) sealedModule(path string) (*os.File, error) {
 	if m, ok := s.modules[key]; ok {
 		return m, nil
 	}
-	fd, err := unix.MemfdCreate("sandcell-module", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	m, err := sealedCopy("sandcell-module", func(m *os.File) error {
+		if n, err := io.Copy(m, f); err != nil || n != st.Size {
+			return fmt.Errorf("copy module: %d of %d bytes: %v", n, st.Size, err)
+		}
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("memfd_create: %w", err)
-	}
-	m := os.NewFile(uintptr(fd), "module")
-	if n, err := io.Copy(m, f); err != nil || n != st.Size {
-		m.Close()
-		return nil, fmt.Errorf("copy module: %d of %d bytes: %v", n, st.Size, err)
-	}
-	if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS,
-		unix.F_SEAL_WRITE|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
-		m.Close()
-		return nil, fmt.Errorf("seal module: %w", err)
+		return nil, err
 	}
 	if s.modules == nil {
 		s.modules = map[moduleKey]*os.File{}
@@ -115,6 +110,27 @@ func (s *Spawner) sealedModule(path string) (*os.File, error) {
 	}
 	s.modules[key] = m
 	return m, nil
+}
+
+// sealedCopy returns a memfd named name holding what fill wrote to it, sealed
+// against every change (F_SEAL_WRITE, F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL;
+// memfd_create(2), fcntl(2)).
+func sealedCopy(name string, fill func(*os.File) error) (*os.File, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return nil, fmt.Errorf("memfd_create: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), name)
+	if err := fill(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS,
+		unix.F_SEAL_WRITE|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("seal %s: %w", name, err)
+	}
+	return f, nil
 }
 
 // command is the worker's argv[1].
@@ -175,7 +191,7 @@ var (
 // workers from bin, an executable whose `__worker` verb is the worker (the daemon
 // binary carries cmd/sandcell-worker, which links only the sandbox, so that a worker
 // runs none of the daemon's package initialisers). bin is copied once into a sealed
-// memfd (as the modules are, see sealedModule) that workers execute as
+// memfd (as the modules are, see sealedCopy) that workers execute as
 // /proc/self/fd/N: the code that runs is the bytes linked into this binary, and
 // nothing on disk can swap it, as with re-executing /proc/self/exe. It may be called
 // once per process. Errors leave spawners re-executing the running binary.
@@ -183,33 +199,26 @@ func UseWorkerBinary(bin []byte) error {
 	if workerExe.Load() != nil {
 		return errors.New("the worker binary is already set")
 	}
-	fd, err := unix.MemfdCreate("sandcell-worker", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	m, err := sealedCopy("sandcell-worker", func(m *os.File) error {
+		// Executable by the worker whatever the umask: in its user namespace it is
+		// not the memfd's owner.
+		if err := m.Chmod(0o555); err != nil {
+			return fmt.Errorf("chmod worker memfd: %w", err)
+		}
+		_, err := m.Write(bin)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("memfd_create: %w", err)
+		return err
 	}
+	defer m.Close()
 	// Above the descriptors a worker is given (0-5), which a child's dup2 would
 	// overwrite before its exec reads the path.
-	high, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 16)
-	unix.Close(fd)
+	high, err := unix.FcntlInt(m.Fd(), unix.F_DUPFD_CLOEXEC, 16)
 	if err != nil {
 		return fmt.Errorf("dup worker memfd: %w", err)
 	}
 	f := os.NewFile(uintptr(high), "sandcell-worker")
-	// Executable by the worker whatever the umask: in its user namespace it is not
-	// the memfd's owner.
-	if err := unix.Fchmod(high, 0o555); err != nil {
-		f.Close()
-		return fmt.Errorf("chmod worker memfd: %w", err)
-	}
-	if _, err := f.Write(bin); err != nil {
-		f.Close()
-		return fmt.Errorf("write worker memfd: %w", err)
-	}
-	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS,
-		unix.F_SEAL_WRITE|unix.F_SEAL_SHRINK|unix.F_SEAL_GROW|unix.F_SEAL_SEAL); err != nil {
-		f.Close()
-		return fmt.Errorf("seal worker memfd: %w", err)
-	}
 	exe := fmt.Sprintf("/proc/self/fd/%d", high)
 	workerFile.Store(f) // open for the life of the process
 	workerExe.Store(&exe)
