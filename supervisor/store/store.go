@@ -113,26 +113,24 @@ func (s *Store) committer() {
 		select {
 		case <-s.wake:
 		case <-s.stop:
-			s.qmu.Lock()
-			batch := s.queue
-			s.queue = nil
-			s.qmu.Unlock()
-			for _, p := range batch {
+			for _, p := range s.take() {
 				p.done <- errClosed
 			}
 			return
 		}
-		for {
-			s.qmu.Lock()
-			batch := s.queue
-			s.queue = nil
-			s.qmu.Unlock()
-			if len(batch) == 0 {
-				break
-			}
+		for batch := s.take(); len(batch) > 0; batch = s.take() {
 			s.commit(batch)
 		}
 	}
+}
+
+// take empties the queue and returns what it held.
+func (s *Store) take() []*pending {
+	s.qmu.Lock()
+	defer s.qmu.Unlock()
+	batch := s.queue
+	s.queue = nil
+	return batch
 }
 
 func (s *Store) migrate() error {
@@ -212,8 +210,8 @@ func hash(prev string, e Event) string {
 // error means no record was written: the caller must not go on as if it had been.
 // Records appended concurrently are written in one transaction, in the order they
 // arrived; a failed transaction writes none of them, and each of their callers gets
-// the error. ctx bounds only the wait for the commit to start, never a commit under
-// way.
+// the error. A ctx already done is refused before the record is queued; once queued,
+// Append waits for its commit's outcome, whatever ctx does.
 func (s *Store) Append(ctx context.Context, e Event) (Event, error) {
 	if len(e.Detail) == 0 {
 		e.Detail = json.RawMessage(`{}`)
