@@ -93,7 +93,10 @@ def _sandcell_init():
         except BaseException:
             pass
         if opened:
-            close_files()
+            try:
+                close_files()
+            except BaseException:  # an audit hook of the program's may raise
+                pass
         out = sys.stdout
         done = set()
         for f in (out, sys.stderr, stdout0, stderr0):

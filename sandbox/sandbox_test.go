@@ -999,6 +999,7 @@ func TestEndOfProgramSurvivesTheProgram(t *testing.T) {
 		`import sys, io; print("x", end=""); sys.stdout = io.StringIO()`: {"x", 0},
 		`import sys; print("before"); sys.exit(114)`:                     {"before\n", 114},
 		`raise KeyboardInterrupt`:                                        {"", 130},
+		"import sys\nopen('/ws/f', 'w')\nsys.addaudithook(lambda e, a: e == 'gc.get_objects' and sys.exit(0x1ff))\nprint('kept', end='')": {"kept", 0},
 	} {
 		res, _ := run(t, code, nil)
 		if res.Reason != protocol.Exited || res.ExitCode != want.exit || string(res.Stdout) != want.stdout {
