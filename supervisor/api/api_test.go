@@ -74,6 +74,7 @@ type setup struct {
 	pool               int      // warm workers; 0: none
 	runsHeld           bool     // policy holds runs for approval too
 	elicitation        []string // approvals.elicitation: whose own confirmation counts
+	perUID             int      // open connections of one uid; 0: 64, the whole bound
 }
 
 // start opens and runs a real daemon with real workers on a Unix socket in a
@@ -103,6 +104,9 @@ func start(t *testing.T, s setup) *daemon {
 	cfg.Runs.ResultRetention.Duration = time.Minute
 	cfg.Runs.ShutdownGrace.Duration = time.Second
 	cfg.Runs.MaxConnections, cfg.Runs.MaxConnectionsPerUID = 64, 64
+	if s.perUID != 0 {
+		cfg.Runs.MaxConnectionsPerUID = s.perUID
+	}
 	if s.readTimeout != 0 {
 		cfg.Runs.RequestTimeout.Duration = s.readTimeout
 	}
@@ -759,16 +763,19 @@ func TestConnectionLimit(t *testing.T) {
 	get()
 }
 
-// One uid cannot hold every connection: past its own limit it is answered 429 at
-// once, while the global limit still has room for others.
+// One uid cannot hold every connection: past its own limit a connection is kept for
+// the health endpoints (its probes still answered), past four of those it is
+// answered 429 at once, while the global limit still has room for others.
 func TestConnectionLimitPerUID(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "s.sock")
 	l, err := api.ListenUnix(sock, 0o600, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}), ConnContext: api.ConnContext}
-	go srv.Serve(api.Listen(l, 8, 2))
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, api.ProbeOnly(r.Context()))
+	}), ConnContext: api.ConnContext}
+	go srv.Serve(api.Listen(l, 16, 2))
 	defer srv.Close()
 	for i := 0; i < 2; i++ {
 		c, err := net.Dial("unix", sock)
@@ -780,6 +787,20 @@ func TestConnectionLimitPerUID(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	cl := client.HTTP(sock)
 	cl.Timeout = 5 * time.Second
+	// Four keep-alive clients, one connection each, all on probe slots.
+	for i := 0; i < 4; i++ {
+		cl := client.HTTP(sock)
+		defer cl.CloseIdleConnections()
+		resp, err := cl.Get("http://x/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if string(body) != "true" {
+			t.Fatalf("connection %d past the uid's limit: probe only %s, want true", i+3, body)
+		}
+	}
 	resp, err := cl.Get("http://x/")
 	if err != nil {
 		t.Fatal(err)

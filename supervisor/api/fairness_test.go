@@ -321,6 +321,34 @@ func TestProbesWhileCallersHoldEveryConnection(t *testing.T) {
 	}
 }
 
+// A uid that holds every connection it may have, each in the middle of a slowly sent
+// body, does not silence its own probes (systemd's and an operator's share a uid
+// with the daemon's callers): /readyz and /livez are answered at once on a probe
+// slot, anything else is 429 connection_limit.
+func TestProbesWhileOneUIDHoldsItsConnections(t *testing.T) {
+	d := start(t, setup{perUID: 8})
+	for i := 0; i < 8; i++ {
+		c, err := net.Dial("unix", d.socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprint(c, "POST /v1/runs HTTP/1.1\r\nHost: sandcell\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n{")
+	}
+	time.Sleep(200 * time.Millisecond)
+	for i := 0; i < 3; i++ {
+		for _, path := range []string{"/readyz", "/livez"} {
+			start := time.Now()
+			resp, body := d.do(t, "GET", path, "")
+			if resp.StatusCode != 200 || time.Since(start) > 2*time.Second {
+				t.Fatalf("%s while the uid holds its connections: %d %s after %s", path, resp.StatusCode, body, time.Since(start))
+			}
+		}
+	}
+	resp, body := d.do(t, "GET", "/v1/runs", "")
+	wantProblem(t, resp, body, 429, wire.CodeConnLimit)
+}
+
 // Every audit record of a TCP caller's request names its token, whatever the kind:
 // runs, workspaces and files, statements, approvals.
 func TestAuditNamesTheToken(t *testing.T) {

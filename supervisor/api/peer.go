@@ -135,8 +135,9 @@ func peerGroups(fd int) ([]int, error) {
 }
 
 // Listen wraps l so that at most max connections are open at once, at most perUID of
-// them from one uid (more are answered 429 connection_limit and closed, so one user
-// cannot take every slot), and each carries its peer's credentials, read once at
+// them from one uid (more are kept for the health endpoints while probe slots last,
+// and else answered 429 connection_limit and closed, so one user cannot take every
+// slot nor silence its probes; see connLimit.admit), and each carries its peer's credentials, read once at
 // accept. At the bound, the connection idle the longest is closed to make room (see
 // connLimit.take).
 func Listen(l *net.UnixListener, max, perUID int) net.Listener {
@@ -266,27 +267,38 @@ func (l *connLimit[K]) oldestIdle(probe bool) *limitedConn {
 	return oldest
 }
 
-// admit counts c, from key, in the slot taken by take, or gives the slot back and
-// reports false when key already has per open.
+// admit counts c, from key, in the slot taken by take. A key that already has per
+// open ordinary connections gets a probe slot instead when one is free (its slot
+// given back): only the health endpoints are answered on it, so a caller that holds
+// every connection its uid or address may have does not make the probes of that
+// uid or address (a kubelet's, systemd's) fail. Else the slot is given back and
+// admit reports false.
 func (l *connLimit[K]) admit(key K, c *limitedConn) bool {
 	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !c.probe && l.open[key] >= l.per {
+		if l.probed[key] >= probeSlotsPerKey || !try(l.probes) {
+			l.give(false)
+			return false
+		}
+		l.give(false)
+		c.probe = true
+		c.authenticated.Store(false)
+	}
 	// A probe slot is held for one health request at most (or while idle, until
 	// another probe closes it): a key has probeSlotsPerKey of them.
-	over := !c.probe && l.open[key] >= l.per || c.probe && l.probed[key] >= probeSlotsPerKey
-	if !over {
-		if c.probe {
-			l.probed[key]++
-		} else {
-			l.open[key]++
-		}
-		l.conns[c] = struct{}{}
-		c.release = func() { l.release(key, c) }
+	if c.probe && l.probed[key] >= probeSlotsPerKey {
+		l.give(true)
+		return false
 	}
-	l.mu.Unlock()
-	if over {
-		l.give(c.probe)
+	if c.probe {
+		l.probed[key]++
+	} else {
+		l.open[key]++
 	}
-	return !over
+	l.conns[c] = struct{}{}
+	c.release = func() { l.release(key, c) }
+	return true
 }
 
 // give gives back a slot taken by take.
@@ -375,7 +387,8 @@ func (l *peerListener) Accept() (net.Conn, error) {
 
 // ListenTCP wraps a TCP listener (before any TLS) so that at most max connections
 // are open at once and at most perIP of them come from one client address (more are
-// closed at once, unanswered: the bytes of an HTTP answer would not be TLS). A
+// kept for the health endpoints while probe slots last, and else closed at once,
+// unanswered: the bytes of an HTTP answer would not be TLS). A
 // connection that has not presented a valid bearer token is closed after
 // unauthenticatedIdle idle, and at the bound the connection idle the longest is
 // closed for a new one: whatever connections other clients hold, the kubelet's
