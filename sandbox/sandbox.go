@@ -34,6 +34,17 @@ import (
 // ErrBadRequest is wrapped by Run for a request it refuses before starting a worker.
 var ErrBadRequest = errors.New("sandbox: bad request")
 
+// Stop is a cause to cancel a run's context with (context.WithCancelCause) when the
+// caller ends the run for a limit of its own, not as a cancel: the Result then has
+// Reason and Detail as its one diagnostic instead of cancelled. The daemon's
+// workspace quota is one (protocol.QuotaExceeded).
+type Stop struct {
+	Reason protocol.Reason
+	Detail string
+}
+
+func (s *Stop) Error() string { return string(s.Reason) + ": " + s.Detail }
+
 // Spawner starts workers. The zero value is not usable: set Exe.
 type Spawner struct {
 	// Exe is the binary to re-execute as `Exe __worker`; normally "/proc/self/exe".
@@ -255,7 +266,9 @@ func (s *Spawner) Run(ctx context.Context, req protocol.Request) (protocol.Resul
 // RunStreaming executes req in a worker (a warm one from the pool when one matches,
 // see Warm, else a new one) and returns the Result. With an observer, the Result's
 // Stdout and Stderr are empty: observe was given every byte, so the output is held
-// once, by the observer. req.Limits must be complete (see policy.Resolve). Cancelling ctx kills the worker and ends the run as cancelled.
+// once, by the observer. req.Limits must be complete (see policy.Resolve).
+// Cancelling ctx kills the worker and ends the run as cancelled, or as its *Stop
+// cause says.
 // The error is non-nil only when no run took place (bad request, the worker could
 // not be started); every outcome of a run, failures included, is a Result.
 func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observe Observer) (protocol.Result, error) {
@@ -602,6 +615,7 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 	}()
 
 	go func() { wg.Wait(); close(waited) }()
+	var stopDetail string
 	timer := time.NewTimer(time.Duration(req.Limits.TimeoutMS) * time.Millisecond)
 	defer timer.Stop()
 	select {
@@ -609,7 +623,13 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 	case <-timer.C:
 		kill(protocol.Timeout)
 	case <-ctx.Done():
-		kill(protocol.Cancelled)
+		var stop *Stop
+		if errors.As(context.Cause(ctx), &stop) {
+			stopDetail = stop.Detail
+			kill(stop.Reason)
+		} else {
+			kill(protocol.Cancelled)
+		}
 	}
 	<-waited
 	elapsed := time.Since(p.started)
@@ -653,6 +673,9 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 	case killReason != "":
 		res.ExitCode = -1
 		res.Reason = killReason
+		if stopDetail != "" {
+			res.Diagnostics = []string{stopDetail}
+		}
 	case cpuBackstop(exitState(), req.Hardening.Rlimits.CPU):
 		res.ExitCode = -1
 		res.Reason = protocol.CPULimit

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -50,6 +51,7 @@ type Manager struct {
 	workers   int // how many runs may run at once
 	maxQueued int
 	perCaller int // most runs (running plus queued) of one caller; 0: no bound
+	quota     workspace.Quota
 
 	wedgeSlack  time.Duration
 	maxRetained int64        // bytes kept for finished runs at most (their output and records)
@@ -98,6 +100,11 @@ type Options struct {
 	// goes to the queued run of the caller with the fewest runs running (the oldest
 	// such run), so one caller's queue never keeps another's run waiting behind it.
 	MaxPerCaller int
+	// WorkspaceQuota bounds what each run's workspace (named, or private) may hold
+	// while the run goes: no file larger than its bytes (RLIMIT_FSIZE), and the
+	// workspace measured as the run goes (see watchQuota); past it the run ends
+	// quota_exceeded. Zero: no bound.
+	WorkspaceQuota workspace.Quota
 }
 
 // NewManager returns a manager running requests with runner.
@@ -128,7 +135,7 @@ func NewManager(runner Runner, o Options) (*Manager, error) {
 	}
 	return &Manager{runner: runner, workDir: o.WorkDir, retention: o.Retention, maxRetained: o.MaxRetainedOutputBytes,
 		wedgeSlack: o.WedgeSlack, workers: o.Concurrency, maxQueued: o.QueueLength, perCaller: max(o.MaxPerCaller, 0),
-		runs: map[string]*Run{}, callers: map[Caller]*share{}}, nil
+		quota: o.WorkspaceQuota, runs: map[string]*Run{}, callers: map[Caller]*share{}}, nil
 }
 
 // Caller is who starts a run: a local process's uid (SO_PEERCRED), or, over TCP, the
@@ -454,7 +461,67 @@ func (m *Manager) work(ctx context.Context, r *Run, req protocol.Request) (proto
 		defer workspace.RemoveTree(ws)
 		req.Workspace = ws
 	}
+	if m.quota.Bytes > 0 && m.quota.Files > 0 {
+		req.Hardening.Rlimits.FSIZE = min(req.Hardening.Rlimits.FSIZE, uint64(m.quota.Bytes))
+		w, err := workspace.Directory(req.Workspace, m.quota)
+		if err != nil {
+			return protocol.Result{}, err
+		}
+		var stop context.CancelCauseFunc
+		ctx, stop = context.WithCancelCause(ctx)
+		defer stop(nil)
+		go watchQuota(ctx, w, m.quota, stop)
+	}
 	return m.runner.RunStreaming(ctx, req, r.observe)
+}
+
+// Bounds of watchQuota's measuring: it measures again after quotaCheckMin, or
+// after ten times its last walk took when that is longer (so the walks cost at most
+// a tenth of a core per run, whatever a workspace holds), at most quotaCheckMax.
+const (
+	quotaCheckMin = 100 * time.Millisecond
+	quotaCheckMax = 2 * time.Second
+)
+
+// watchQuota measures w until ctx ends and stops the run (cause *sandbox.Stop,
+// quota_exceeded) once it holds more than q. A workspace grows past its
+// quota by at most what the guest writes between two measures (with RLIMIT_FSIZE
+// no file is larger than the whole quota): the bound that holds on any file
+// system, where a project quota or a size-limited mount would need root and a
+// particular file system.
+func watchQuota(ctx context.Context, w *workspace.Workspace, q workspace.Quota, stop context.CancelCauseFunc) {
+	t := time.NewTimer(quotaCheckMin)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		began := time.Now()
+		over, u, err := w.OverQuota()
+		if over {
+			stop(&sandbox.Stop{Reason: protocol.QuotaExceeded, Detail: fmt.Sprintf(
+				"the workspace grew past its quota while the run went: %s in %s names, the quota is %d bytes and %d names",
+				atLeast(u, u.Bytes), atLeast(u, int64(u.Files)), q.Bytes, q.Files)})
+			return
+		}
+		if err != nil && ctx.Err() == nil {
+			// The workspace cannot be measured (the run removed it, say): its
+			// bound cannot be kept, so the run ends.
+			stop(&sandbox.Stop{Reason: protocol.QuotaExceeded, Detail: "the workspace could not be measured while the run went: " + err.Error()})
+			return
+		}
+		t.Reset(min(max(quotaCheckMin, 10*time.Since(began)), quotaCheckMax))
+	}
+}
+
+// atLeast formats n, a count of u's, as "at least n" when u stopped counting early.
+func atLeast(u workspace.Usage, n int64) string {
+	if u.AtLeast {
+		return fmt.Sprintf("at least %d", n)
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 // finish records the final state once.

@@ -18,7 +18,7 @@ const (
 	exitTrap        = 134 // WebAssembly trap (128 + SIGABRT)
 	exitMemoryLimit = 137 // out of memory (128 + SIGKILL, as the kernel's OOM killer leaves it)
 	exitCPULimit    = 152 // CPU time or fuel exhausted (128 + SIGXCPU)
-	exitOutputLimit = 153 // output cap reached (128 + SIGXFSZ)
+	exitOutputLimit = 153 // output cap or workspace quota reached (128 + SIGXFSZ)
 )
 
 // exitCode is an error that carries an exit status and has already been reported.

@@ -337,7 +337,7 @@ func exitStatus(res protocol.Result) int {
 		return exitCPULimit
 	case protocol.MemoryLimit:
 		return exitMemoryLimit
-	case protocol.OutputLimit:
+	case protocol.OutputLimit, protocol.QuotaExceeded:
 		return exitOutputLimit
 	case protocol.Rejected:
 		return exitRejected

@@ -193,6 +193,9 @@ const (
 	// that raises MemoryError itself ends the same way); the limit itself is the
 	// engine's, which never lets linear memory past Limits.MemoryBytes.
 	MemoryLimit Reason = "memory_limit"
+	// QuotaExceeded: the run's workspace grew past its byte or name quota while it
+	// ran (the daemon measures it as the run goes) and the worker was killed.
+	QuotaExceeded Reason = "quota_exceeded"
 	// Trap: WebAssembly trapped (stack exhausted, unreachable, ...).
 	Trap Reason = "trap"
 	// Rejected: the request was refused before any code ran (policy, bad input).
@@ -203,7 +206,7 @@ const (
 
 // Reasons lists every Reason, in documentation order.
 func Reasons() []Reason {
-	return []Reason{Exited, Timeout, Cancelled, CPULimit, MemoryLimit, OutputLimit, Trap, Rejected, InternalError}
+	return []Reason{Exited, Timeout, Cancelled, CPULimit, MemoryLimit, OutputLimit, QuotaExceeded, Trap, Rejected, InternalError}
 }
 
 // Limits bounds one run. Zero means "no limit of this kind" only where a field says so;

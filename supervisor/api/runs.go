@@ -72,8 +72,6 @@ func (s *Server) createRun(c echo.Context) error {
 			return acquireError(w.ID, err)
 		}
 		acquired = w.ID
-		// No single file the run writes may be larger than the whole quota.
-		req.Hardening.Rlimits.FSIZE = min(req.Hardening.Rlimits.FSIZE, uint64(s.o.Workspaces.Quota().Bytes))
 	}
 	if s.approvalRequired(ActionRun) && req.Path != "" {
 		// What is approved is the file's bytes, and those bytes run: read now, the

@@ -57,7 +57,7 @@ var sqlStatus = map[string]int{
 	"sql_not_authorized": http.StatusBadRequest, "sql_cannot_open": http.StatusNotFound,
 	"sql_not_a_database": http.StatusUnprocessableEntity, "sql_interrupted": http.StatusUnprocessableEntity,
 	"sql_result_too_large": http.StatusUnprocessableEntity, "sql_busy": http.StatusConflict,
-	"sql_out_of_memory": http.StatusUnprocessableEntity,
+	"sql_out_of_memory": http.StatusUnprocessableEntity, "sql_quota_exceeded": http.StatusInsufficientStorage,
 }
 
 // managerRunner runs the tool's worker through the run manager as a job of its own

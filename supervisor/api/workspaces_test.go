@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
@@ -172,17 +173,20 @@ print('link')`
 }
 
 // Uploads past the quota are refused; guest code that writes past it leaves a
-// workspace that refuses runs and uploads until files are removed.
+// workspace that refuses runs and uploads until files are removed (the run itself
+// ends as soon as the daemon measures it past: TestRunEndsAtQuota).
 func TestWorkspaceQuota(t *testing.T) {
 	d := start(t, setup{quota: workspace.Quota{Bytes: 64 << 10, Files: 10}})
 	id := d.newWorkspace(t)
 	files := "/v1/workspaces/" + id + "/files/"
 	resp, body := d.do(t, "PUT", files+"big", strings.Repeat("x", 65<<10))
 	wantProblem(t, resp, body, 507, "quota_exceeded")
-	// One file cannot exceed the quota (RLIMIT_FSIZE); two together can.
+	// One file cannot exceed the quota (RLIMIT_FSIZE); two together can, and the
+	// run ends with them or is ended for them.
 	v := d.run(t, `{"workspace":"`+id+`","code":"import os\ntry:\n  with open('one','wb') as f: f.write(b'x'*(65<<10))\nexcept OSError as e:\n  print('one', e.strerror)\nos.remove('one')\nfor n in 'ab': open(n,'wb').write(b'x'*(40<<10))\nprint('done')"}`)
-	if string(v.Result.Stdout) != "one File too large\ndone\n" {
-		t.Fatalf("run: %q %q", v.Result.Stdout, v.Result.Stderr)
+	if out := string(v.Result.Stdout); !strings.HasPrefix(out, "one File too large\n") ||
+		!(out == "one File too large\ndone\n" || v.Result.Reason == protocol.QuotaExceeded) {
+		t.Fatalf("run: %s %q %q", v.Result.Reason, v.Result.Stdout, v.Result.Stderr)
 	}
 	resp, body = d.do(t, "POST", "/v1/runs", `{"workspace":"`+id+`","code":"print(1)"}`)
 	wantProblem(t, resp, body, 507, "quota_exceeded")
@@ -193,6 +197,40 @@ func TestWorkspaceQuota(t *testing.T) {
 	}
 	if v := d.run(t, `{"workspace":"`+id+`","code":"print(len(open('b','rb').read()))"}`); string(v.Result.Stdout) != "40960\n" {
 		t.Fatalf("after delete: %q", v.Result.Stdout)
+	}
+}
+
+// A run whose workspace grows past its quota is ended quota_exceeded as soon as
+// the daemon measures it (it had run on until its time ran out: 1 GiB written in
+// 4.7 s against a quota of 256 MiB, in files each under RLIMIT_FSIZE), whether the
+// workspace is a named one or the run's private one, and whether bytes or names
+// pass the quota; a run that keeps rewriting what it has stays within it and ends
+// by itself.
+func TestRunEndsAtQuota(t *testing.T) {
+	d := start(t, setup{quota: workspace.Quota{Bytes: 1 << 20, Files: 100}})
+	id := d.newWorkspace(t)
+	bytesForever := `import itertools\nfor i in itertools.count():\n  open('/ws/f%d' % i, 'wb').write(b'x' * (200 << 10))`
+	namesForever := `import itertools\nfor i in itertools.count():\n  open('/ws/n%d' % i, 'wb').close()`
+	for _, c := range []struct{ name, body string }{
+		{"bytes, named workspace", `{"workspace":"` + id + `","code":"` + bytesForever + `","limits":{"timeout_ms":20000}}`},
+		{"bytes, private workspace", `{"code":"` + bytesForever + `","limits":{"timeout_ms":20000}}`},
+		{"names, private workspace", `{"code":"` + namesForever + `","limits":{"timeout_ms":20000}}`},
+	} {
+		v := d.run(t, c.body)
+		r := v.Result
+		t.Logf("%s: %s after %.0f ms: %v", c.name, r.Reason, r.ElapsedMS, r.Diagnostics)
+		if r.Reason != protocol.QuotaExceeded || r.ElapsedMS > 10000 || len(r.Diagnostics) != 1 ||
+			!strings.Contains(r.Diagnostics[0], "past its quota") {
+			t.Fatalf("%s: %s after %.0f ms, %v, stderr %q", c.name, r.Reason, r.ElapsedMS, r.Diagnostics, r.Stderr)
+		}
+	}
+	resp, body := d.do(t, "GET", "/v1/workspaces/"+id, "")
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"over_quota":true`) {
+		t.Fatalf("the workspace after: %d %.300s", resp.StatusCode, body)
+	}
+	v := d.run(t, `{"code":"import time\nend = time.monotonic() + 1.5\nwhile time.monotonic() < end:\n  open('/ws/f', 'wb').write(b'x' * (600 << 10))\nprint('kept')"}`)
+	if v.Result.Reason != protocol.Exited || string(v.Result.Stdout) != "kept\n" {
+		t.Fatalf("a run within its quota: %s %q %v", v.Result.Reason, v.Result.Stdout, v.Result.Diagnostics)
 	}
 }
 

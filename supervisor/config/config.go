@@ -67,7 +67,7 @@ type Config struct {
 	Approvals Approvals `toml:"approvals" envPrefix:"APPROVALS_"`
 	// Health configures the start-up self-test and the periodic canary.
 	Health Health `toml:"health" envPrefix:"HEALTH_"`
-	// Workspaces bounds the named workspaces of /v1/workspaces.
+	// Workspaces bounds every workspace: the named ones of /v1/workspaces and each run's private one.
 	Workspaces Workspaces `toml:"workspaces" envPrefix:"WORKSPACES_"`
 	// Pool keeps workers started ahead of demand.
 	Pool   Pool   `toml:"pool" envPrefix:"POOL_"`
@@ -183,10 +183,12 @@ type Health struct {
 	CanaryInterval Duration `toml:"canary_interval" env:"CANARY_INTERVAL"`
 }
 
-// Workspaces bounds each named workspace. Uploads are refused past the quota; guest
-// code can write past it during a run (each file bounded by RLIMIT_FSIZE, at most
-// max_bytes), after which the workspace refuses runs and uploads until files are
-// removed.
+// Workspaces bounds each workspace (a named one, and a run's private one). Uploads
+// are refused past the quota; a run is measured as it goes and ends
+// quota_exceeded once its workspace is past it (no file may be larger than
+// max_bytes, RLIMIT_FSIZE; what the guest writes between two measures, 0.1 s to 2 s
+// apart, may pass it), after which the workspace refuses runs and uploads until
+// files are removed.
 type Workspaces struct {
 	// MaxBytes bounds the bytes of one workspace's regular files.
 	MaxBytes int64 `toml:"max_bytes" env:"MAX_BYTES"`

@@ -140,7 +140,8 @@ func Open(o Options) (_ *Daemon, err error) {
 	workspace.RemoveTree(d.canaryW) // left by a daemon that died during a canary
 	if d.mgr, err = supervisor.NewManager(d.sp, supervisor.Options{Concurrency: cfg.Concurrency(),
 		QueueLength: cfg.Runs.QueueLength, MaxPerCaller: cfg.PerCaller(), Retention: cfg.Runs.ResultRetention.Duration,
-		WorkDir: filepath.Join(cfg.State.Dir, "work"), MaxRetainedOutputBytes: cfg.Runs.MaxRetainedOutputBytes}); err != nil {
+		WorkDir: filepath.Join(cfg.State.Dir, "work"), MaxRetainedOutputBytes: cfg.Runs.MaxRetainedOutputBytes,
+		WorkspaceQuota: workspace.Quota{Bytes: cfg.Workspaces.MaxBytes, Files: cfg.Workspaces.MaxFiles}}); err != nil {
 		return nil, err
 	}
 	access, err := d.access(cfg)

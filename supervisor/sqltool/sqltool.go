@@ -199,6 +199,9 @@ func Run(ctx context.Context, r Runner, dir string, req Request, base protocol.R
 	case res.Reason == protocol.MemoryLimit:
 		return Outcome{Status: "error", Error: &Error{Code: "sql_out_of_memory",
 			Message: "the statement ran out of memory: ask for fewer rows (max_rows), or a smaller result"}}, nil
+	case res.Reason == protocol.QuotaExceeded:
+		return Outcome{Status: "error", Error: &Error{Code: "sql_quota_exceeded",
+			Message: "the workspace grew past its quota during the statement: " + strings.Join(res.Diagnostics, "; ")}}, nil
 	case res.Reason == protocol.Timeout || res.Reason == protocol.CPULimit:
 		return Outcome{Status: "error", Error: &Error{Code: "sql_interrupted", Message: "the statement ran past its time limit"}}, nil
 	case res.Reason != protocol.Exited || res.ExitCode != 0:

@@ -679,8 +679,8 @@ func (w *Workspace) Usage() (Usage, error) {
 }
 
 // OverQuota reports whether the workspace holds more than its quota (guest code may
-// write past it: the quota is checked on uploads and before each run, and a run's
-// files are bounded only by RLIMIT_FSIZE each).
+// write past it: the quota is checked on uploads, before each run and as a run goes,
+// and a run ends once it is past; see supervisor.Options.WorkspaceQuota).
 func (w *Workspace) OverQuota() (bool, Usage, error) {
 	u, err := w.Usage()
 	return err == nil && (u.Bytes > w.s.quota.Bytes || u.Files > w.s.quota.Files), u, err
