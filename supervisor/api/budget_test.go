@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -200,5 +201,20 @@ func TestStalledEventReaders(t *testing.T) {
 	t.Logf("3 stalled readers of 8 MiB of output: heap grew %d KiB", grew>>10)
 	if grew > 8<<20 {
 		t.Fatalf("3 stalled readers grew the heap by %d MiB", grew>>20)
+	}
+}
+
+// The daemon's soft memory limit follows its budgets (without one, 17 results of
+// 64 MiB left a resident size of 800 MB against a kept budget of 256 MiB: the
+// collector's garbage and idle heap), unless GOMEMLIMIT says otherwise.
+func TestMemoryLimitFromBudgets(t *testing.T) {
+	if _, set := os.LookupEnv("GOMEMLIMIT"); set {
+		t.Skip("GOMEMLIMIT is set: the daemon keeps it")
+	}
+	d := start(t, setup{})
+	limit := debug.SetMemoryLimit(-1)
+	want := d.cfg.Runs.MaxRetainedOutputBytes + int64(d.cfg.Concurrency())*2*d.cfg.Limits.Max.MaxOutputBytes + 256<<20
+	if limit != want || limit != d.cfg.MemoryLimit() {
+		t.Fatalf("soft memory limit %d MiB, want %d MiB", limit>>20, want>>20)
 	}
 }

@@ -501,6 +501,20 @@ func (c Config) Policy() (policy.Policy, error) {
 	return p, p.Validate()
 }
 
+// MemoryLimit is the daemon's soft memory limit (runtime/debug.SetMemoryLimit), in
+// bytes: what its budgets let it hold (runs.max_retained_output_bytes for what it
+// keeps, and the two streams of each running run at limits.max.max_output_bytes, 64
+// MiB when that is 0) plus 256 MiB for everything else. Near it the collector runs
+// more often and gives freed memory back to the kernel sooner, so the resident size
+// follows what is kept instead of twice the largest heap ever reached.
+func (c Config) MemoryLimit() int64 {
+	out := c.Limits.Max.MaxOutputBytes
+	if out <= 0 {
+		out = 64 << 20
+	}
+	return c.Runs.MaxRetainedOutputBytes + int64(c.Concurrency())*2*out + 256<<20
+}
+
 // Concurrency is Runs.MaxConcurrent with 0 resolved to the CPU count.
 func (c Config) Concurrency() int {
 	if c.Runs.MaxConcurrent > 0 {

@@ -26,6 +26,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"reflect"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -121,6 +122,9 @@ func Open(o Options) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("configuration: %w", err)
 	}
 	d.cfg.Store(&cfg)
+	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
+		debug.SetMemoryLimit(cfg.MemoryLimit())
+	}
 	pol, err := cfg.Policy()
 	if err != nil {
 		return nil, fmt.Errorf("configuration: %w", err)
