@@ -183,8 +183,14 @@ def _sandcell_init():
             sys.orig_argv[:] = [sys.executable, "-I", "-S", name] + args
             g["__file__"] = name
             sys.path.insert(0, os.path.dirname(name))
-            with open(name, "rb") as f:
-                src = f.read()
+            try:
+                with open(name, "rb") as f:
+                    src = f.read()
+            except OSError as e:
+                # As CPython's own start-up says it, with its status.
+                print("%s: can't open file %r: [Errno %d] %s" % (
+                    os.path.basename(sys.executable), name, e.errno, e.strerror), file=sys.stderr)
+                return end(2, g)
             opened.clear()
         return end(program(src, name, mode, g), g)
 

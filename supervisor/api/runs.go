@@ -245,7 +245,7 @@ func (s *Server) request(b wire.RunRequest) (protocol.Request, error) {
 		return protocol.Request{}, fail(wire.CodeBadRequest, "give code or path, not both")
 	case b.Path != "" && b.Workspace == "":
 		return protocol.Request{}, fail(wire.CodeBadRequest, "path names a file of a workspace: give the workspace too")
-	case b.Path != "" && !fs.ValidPath(b.Path):
+	case b.Path != "" && (!fs.ValidPath(b.Path) || b.Path == "."):
 		return protocol.Request{}, failf(wire.CodeBadRequest, "path %q: a slash-separated path inside the workspace, without . or .. elements", b.Path)
 	}
 	stdin := []byte(b.Stdin)
