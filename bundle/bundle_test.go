@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -107,6 +108,23 @@ func TestPrecompiledCache(t *testing.T) {
 		t.Fatalf("a valid .cwasm was not reused: %+v %v", again, err)
 	}
 	good, _ := os.ReadFile(first.Path)
+	// The check that accepted it left a stamp: the next check trusts the stamp
+	// while the file is the same file. Each damage below rewrites the file in place
+	// and keeps the stamp, which no longer matches it.
+	if _, err := os.Stat(first.Path + ".verified"); err != nil {
+		t.Fatalf("no stamp after a check: %v", err)
+	}
+	// What another key left (an older interpreter, bootstrap or library) is removed
+	// when a .cwasm is made; what another engine's key left is kept.
+	leftBy := func(key, fingerprint string) string {
+		p := filepath.Join(dir, bundle.PrecompiledName(key))
+		os.WriteFile(p, []byte("old"), 0o644)
+		side, _ := json.Marshal(bundle.Sidecar{Key: key, Fingerprint: fingerprint, Size: 3})
+		os.WriteFile(p+".json", side, 0o644)
+		return p
+	}
+	superseded := leftBy(strings.Repeat("a", 32), eng.Fingerprint())
+	otherEngine := leftBy(strings.Repeat("b", 32), "another engine")
 
 	damage := map[string]func(p string){
 		"flipped byte": func(p string) {
@@ -144,6 +162,15 @@ func TestPrecompiledCache(t *testing.T) {
 				t.Fatalf("rebuilt module fails its check: %v", err)
 			}
 		})
+	}
+	if _, err := os.Stat(superseded); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a superseded .cwasm was kept: %v", err)
+	}
+	if _, err := os.Stat(superseded + ".json"); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("a superseded sidecar was kept: %v", err)
+	}
+	if _, err := os.Stat(otherEngine); err != nil {
+		t.Errorf("another engine's .cwasm was removed: %v", err)
 	}
 }
 

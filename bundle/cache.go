@@ -174,6 +174,7 @@ func (b *Bundle) Unpack(c Compiler, key, dir string) (string, error) {
 	if err := CheckPrecompiled(c, p, key); err != nil {
 		return "", err
 	}
+	pruneSuperseded(dir, sc.Fingerprint, key)
 	return p, nil
 }
 
@@ -220,7 +221,33 @@ func (b *Bundle) Precompile(c Compiler, dir string) (string, error) {
 	if err := writeAtomic(p+".json", append(side, '\n'), 0o644); err != nil {
 		return "", err
 	}
+	pruneSuperseded(dir, sc.Fingerprint, key)
 	return p, nil
+}
+
+// pruneSuperseded removes from dir the .cwasm files (with their sidecars and stamps)
+// that key's has replaced: those of the same engine fingerprint under another key
+// (another interpreter, bootstrap or library), each about 40 MB, which would
+// otherwise pile up at every upgrade. One a bundle ships compressed keeps its
+// sidecar. Workers that run an old one hold a sealed copy of it (see package
+// sandbox), so removing it ends nothing. Best effort.
+func pruneSuperseded(dir, fingerprint, key string) {
+	paths, _ := filepath.Glob(filepath.Join(dir, PrecompiledName("*")))
+	for _, p := range paths {
+		if p == filepath.Join(dir, PrecompiledName(key)) {
+			continue
+		}
+		raw, err := os.ReadFile(p + ".json")
+		var sc Sidecar
+		if err != nil || json.Unmarshal(raw, &sc) != nil || sc.Fingerprint != fingerprint {
+			continue
+		}
+		os.Remove(p)
+		os.Remove(p + ".verified")
+		if _, err := os.Stat(filepath.Join(dir, CompressedName(sc.Key))); err != nil {
+			os.Remove(p + ".json")
+		}
+	}
 }
 
 // checkOwner refuses a file that another user could have written: it must be owned
@@ -281,6 +308,9 @@ func CheckPrecompiled(c Compiler, path, key string) error {
 	if st.Size() != sc.Size {
 		return fmt.Errorf("%w: %s: size %d, sidecar says %d", ErrStale, filepath.Base(path), st.Size(), sc.Size)
 	}
+	if stampHolds(path, sc, st) {
+		return nil
+	}
 	sum, err := hashReader(f)
 	if err != nil {
 		return fmt.Errorf("bundle: read %s: %w", path, err)
@@ -291,5 +321,64 @@ func CheckPrecompiled(c Compiler, path, key string) error {
 	if err := c.Check(path); err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrStale, filepath.Base(path), err)
 	}
+	writeStamp(path, sc, st)
 	return nil
+}
+
+// A stamp (PATH.verified, beside a .cwasm) records that the .cwasm at PATH, as the
+// file it was then (device, inode, size, modification and change times), had its
+// sidecar's SHA-256 and loaded. While the file is still that file, CheckPrecompiled
+// trusts the stamp instead of hashing 40 MB and loading it again (about 30 ms of
+// every `sandcell run`). Any write, truncation, chmod or replacement of the file
+// changes its change time or inode, which no one but root can set back; the stamp,
+// the file and their directory pass checkOwner like the sidecar, so only this user
+// or root could forge one, and either could as well rewrite the file and its
+// sidecar. A stamp that cannot be written (a read-only bundle) is only a cost.
+type stamp struct {
+	Key     string `json:"key"`
+	SHA256  string `json:"sha256"`
+	Dev     uint64 `json:"dev"`
+	Ino     uint64 `json:"ino"`
+	Size    int64  `json:"size"`
+	MtimeNS int64  `json:"mtime_ns"`
+	CtimeNS int64  `json:"ctime_ns"`
+}
+
+// stampOf is the stamp of a .cwasm with sidecar sc and stat st.
+func stampOf(sc Sidecar, st os.FileInfo) (stamp, bool) {
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok {
+		return stamp{}, false
+	}
+	return stamp{Key: sc.Key, SHA256: sc.SHA256, Dev: uint64(sys.Dev), Ino: sys.Ino, Size: sys.Size,
+		MtimeNS: sys.Mtim.Nano(), CtimeNS: sys.Ctim.Nano()}, true
+}
+
+// stampHolds reports whether path's stamp matches the file as st shows it now.
+func stampHolds(path string, sc Sidecar, st os.FileInfo) bool {
+	want, ok := stampOf(sc, st)
+	if !ok {
+		return false
+	}
+	f, err := os.Open(path + ".verified")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if fst, err := f.Stat(); err != nil || checkOwner(fst) != nil {
+		return false
+	}
+	var got stamp
+	dec := json.NewDecoder(io.LimitReader(f, 4<<10))
+	dec.DisallowUnknownFields()
+	return dec.Decode(&got) == nil && got == want
+}
+
+// writeStamp records that path, as st shows it, was verified (best effort).
+func writeStamp(path string, sc Sidecar, st os.FileInfo) {
+	if s, ok := stampOf(sc, st); ok {
+		if b, err := json.Marshal(s); err == nil {
+			writeAtomic(path+".verified", append(b, '\n'), 0o644)
+		}
+	}
 }
