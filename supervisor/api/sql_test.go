@@ -18,6 +18,7 @@ import (
 	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
+	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
 // sqlDaemon is a daemon whose Unix caller is a runner, an approver (and admin), with
@@ -296,7 +297,8 @@ func TestSQLApprovalBindsTheBytes(t *testing.T) {
 // and the approval stays usable, while one is in the workspace), and while it runs,
 // no run or upload can swap the file it checked.
 func TestSQLApprovedWriteHoldsTheWorkspaceAlone(t *testing.T) {
-	d, ws, _ := sqlDaemon(t, setup{})
+	// The write makes a database of about 4 MB: the quota must hold it.
+	d, ws, _ := sqlDaemon(t, setup{quota: workspace.Quota{Bytes: 64 << 20, Files: 100}})
 	tcp := d.listenTCP(t)
 	approve := func(id string) { approveOverTCP(t, tcp, id) }
 	if v := d.run(t, `{"workspace":"`+ws+`","code":"import sqlite3\nc = sqlite3.connect('t.db')\nc.execute('CREATE TABLE t (x)')\nc.commit()"}`); v.Result.ExitCode != 0 {
