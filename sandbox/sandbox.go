@@ -45,6 +45,16 @@ type Stop struct {
 
 func (s *Stop) Error() string { return string(s.Reason) + ": " + s.Detail }
 
+type workerKey struct{}
+
+// WithWorker returns ctx carrying f: RunStreaming calls f with the pid of the
+// worker process that runs the guest, once it has one (a cold worker at its start,
+// a warm one at its claim), so a caller can measure what that process holds (the
+// daemon's quota counts the files it keeps open after deleting them).
+func WithWorker(ctx context.Context, f func(pid int)) context.Context {
+	return context.WithValue(ctx, workerKey{}, f)
+}
+
 // Spawner starts workers. The zero value is not usable: set Exe.
 type Spawner struct {
 	// Exe is the binary to re-execute as `Exe __worker`; normally "/proc/self/exe".
@@ -570,6 +580,9 @@ func (p *proc) kill() {
 // output and the report, and makes the Result. The worker owns nothing after: it is
 // killed if it has not exited.
 func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, observe Observer) protocol.Result {
+	if f, ok := ctx.Value(workerKey{}).(func(int)); ok {
+		f(p.cmd.Process.Pid)
+	}
 	defer p.ctl.Close()
 	defer p.kill()
 	var once sync.Once

@@ -18,6 +18,7 @@ import (
 	"unsafe"
 
 	"github.com/oklog/ulid/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
@@ -470,7 +471,9 @@ func (m *Manager) work(ctx context.Context, r *Run, req protocol.Request) (proto
 		var stop context.CancelCauseFunc
 		ctx, stop = context.WithCancelCause(ctx)
 		defer stop(nil)
-		go watchQuota(ctx, w, m.quota, stop)
+		var pid atomic.Int64
+		ctx = sandbox.WithWorker(ctx, func(p int) { pid.Store(int64(p)) })
+		go watchQuota(ctx, w, req.Workspace, &pid, m.quota, stop)
 	}
 	return m.runner.RunStreaming(ctx, req, r.observe)
 }
@@ -483,13 +486,21 @@ const (
 	quotaCheckMax = 2 * time.Second
 )
 
-// watchQuota measures w until ctx ends and stops the run (cause *sandbox.Stop,
-// quota_exceeded) once it holds more than q. A workspace grows past its
+// watchQuota measures w (at dir) until ctx ends and stops the run (cause
+// *sandbox.Stop, quota_exceeded) once it holds more than q: its files by name, and
+// the files on its file system that the worker (pid, once known) holds open after
+// deleting them, which no walk sees but which hold the disk all the same (a guest
+// held 2 GB against a quota of 10 MiB that way). A workspace grows past its
 // quota by at most what the guest writes between two measures (with RLIMIT_FSIZE
 // no file is larger than the whole quota): the bound that holds on any file
 // system, where a project quota or a size-limited mount would need root and a
 // particular file system.
-func watchQuota(ctx context.Context, w *workspace.Workspace, q workspace.Quota, stop context.CancelCauseFunc) {
+func watchQuota(ctx context.Context, w *workspace.Workspace, dir string, pid *atomic.Int64, q workspace.Quota, stop context.CancelCauseFunc) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		stop(&sandbox.Stop{Reason: protocol.QuotaExceeded, Detail: "the workspace could not be measured: " + err.Error()})
+		return
+	}
 	t := time.NewTimer(quotaCheckMin)
 	defer t.Stop()
 	for {
@@ -500,6 +511,13 @@ func watchQuota(ctx context.Context, w *workspace.Workspace, q workspace.Quota, 
 		}
 		began := time.Now()
 		over, u, err := w.OverQuota()
+		if err == nil && !over {
+			var held int64
+			if held, err = heldDeleted(int(pid.Load()), st.Dev); err == nil {
+				u.Bytes += held
+				over = u.Bytes > q.Bytes
+			}
+		}
 		if over {
 			stop(&sandbox.Stop{Reason: protocol.QuotaExceeded, Detail: fmt.Sprintf(
 				"the workspace grew past its quota while the run went: %s in %s names, the quota is %d bytes and %d names",
@@ -514,6 +532,39 @@ func watchQuota(ctx context.Context, w *workspace.Workspace, q workspace.Quota, 
 		}
 		t.Reset(min(max(quotaCheckMin, 10*time.Since(began)), quotaCheckMax))
 	}
+}
+
+// heldDeleted is the sum of the apparent sizes of the regular files on device dev
+// that process pid (0: none yet) holds open with no name left (st_nlink 0), read
+// through /proc/PID/fd (proc(5)). A process that has ended holds nothing.
+func heldDeleted(pid int, dev uint64) (int64, error) {
+	if pid <= 0 {
+		return 0, nil
+	}
+	fdDir := fmt.Sprintf("/proc/%d/fd", pid)
+	d, err := os.Open(fdDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer d.Close()
+	names, err := d.Readdirnames(-1)
+	if err != nil {
+		return 0, nil // the process ended while its descriptors were read
+	}
+	var sum int64
+	for _, n := range names {
+		var st unix.Stat_t
+		if unix.Stat(fdDir+"/"+n, &st) != nil {
+			continue // closed meanwhile
+		}
+		if st.Mode&unix.S_IFMT == unix.S_IFREG && st.Nlink == 0 && st.Dev == dev {
+			sum += st.Size
+		}
+	}
+	return sum, nil
 }
 
 // atLeast formats n, a count of u's, as "at least n" when u stopped counting early.

@@ -203,18 +203,21 @@ func TestWorkspaceQuota(t *testing.T) {
 // A run whose workspace grows past its quota is ended quota_exceeded as soon as
 // the daemon measures it (it had run on until its time ran out: 1 GiB written in
 // 4.7 s against a quota of 256 MiB, in files each under RLIMIT_FSIZE), whether the
-// workspace is a named one or the run's private one, and whether bytes or names
-// pass the quota; a run that keeps rewriting what it has stays within it and ends
+// workspace is a named one or the run's private one, and whether bytes, names or
+// files deleted while open pass the quota; a run that keeps rewriting what it has stays within it and ends
 // by itself.
 func TestRunEndsAtQuota(t *testing.T) {
 	d := start(t, setup{quota: workspace.Quota{Bytes: 1 << 20, Files: 100}})
 	id := d.newWorkspace(t)
 	bytesForever := `import itertools\nfor i in itertools.count():\n  open('/ws/f%d' % i, 'wb').write(b'x' * (200 << 10))`
 	namesForever := `import itertools\nfor i in itertools.count():\n  open('/ws/n%d' % i, 'wb').close()`
+	// Files deleted while open hold the disk with no name a walk could count.
+	heldUnnamed := `import os, time\nkept = []\nfor i in range(20):\n  f = open('/ws/h%d' % i, 'wb')\n  os.unlink('/ws/h%d' % i)\n  f.write(b'x' * (200 << 10))\n  f.flush()\n  kept.append(f)\ntime.sleep(15)`
 	for _, c := range []struct{ name, body string }{
 		{"bytes, named workspace", `{"workspace":"` + id + `","code":"` + bytesForever + `","limits":{"timeout_ms":20000}}`},
 		{"bytes, private workspace", `{"code":"` + bytesForever + `","limits":{"timeout_ms":20000}}`},
 		{"names, private workspace", `{"code":"` + namesForever + `","limits":{"timeout_ms":20000}}`},
+		{"deleted while open, named workspace", `{"workspace":"` + d.newWorkspace(t) + `","code":"` + heldUnnamed + `","limits":{"timeout_ms":20000}}`},
 	} {
 		v := d.run(t, c.body)
 		r := v.Result
