@@ -324,18 +324,23 @@ func TestProbesWhileCallersHoldEveryConnection(t *testing.T) {
 // A uid that holds every connection it may have, each in the middle of a slowly sent
 // body, does not silence its own probes (systemd's and an operator's share a uid
 // with the daemon's callers): /readyz and /livez are answered at once on a probe
-// slot, anything else is 429 connection_limit.
+// slot, anything else is 429 connection_limit; not even while the uid also holds
+// its four probe slots with connections that send nothing (the one idle the longest
+// is closed for a new one once a second old).
 func TestProbesWhileOneUIDHoldsItsConnections(t *testing.T) {
 	d := start(t, setup{perUID: 8})
-	for i := 0; i < 8; i++ {
+	for i := 0; i < 8+4; i++ {
 		c, err := net.Dial("unix", d.socket)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		fmt.Fprint(c, "POST /v1/runs HTTP/1.1\r\nHost: sandcell\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n{")
+		if i < 8 {
+			fmt.Fprint(c, "POST /v1/runs HTTP/1.1\r\nHost: sandcell\r\nContent-Type: application/json\r\nContent-Length: 200000\r\n\r\n{")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(1200 * time.Millisecond) // the idle ones are past probeGrace
 	for i := 0; i < 3; i++ {
 		for _, path := range []string{"/readyz", "/livez"} {
 			start := time.Now()

@@ -185,12 +185,12 @@ type connLimit[K comparable] struct {
 	mu     sync.Mutex
 	open   map[K]int
 	probed map[K]int // probe slots held, by key
-	conns  map[*limitedConn]struct{}
+	conns  map[*limitedConn]K // every admitted connection, with its key
 }
 
 func newConnLimit[K comparable](max, per int) *connLimit[K] {
 	return &connLimit[K]{slots: make(chan struct{}, max), probes: make(chan struct{}, probeSlots), per: per,
-		open: map[K]int{}, probed: map[K]int{}, conns: map[*limitedConn]struct{}{}}
+		open: map[K]int{}, probed: map[K]int{}, conns: map[*limitedConn]K{}}
 }
 
 // take takes a slot: at once when one is free; at the bound, by closing the
@@ -271,15 +271,35 @@ func (l *connLimit[K]) oldestIdle(probe bool) *limitedConn {
 // open ordinary connections gets a probe slot instead when one is free (its slot
 // given back): only the health endpoints are answered on it, so a caller that holds
 // every connection its uid or address may have does not make the probes of that
-// uid or address (a kubelet's, systemd's) fail. Else the slot is given back and
-// admit reports false.
+// uid or address (a kubelet's, systemd's) fail. A key at its probeSlotsPerKey has
+// its own probe connection idle the longest (and older than probeGrace) closed for
+// the new one, so its idle connections cannot hold its probe slots either. Else the
+// slot is given back and admit reports false.
 func (l *connLimit[K]) admit(key K, c *limitedConn) bool {
+	for retry := true; ; retry = false {
+		ok, idle := l.tryAdmit(key, c)
+		if ok {
+			return true
+		}
+		if idle == nil || !retry {
+			l.give(c.probe)
+			return false
+		}
+		idle.Close() // gives its probe slot back (release)
+	}
+}
+
+// tryAdmit is one try of admit: it counts c, or reports the probe connection of key
+// that admit may close to make room for it (or nil).
+func (l *connLimit[K]) tryAdmit(key K, c *limitedConn) (bool, *limitedConn) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if !c.probe && l.open[key] >= l.per {
-		if l.probed[key] >= probeSlotsPerKey || !try(l.probes) {
-			l.give(false)
-			return false
+		if l.probed[key] >= probeSlotsPerKey {
+			return false, l.idleProbeLocked(key)
+		}
+		if !try(l.probes) {
+			return false, nil
 		}
 		l.give(false)
 		c.probe = true
@@ -288,17 +308,32 @@ func (l *connLimit[K]) admit(key K, c *limitedConn) bool {
 	// A probe slot is held for one health request at most (or while idle, until
 	// another probe closes it): a key has probeSlotsPerKey of them.
 	if c.probe && l.probed[key] >= probeSlotsPerKey {
-		l.give(true)
-		return false
+		return false, l.idleProbeLocked(key)
 	}
 	if c.probe {
 		l.probed[key]++
 	} else {
 		l.open[key]++
 	}
-	l.conns[c] = struct{}{}
+	l.conns[c] = key
 	c.release = func() { l.release(key, c) }
-	return true
+	return true, nil
+}
+
+// idleProbeLocked is key's probe connection idle the longest among those older than
+// probeGrace, or nil; l.mu is held.
+func (l *connLimit[K]) idleProbeLocked(key K) *limitedConn {
+	var oldest *limitedConn
+	var since int64
+	for c, k := range l.conns {
+		if k != key || !c.probe || time.Since(c.opened) < probeGrace {
+			continue
+		}
+		if t := c.idleSince.Load(); t != 0 && (oldest == nil || t < since) {
+			oldest, since = c, t
+		}
+	}
+	return oldest
 }
 
 // give gives back a slot taken by take.
