@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -114,17 +115,21 @@ func TestPrecompiledCache(t *testing.T) {
 	if _, err := os.Stat(first.Path + ".verified"); err != nil {
 		t.Fatalf("no stamp after a check: %v", err)
 	}
-	// What another key left (an older interpreter, bootstrap or library) is removed
-	// when a .cwasm is made; what another engine's key left is kept.
-	leftBy := func(key, fingerprint string) string {
+	// What other keys left (older interpreters, bootstraps or libraries) is removed
+	// when a .cwasm is made, but for the two newest; what another engine's key left
+	// is kept.
+	leftBy := func(key, fingerprint string, age time.Duration) string {
 		p := filepath.Join(dir, bundle.PrecompiledName(key))
 		os.WriteFile(p, []byte("old"), 0o644)
 		side, _ := json.Marshal(bundle.Sidecar{Key: key, Fingerprint: fingerprint, Size: 3})
 		os.WriteFile(p+".json", side, 0o644)
+		os.Chtimes(p, time.Now().Add(-age), time.Now().Add(-age))
 		return p
 	}
-	superseded := leftBy(strings.Repeat("a", 32), eng.Fingerprint())
-	otherEngine := leftBy(strings.Repeat("b", 32), "another engine")
+	superseded := leftBy(strings.Repeat("a", 32), eng.Fingerprint(), 3*time.Hour)
+	newer := []string{leftBy(strings.Repeat("c", 32), eng.Fingerprint(), 2*time.Hour),
+		leftBy(strings.Repeat("d", 32), eng.Fingerprint(), time.Hour)}
+	otherEngine := leftBy(strings.Repeat("b", 32), "another engine", 4*time.Hour)
 
 	damage := map[string]func(p string){
 		"flipped byte": func(p string) {
@@ -169,8 +174,10 @@ func TestPrecompiledCache(t *testing.T) {
 	if _, err := os.Stat(superseded + ".json"); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("a superseded sidecar was kept: %v", err)
 	}
-	if _, err := os.Stat(otherEngine); err != nil {
-		t.Errorf("another engine's .cwasm was removed: %v", err)
+	for _, p := range append(newer, otherEngine) {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s was removed: %v", filepath.Base(p), err)
+		}
 	}
 }
 

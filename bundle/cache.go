@@ -10,7 +10,9 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"syscall"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -225,27 +227,42 @@ func (b *Bundle) Precompile(c Compiler, dir string) (string, error) {
 	return p, nil
 }
 
+// keepSuperseded is how many superseded .cwasm files pruneSuperseded leaves (the
+// newest): two builds or versions that share a cache directory (the CLI's, during
+// an upgrade) would otherwise remove each other's and recompile (10 s) in turn.
+const keepSuperseded = 2
+
 // pruneSuperseded removes from dir the .cwasm files (with their sidecars and stamps)
-// that key's has replaced: those of the same engine fingerprint under another key
-// (another interpreter, bootstrap or library), each about 40 MB, which would
-// otherwise pile up at every upgrade. One a bundle ships compressed keeps its
-// sidecar. Workers that run an old one hold a sealed copy of it (see package
-// sandbox), so removing it ends nothing. Best effort.
+// that key's has replaced, past the keepSuperseded newest: those of the same engine
+// fingerprint under another key (another interpreter, bootstrap or library), each
+// about 40 MB, which would otherwise pile up at every upgrade. One a bundle ships
+// compressed keeps its sidecar. Workers that run an old one hold a sealed copy of it
+// (see package sandbox), so removing it ends nothing. Best effort.
 func pruneSuperseded(dir, fingerprint, key string) {
 	paths, _ := filepath.Glob(filepath.Join(dir, PrecompiledName("*")))
+	type old struct {
+		path, key string
+		mtime     time.Time
+	}
+	var olds []old
 	for _, p := range paths {
 		if p == filepath.Join(dir, PrecompiledName(key)) {
 			continue
 		}
 		raw, err := os.ReadFile(p + ".json")
 		var sc Sidecar
-		if err != nil || json.Unmarshal(raw, &sc) != nil || sc.Fingerprint != fingerprint {
+		st, serr := os.Lstat(p)
+		if err != nil || serr != nil || json.Unmarshal(raw, &sc) != nil || sc.Fingerprint != fingerprint {
 			continue
 		}
-		os.Remove(p)
-		os.Remove(p + ".verified")
-		if _, err := os.Stat(filepath.Join(dir, CompressedName(sc.Key))); err != nil {
-			os.Remove(p + ".json")
+		olds = append(olds, old{p, sc.Key, st.ModTime()})
+	}
+	sort.Slice(olds, func(i, j int) bool { return olds[i].mtime.After(olds[j].mtime) })
+	for _, o := range olds[min(keepSuperseded, len(olds)):] {
+		os.Remove(o.path)
+		os.Remove(o.path + ".verified")
+		if _, err := os.Stat(filepath.Join(dir, CompressedName(o.key))); err != nil {
+			os.Remove(o.path + ".json")
 		}
 	}
 }

@@ -184,7 +184,7 @@ type connLimit[K comparable] struct {
 
 	mu     sync.Mutex
 	open   map[K]int
-	probed map[K]int // probe slots held, by key
+	probed map[K]int          // probe slots held, by key
 	conns  map[*limitedConn]K // every admitted connection, with its key
 }
 

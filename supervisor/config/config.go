@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"path/filepath"
 	"regexp"
@@ -506,13 +507,18 @@ func (c Config) Policy() (policy.Policy, error) {
 // keeps, and the two streams of each running run at limits.max.max_output_bytes, 64
 // MiB when that is 0) plus 256 MiB for everything else. Near it the collector runs
 // more often and gives freed memory back to the kernel sooner, so the resident size
-// follows what is kept instead of twice the largest heap ever reached.
+// follows what is kept instead of twice the largest heap ever reached. A sum past
+// math.MaxInt64 is math.MaxInt64 (no limit).
 func (c Config) MemoryLimit() int64 {
 	out := c.Limits.Max.MaxOutputBytes
 	if out <= 0 {
 		out = 64 << 20
 	}
-	return c.Runs.MaxRetainedOutputBytes + int64(c.Concurrency())*2*out + 256<<20
+	sum := float64(max(c.Runs.MaxRetainedOutputBytes, 0)) + float64(c.Concurrency())*2*float64(out) + 256<<20
+	if sum >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(sum)
 }
 
 // Concurrency is Runs.MaxConcurrent with 0 resolved to the CPU count.

@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -136,5 +137,23 @@ func TestDumpRoundTrip(t *testing.T) {
 	}
 	if !reflect.DeepEqual(back, c) {
 		t.Fatalf("round trip:\n%+v\n%+v", back, c)
+	}
+}
+
+// The soft memory limit follows the budgets and saturates instead of overflowing
+// (a max_output_bytes near 2^62 had made it 1 MiB).
+func TestMemoryLimit(t *testing.T) {
+	c := Default()
+	c.Runs.MaxConcurrent = 2
+	if got, want := c.MemoryLimit(), c.Runs.MaxRetainedOutputBytes+2*2*c.Limits.Max.MaxOutputBytes+256<<20; got != want {
+		t.Fatalf("default: %d, want %d", got, want)
+	}
+	c.Limits.Max.MaxOutputBytes = 4611686018293432320
+	if got := c.MemoryLimit(); got != math.MaxInt64 {
+		t.Fatalf("huge output limit: %d", got)
+	}
+	c.Limits.Max.MaxOutputBytes, c.Runs.MaxRetainedOutputBytes = 1<<20, math.MaxInt64
+	if got := c.MemoryLimit(); got != math.MaxInt64 {
+		t.Fatalf("huge retained budget: %d", got)
 	}
 }

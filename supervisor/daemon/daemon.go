@@ -122,9 +122,7 @@ func Open(o Options) (_ *Daemon, err error) {
 		return nil, fmt.Errorf("configuration: %w", err)
 	}
 	d.cfg.Store(&cfg)
-	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
-		debug.SetMemoryLimit(cfg.MemoryLimit())
-	}
+	setMemoryLimit(cfg)
 	pol, err := cfg.Policy()
 	if err != nil {
 		return nil, fmt.Errorf("configuration: %w", err)
@@ -510,10 +508,21 @@ func (d *Daemon) Reload() {
 		d.warm(*old, pol) // workers prepared for the old policy are replaced
 	}
 	d.cfg.Store(&cfg)
+	limits := cfg
+	limits.Runs = old.Runs // [runs] takes effect at the next start
+	setMemoryLimit(limits)
 	d.log.Info("configuration reloaded", "disabled", cfg.Disabled, "needs_restart", restart)
 	done("configuration reloaded")
 	d.audit.Record(context.Background(), store.DaemonReload, supervisor.Daemon(), "",
 		map[string]any{"disabled": cfg.Disabled, "needs_restart": restart})
+}
+
+// setMemoryLimit sets Go's soft memory limit to cfg.MemoryLimit(), unless the
+// environment's GOMEMLIMIT set one.
+func setMemoryLimit(cfg config.Config) {
+	if _, set := os.LookupEnv("GOMEMLIMIT"); !set {
+		debug.SetMemoryLimit(cfg.MemoryLimit())
+	}
 }
 
 // access resolves the configured principals and loads the tokens.
