@@ -12,7 +12,13 @@
 # MODE "isolated": as "code", for a program of the daemon's own (the SQL tool, the
 # self-test): sys.path stays the read-only standard library alone, so nothing the
 # workspace holds is ever imported by it.
-# Whatever follows the header is the program's own stdin.
+# MODE "cell": SOURCE is one cell of a session (NAME its name in tracebacks): it runs
+# in the same __main__ as the session's earlier cells, which _sandcell_run, called
+# again on the same instance, keeps; the value of a last expression is shown as the
+# interactive interpreter shows it (sys.displayhook, on stdout). Ten digits and the
+# cell's stdin follow the header; the session's first cell sets what a run's program
+# gets (random reseeded, /ws, sys.path), later ones only the environment.
+# Whatever follows the header of another mode is the program's own stdin.
 #
 # It gives the run what a fresh `python -c CODE ARGS` or `python /ws/PATH ARGS` would
 # have: `random` reseeded from WASI's random source, the environment, sys.argv and
@@ -23,13 +29,18 @@
 # the interpreter's finalization would, as far as a program can see (see end()).
 def _sandcell_init():
     import builtins
+    # What the bootstrap calls, as names of its own: a program (a session's cell, and
+    # the ones after it) may replace any builtin.
+    from builtins import (BaseException, KeyboardInterrupt, MemoryError, SystemExit, bytearray, bytes,  # noqa: F401
+                          compile, enumerate, exec, getattr, id, int, isinstance, issubclass, len, print, range, set,
+                          str, type)
     import os
     import random
     import sys
 
     # The modules agents use most, imported into the snapshot (most are frozen into
     # python.wasm as well, see bundle/interpreter/build-inside.sh).
-    import atexit, base64, bisect, collections, copy, csv, dataclasses, datetime  # noqa: E401
+    import ast, atexit, base64, bisect, collections, copy, csv, dataclasses, datetime  # noqa: E401
     import decimal, enum, fractions, functools, gc, hashlib, heapq, io, itertools  # noqa: E401
     import json, linecache, math, operator, pathlib, re, sqlite3, statistics  # noqa: E401
     import string, struct, textwrap, time, traceback, typing, zlib  # noqa: E401
@@ -137,11 +148,13 @@ def _sandcell_init():
                     except BaseException:
                         pass
 
+    read_fd = os.read  # the program's channel: a cell may replace os.read
+
     def run():
         def read(n):
             b = bytearray()
             while len(b) < n:
-                chunk = os.read(0, n - len(b))
+                chunk = read_fd(0, n - len(b))
                 if not chunk:
                     return None
                 b += chunk
@@ -151,15 +164,21 @@ def _sandcell_init():
         header = n and read(int(n))
         if header is None:
             return 70  # EX_SOFTWARE: the worker sent no program
-        random.seed()
         fields = header.decode().split("\0")
         mode, src, name, nargs = fields[0], fields[1], fields[2], int(fields[3])
         args = fields[4:4 + nargs]
         env = fields[4 + nargs:]
         for i in range(0, len(env), 2):
             os.environ[env[i]] = env[i + 1]
-        os.chdir("/ws")
         g = sys.modules["__main__"].__dict__
+        if mode == "cell":
+            n = read(10)
+            data = n and read(int(n))
+            if data is None:
+                return 70
+            return cell(src, name, data, g)
+        random.seed()
+        os.chdir("/ws")
         if mode == "isolated":
             # -I already left the script's directory out; keep only the library's
             # entries, whatever else may have put one there.
@@ -194,14 +213,44 @@ def _sandcell_init():
             opened.clear()
         return end(program(src, name, mode, g), g)
 
+    cells = []
+
+    def cell(src, name, data, g):
+        if not cells:
+            random.seed()
+            os.chdir("/ws")
+            sys.argv[:] = [""]
+            sys.orig_argv[:] = [sys.executable, "-I", "-S"]
+            sys.path.insert(0, "")
+        cells.append(name)
+        # Its own stdin: the pipe's next bytes are the next cell's.
+        sys.stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="surrogateescape")
+        status = program(src, name, "cell", g)
+        for f in (sys.stdout, sys.stderr, stdout0, stderr0):
+            try:
+                if f is not None and not getattr(f, "closed", False):
+                    f.flush()
+            except BaseException:
+                pass
+        return status
+
     def program(src, name, mode, g):
-        if mode == "code":
+        if mode == "code" or mode == "cell":
             # Let tracebacks show the program's source lines, which exist only here
             # (those of exit handlers and warnings too).
             text = src.decode() if isinstance(src, bytes) else src
             linecache.cache[name] = (len(text), None, text.splitlines(True), name)
         try:
-            exec(compile(src, name, "exec"), g)
+            if mode == "cell":
+                # As the interactive interpreter runs a block: a last expression's
+                # value goes to sys.displayhook.
+                tree = ast.parse(src, name, "exec")
+                last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+                exec(compile(tree, name, "exec"), g)
+                if last is not None:
+                    exec(compile(ast.Interactive([last]), name, "single"), g)
+            else:
+                exec(compile(src, name, "exec"), g)
         except SystemExit as e:
             code = e.code
             if code is None:

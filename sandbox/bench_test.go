@@ -91,3 +91,33 @@ func childrenCPU() time.Duration {
 	syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkSessionCell times a cell's round trip in a live session with every layer
+// (`print(x)`, x defined by an earlier cell: the frame, the call on the same
+// instance, the output up to its end marker, the report), and reports the median as
+// ms/median; next to BenchmarkWarmRun's fresh instance per run.
+func BenchmarkSessionCell(b *testing.B) {
+	limits := policy.Default().Default
+	req := protocol.Request{Workspace: b.TempDir(), Limits: limits, Hardening: policy.Default().Hardening(limits),
+		ModulePath: bundletest.Module(b, false), LibDir: bundletest.LibDir(b)}
+	ss, err := sandbox.NewSpawner().OpenSession(context.Background(), req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ss.Close()
+	if _, err := ss.Run(context.Background(), protocol.Request{Code: "x = 42", Limits: limits}); err != nil {
+		b.Fatal(err)
+	}
+	times := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		res, err := ss.Run(context.Background(), protocol.Request{Code: "print(x)", Limits: limits})
+		times = append(times, time.Since(start))
+		if err != nil || res.Reason != protocol.Exited || string(res.Stdout) != "42\n" {
+			b.Fatalf("%v %s %q %v", err, res.Reason, res.Stdout, res.Diagnostics)
+		}
+	}
+	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+	b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms/median")
+}

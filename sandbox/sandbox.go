@@ -388,23 +388,11 @@ func (s *Spawner) runStreaming(ctx context.Context, req protocol.Request, observ
 	if err := check(&req); err != nil {
 		return protocol.Result{}, err
 	}
-	wsDir, err := openWorkspace(req.Workspace, append([]string{filepath.Dir(req.ModulePath), req.LibDir}, s.Protected...))
+	wsDir, err := s.prepare(&req)
 	if err != nil {
 		return protocol.Result{}, err
 	}
 	defer wsDir.Close()
-	// The worker reopens the workspace by path inside its mount namespace (and checks
-	// it is this directory): give it the kernel's path of what was checked.
-	if p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", wsDir.Fd())); err == nil {
-		req.Workspace = p
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(int(wsDir.Fd()), &st); err != nil {
-		return protocol.Result{}, fmt.Errorf("sandbox: workspace: %w", err)
-	}
-	req.WorkspaceID = &protocol.FileID{Dev: uint64(st.Dev), Ino: st.Ino}
-	req.Hardening.HostNamespaces = hostNamespaces()
-	req.Hardening.SharedNetwork = s.shareNetwork(req.Hardening)
 
 	if w := s.pooled(&req); w != nil {
 		if res, ran, err := s.runWarm(ctx, w, req, observe); ran {
@@ -448,6 +436,31 @@ func (s *Spawner) runStreaming(ctx context.Context, req protocol.Request, observ
 		res.Enforcement.Errors[protocol.LayerUserNS] = "cannot create namespaces: " + nsErr.Error()
 	}
 	return res, nil
+}
+
+// prepare opens and checks req's workspace (the caller closes it) and completes
+// req for a worker: the workspace as the kernel names what was checked, its
+// identity, the host's namespaces, and whether the worker shares the network
+// namespace.
+func (s *Spawner) prepare(req *protocol.Request) (*os.File, error) {
+	wsDir, err := openWorkspace(req.Workspace, append([]string{filepath.Dir(req.ModulePath), req.LibDir}, s.Protected...))
+	if err != nil {
+		return nil, err
+	}
+	// The worker reopens the workspace by path inside its mount namespace (and checks
+	// it is this directory): give it the kernel's path of what was checked.
+	if p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", wsDir.Fd())); err == nil {
+		req.Workspace = p
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(wsDir.Fd()), &st); err != nil {
+		wsDir.Close()
+		return nil, fmt.Errorf("sandbox: workspace: %w", err)
+	}
+	req.WorkspaceID = &protocol.FileID{Dev: uint64(st.Dev), Ino: st.Ino}
+	req.Hardening.HostNamespaces = hostNamespaces()
+	req.Hardening.SharedNetwork = s.shareNetwork(req.Hardening)
+	return wsDir, nil
 }
 
 // proc is a started worker.

@@ -202,11 +202,41 @@ type Outcome struct {
 // when the guest returns, exits or traps; errors in setting up the run are reported as an Outcome with
 // Reason InternalError, never as a panic.
 func (e *Engine) Run(m *Module, spec Spec) Outcome {
+	inst, out := e.Instantiate(m, spec)
+	if inst == nil {
+		return out
+	}
+	defer inst.Close()
+	out = inst.Call(spec.CPU)
+	if spec.Ended != nil {
+		spec.Ended(out)
+	}
+	return out
+}
+
+// Instance is an instantiated module with its own store: a run's, or a session's,
+// whose RunExport is called once per cell on the same memory. Not safe for
+// concurrent use.
+type Instance struct {
+	e        *Engine
+	store    *wasmtime.Store
+	linker   *wasmtime.Linker
+	entry    *wasmtime.Func
+	snapshot bool
+	memory   *wasmtime.Memory
+	fuel     uint64
+}
+
+// Instantiate makes a fresh store for spec (its WASI context, preopens and limits)
+// and instantiates m in it. spec.CPU and spec.Ended are Run's, not the instance's.
+// On failure the Instance is nil and the Outcome says why (Reason InternalError, or
+// what instantiation trapped with).
+func (e *Engine) Instantiate(m *Module, spec Spec) (*Instance, Outcome) {
 	if e.opts.Fuel != (spec.Fuel > 0) {
-		return internal("fuel budget does not match the engine's fuel metering")
+		return nil, internal("fuel budget does not match the engine's fuel metering")
 	}
 	if spec.MemoryBytes <= 0 {
-		return internal("memory limit must be positive")
+		return nil, internal("memory limit must be positive")
 	}
 	wasi := wasmtime.NewWasiConfig()
 	wasi.SetArgv(spec.Argv)
@@ -221,7 +251,7 @@ func (e *Engine) Run(m *Module, spec Spec) Outcome {
 		wasi.InheritStdin()
 	} else if spec.StdinFile != "" {
 		if err := wasi.SetStdinFile(spec.StdinFile); err != nil {
-			return internal("cannot open the guest's stdin")
+			return nil, internal("cannot open the guest's stdin")
 		}
 	}
 	wasi.InheritStdout()
@@ -233,67 +263,78 @@ func (e *Engine) Run(m *Module, spec Spec) Outcome {
 			filePerms |= wasmtime.FILE_WRITE
 		}
 		if err := wasi.PreopenDir(p.Host, p.Guest, dirPerms, filePerms); err != nil {
-			return internal("cannot preopen " + p.Guest)
+			return nil, internal("cannot preopen " + p.Guest)
 		}
 	}
 
-	store := wasmtime.NewStore(e.we)
-	defer store.Close()
-	store.SetWasi(wasi)
+	in := &Instance{e: e, store: wasmtime.NewStore(e.we), fuel: spec.Fuel}
+	in.store.SetWasi(wasi)
 	// Memory, table elements, instances, tables, memories; -1 keeps wasmtime's default.
-	store.Limiter(spec.MemoryBytes, -1, 1, -1, 1)
-	if !e.opts.noEpoch {
-		store.SetEpochDeadline(1)
-	}
+	in.store.Limiter(spec.MemoryBytes, -1, 1, -1, 1)
 	if spec.Fuel > 0 {
-		if err := store.SetFuel(spec.Fuel); err != nil {
-			return internal("cannot set fuel")
+		if err := in.store.SetFuel(spec.Fuel); err != nil {
+			in.Close()
+			return nil, internal("cannot set fuel")
 		}
 	}
-
-	linker := wasmtime.NewLinker(e.we)
-	defer linker.Close()
-	if err := linker.DefineWasi(); err != nil {
-		return internal("cannot define WASI")
+	in.linker = wasmtime.NewLinker(e.we)
+	if err := in.linker.DefineWasi(); err != nil {
+		in.Close()
+		return nil, internal("cannot define WASI")
 	}
-	inst, err := linker.Instantiate(store, m.m)
+	if !e.opts.noEpoch {
+		in.store.SetEpochDeadline(1)
+	}
+	inst, err := in.linker.Instantiate(in.store, m.m)
 	if err != nil {
-		return classify(err, internal("cannot instantiate module"))
+		in.Close()
+		return nil, classify(err, internal("cannot instantiate module"))
 	}
-	var memory *wasmtime.Memory
-	if ex := inst.GetExport(store, "memory"); ex != nil {
-		memory = ex.Memory()
+	if ex := inst.GetExport(in.store, "memory"); ex != nil {
+		in.memory = ex.Memory()
 	}
 	// A snapshot runs its program through RunExport; a command module, _start.
-	entry, snapshot := inst.GetFunc(store, RunExport), true
-	if entry == nil {
-		entry, snapshot = inst.GetFunc(store, "_start"), false
+	in.entry, in.snapshot = inst.GetFunc(in.store, RunExport), true
+	if in.entry == nil {
+		in.entry, in.snapshot = inst.GetFunc(in.store, "_start"), false
 	}
 	switch {
-	case entry == nil:
-		return internal("module has neither a " + RunExport + " nor a _start export")
-	case snapshot && inst.GetFunc(store, InitExport) != nil:
-		return internal("module is a reactor that was never initialised: run its snapshot")
+	case in.entry == nil:
+		in.Close()
+		return nil, internal("module has neither a " + RunExport + " nor a _start export")
+	case in.snapshot && inst.GetFunc(in.store, InitExport) != nil:
+		in.Close()
+		return nil, internal("module is a reactor that was never initialised: run its snapshot")
 	}
+	return in, Outcome{}
+}
 
-	if spec.CPU > 0 {
-		stop := watchCPU(e.we, spec.CPU)
+// Call calls the instance's entry once, within cpu of this process's CPU time (0:
+// no CPU limit), and returns how it ended. A snapshot's RunExport may be called
+// again on the same instance (a session's next cell) after a call that returned;
+// after a trap or an exit the instance's state is whatever the guest left.
+func (in *Instance) Call(cpu time.Duration) Outcome {
+	if !in.e.opts.noEpoch {
+		in.store.SetEpochDeadline(1)
+	}
+	if cpu > 0 {
+		stop := watchCPU(in.e.we, cpu)
 		defer stop()
 	}
-	res, err := entry.Call(store)
+	res, err := in.entry.Call(in.store)
 
 	out := Outcome{Reason: protocol.Exited}
 	if err != nil {
 		out = classify(err, out)
-	} else if status, ok := res.(int32); snapshot && ok {
+	} else if status, ok := res.(int32); in.snapshot && ok {
 		out.ExitCode = int(status)
 	}
-	if memory != nil {
-		out.PeakMemoryBytes = int64(memory.DataSize(store))
+	if in.memory != nil {
+		out.PeakMemoryBytes = int64(in.memory.DataSize(in.store))
 	}
-	if spec.Fuel > 0 {
-		if left, err := store.GetFuel(); err == nil {
-			out.FuelConsumed = spec.Fuel - left
+	if in.fuel > 0 {
+		if left, err := in.store.GetFuel(); err == nil {
+			out.FuelConsumed = in.fuel - left
 			// wasmtime-go's TrapCode constants stop matching the C API after
 			// Interrupt, so fuel exhaustion is recognised by the empty tank.
 			if left == 0 && out.Reason == protocol.Trap {
@@ -302,10 +343,15 @@ func (e *Engine) Run(m *Module, spec Spec) Outcome {
 			}
 		}
 	}
-	if spec.Ended != nil {
-		spec.Ended(out)
-	}
 	return out
+}
+
+// Close releases the instance's store.
+func (in *Instance) Close() {
+	if in.linker != nil {
+		in.linker.Close()
+	}
+	in.store.Close()
 }
 
 // classify maps an error from instantiation or _start to an Outcome. A WASI proc_exit

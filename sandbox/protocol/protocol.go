@@ -103,8 +103,18 @@ const (
 	// StepAck (worker to parent): the claim is taken; it runs nowhere else.
 	StepAck Step = "ack"
 	// StepReport (worker to parent, with a Report): how the run ended, or why
-	// nothing ran. The last frame of every exchange.
+	// nothing ran. The last frame of every exchange but a session's, where it also
+	// answers StepSession (the session is open: Reason Exited, with the contract)
+	// and each StepCell.
 	StepReport Step = "report"
+	// StepSession (parent to worker, with a Request without a program): prepare as
+	// for a run, instantiate the interpreter's snapshot once, report, then run the
+	// StepCell frames that follow on that instance, one at a time, until the
+	// control fd ends or a cell does not end by itself.
+	StepSession Step = "session"
+	// StepCell (parent to worker, with a Request: Code, Filename, Stdin, Env,
+	// Limits.CPUMS and CellEnd): one cell of a session.
+	StepCell Step = "cell"
 )
 
 // Frame is one message on the control fd.
@@ -149,7 +159,7 @@ func Receive(r io.Reader, want ...Step) (Frame, error) {
 		return f, fmt.Errorf("%w: %q where %v was expected", ErrStep, f.Step, want)
 	}
 	switch f.Step {
-	case StepRun, StepTemplate, StepClaim:
+	case StepRun, StepTemplate, StepClaim, StepSession, StepCell:
 		if f.Request == nil {
 			return f, fmt.Errorf("%w: %q without its request", ErrStep, f.Step)
 		}
@@ -272,6 +282,11 @@ type Request struct {
 	// WorkspaceID identifies the directory the parent checked as the workspace of a
 	// claim (a warm worker has no fd 4 to compare with).
 	WorkspaceID *FileID `json:"workspace_id,omitempty"`
+	// CellEnd (StepCell) is what the worker writes to the guest's stdout and to its
+	// stderr once the cell has ended, before its report: random bytes of the
+	// parent's, which the guest never sees, so the parent knows where the cell's
+	// output ends on streams that outlive it.
+	CellEnd []byte `json:"cell_end,omitempty"`
 }
 
 // FileID is a file's identity: its device and inode numbers (stat(2)).

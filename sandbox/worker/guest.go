@@ -22,20 +22,13 @@ const GuestWorkdir = "/ws"
 // runGuest runs the request's Python program, whose program feedStdin has written:
 // a fresh instance of the interpreter's snapshot, its RunExport called once.
 func runGuest(req *protocol.Request, env *Env) protocol.Report {
-	preopens := []engine.Preopen{{Host: env.Workspace, Guest: GuestWorkdir}}
-	if env.GuestRoot != "" {
-		preopens = []engine.Preopen{{Host: env.GuestRoot, Guest: "/"}}
-	}
-	spec := engine.Spec{
-		Preopens:     append(preopens, engine.Preopen{Host: env.Library, Guest: protocol.GuestLibDir, ReadOnly: true}),
-		MemoryBytes:  req.Limits.MemoryBytes,
-		CPU:          time.Duration(req.Limits.CPUMS) * time.Millisecond,
-		Fuel:         req.Limits.Fuel,
-		InheritStdin: true,
-		Ended:        func(out engine.Outcome) { env.reply.send(report(out)) },
-	}
+	spec := guestSpec(req, env)
+	spec.Ended = func(out engine.Outcome) { env.reply.send(report(out)) }
 	return report(env.Engine.Run(env.Module, spec))
 }
+
+// msDuration is ms milliseconds.
+func msDuration(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
 
 // memoryErrorFlag is added to the exit status the snapshot returns for a program
 // that ended with an uncaught MemoryError (see bundle/bootstrap.py); a program's own
@@ -84,21 +77,32 @@ func Program(req *protocol.Request) ([]byte, error) {
 	}
 	fields = append(fields, strconv.Itoa(len(req.Args)))
 	fields = append(fields, req.Args...)
-	keys := make([]string, 0, len(req.Env))
-	for k := range req.Env {
+	return header(append(fields, envFields(req.Env)...))
+}
+
+// envFields is env as the header carries it: KEY, VALUE pairs in key order.
+func envFields(env map[string]string) []string {
+	keys := make([]string, 0, len(env))
+	for k := range env {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	var fields []string
 	for _, k := range keys {
-		fields = append(fields, k, req.Env[k])
+		fields = append(fields, k, env[k])
 	}
+	return fields
+}
+
+// header joins fields with NUL after ten digits giving the length.
+func header(fields []string) ([]byte, error) {
 	for _, f := range fields {
 		if strings.ContainsRune(f, 0) {
 			return nil, fmt.Errorf("the program contains a NUL byte")
 		}
 	}
-	header := strings.Join(fields, "\x00")
-	return fmt.Appendf(nil, "%010d%s", len(header), header), nil
+	h := strings.Join(fields, "\x00")
+	return fmt.Appendf(nil, "%010d%s", len(h), h), nil
 }
 
 // feedStdin writes req's program and then its stdin to w, the write end of the pipe

@@ -138,7 +138,7 @@ func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int {
 	// would include what the parent had mapped before the exec).
 	status, _ := os.Open("/proc/self/status")
 	r := &reply{ctl: ctl, status: status}
-	f, err := protocol.Receive(ctl, protocol.StepRun, protocol.StepTemplate)
+	f, err := protocol.Receive(ctl, protocol.StepRun, protocol.StepTemplate, protocol.StepSession)
 	switch {
 	case errors.Is(err, protocol.ErrVersion), errors.Is(err, protocol.ErrStep):
 		// A parent of another build, or a frame out of turn: say so, run nothing.
@@ -149,6 +149,8 @@ func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int {
 		if !warm(r, f.Request, body) {
 			return 1
 		}
+	case f.Step == protocol.StepSession:
+		session(r, f.Request)
 	default:
 		cold(r, f.Request, body)
 	}

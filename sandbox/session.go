@@ -1,0 +1,242 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// ErrSessionLost is returned by Session.Run once the session's worker is gone: a
+// cell that did not end by itself (its time, a trap, the CPU limit, a cancel)
+// ended it, or Close did. Its interpreter state went with it.
+var ErrSessionLost = errors.New("sandbox: the session's interpreter state is lost")
+
+// openTimeout bounds how long a session's worker may take to harden itself and
+// instantiate the snapshot.
+const openTimeout = 30 * time.Second
+
+// Session is one worker, hardened exactly as a cold run's, that runs many cells on
+// one instance of the interpreter's snapshot: what one cell defines, the next sees.
+// It serves one cell at a time (Run holds it). Create it with OpenSession; Close it.
+type Session struct {
+	p       *proc
+	req     protocol.Request
+	opened  protocol.Enforcement
+	mu      sync.Mutex
+	lost    string // why the state is lost, once it is
+	started time.Time
+}
+
+// OpenSession starts a session's worker for req (a run's request without a
+// program: workspace, module, library, limits and hardening, which every cell keeps;
+// the pool is not used) and waits until it has hardened itself, verified the
+// contract and instantiated the snapshot. Errors wrap ErrBadRequest for a request
+// no worker can serve; a worker that refused (a required layer not active) or failed
+// gives an error that says why, and nothing keeps running.
+func (s *Spawner) OpenSession(ctx context.Context, req protocol.Request) (*Session, error) {
+	req.Code, req.Path = "", ""
+	if err := check(&req); err != nil {
+		return nil, err
+	}
+	wsDir, err := s.prepare(&req)
+	if err != nil {
+		return nil, err
+	}
+	defer wsDir.Close()
+	module, err := s.sealedModule(req.ModulePath)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: module: %w", err)
+	}
+	p, err := s.launch(req.Hardening.Namespaces, req.Hardening.SharedNetwork, wsDir, module)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox: start the session's worker: %w", err)
+	}
+	ss := &Session{p: p, req: req, started: time.Now()}
+	if err := protocol.Send(p.ctl, protocol.Frame{Step: protocol.StepSession, Request: &req}); err != nil {
+		ss.Close()
+		return nil, fmt.Errorf("sandbox: session: %w", err)
+	}
+	rep, err := ss.receive(ctx, openTimeout)
+	switch {
+	case err != nil:
+		ss.Close()
+		return nil, fmt.Errorf("sandbox: session: the worker did not open it: %w", err)
+	case rep.Reason != protocol.Exited:
+		ss.Close()
+		return nil, fmt.Errorf("sandbox: session refused (%s): %v", rep.Reason, rep.Diagnostics)
+	}
+	if missing := checkContract(rep, req.Hardening.Require); missing != "" {
+		ss.Close()
+		return nil, fmt.Errorf("sandbox: session: %s", missing)
+	}
+	ss.opened = *rep.Enforcement
+	return ss, nil
+}
+
+// Enforcement is the contract the session's worker verified when it opened; every
+// cell runs under it.
+func (ss *Session) Enforcement() protocol.Enforcement { return ss.opened }
+
+// receive reads the worker's next report within d (or until ctx ends).
+func (ss *Session) receive(ctx context.Context, d time.Duration) (protocol.Report, error) {
+	type got struct {
+		f   protocol.Frame
+		err error
+	}
+	ch := make(chan got, 1)
+	go func() {
+		f, err := protocol.Receive(ss.p.ctl, protocol.StepReport)
+		ch <- got{f, err}
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case g := <-ch:
+		if g.err != nil {
+			return protocol.Report{}, g.err
+		}
+		return *g.f.Report, nil
+	case <-t.C:
+		ss.p.kill()
+		<-ch
+		return protocol.Report{}, errors.New("timed out")
+	case <-ctx.Done():
+		ss.p.kill()
+		<-ch
+		return protocol.Report{}, ctx.Err()
+	}
+}
+
+// Run runs one cell: cell.Code (its name in tracebacks cell.Filename, "<cell>" when
+// empty), with cell.Stdin, cell.Env added to the environment, and cell.Limits's
+// TimeoutMS, CPUMS and stream caps (the memory limit is the session's). The Result
+// is a run's, with the session's contract; a last expression's value is on stdout,
+// as the interactive interpreter shows it. A cell that ends by itself (an exception
+// and an uncaught MemoryError included) keeps the session's state; one that reaches
+// its wall clock or CPU limit, traps, or is cancelled through ctx ends the session
+// (ErrSessionLost from then on), and its Result says how it ended. Output past a
+// stream's cap is cut (the flag set) without ending the cell.
+func (ss *Session) Run(ctx context.Context, cell protocol.Request) (protocol.Result, error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.lost != "" {
+		return protocol.Result{}, fmt.Errorf("%w: %s", ErrSessionLost, ss.lost)
+	}
+	if err := CheckProgram(&protocol.Request{Code: cell.Code, Stdin: cell.Stdin, Env: cell.Env}); err != nil {
+		return protocol.Result{}, err
+	}
+	l := cell.Limits
+	if l.TimeoutMS <= 0 || l.MaxStdoutBytes <= 0 || l.MaxStderrBytes <= 0 {
+		return protocol.Result{}, fmt.Errorf("%w: limits are incomplete", ErrBadRequest)
+	}
+	end := make([]byte, 32)
+	rand.Read(end)
+	frame := protocol.Request{Code: cell.Code, Filename: cell.Filename, Stdin: cell.Stdin, Env: cell.Env,
+		Limits: protocol.Limits{CPUMS: l.CPUMS}, CellEnd: end}
+	began := time.Now()
+	if err := protocol.Send(ss.p.ctl, protocol.Frame{Step: protocol.StepCell, Request: &frame}); err != nil {
+		ss.lose("the worker is gone")
+		return protocol.Result{}, fmt.Errorf("%w: the worker is gone", ErrSessionLost)
+	}
+	var stdout, stderr cellStream
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); stdout.read(ss.p.outR, end, l.MaxStdoutBytes) }()
+	go func() { defer wg.Done(); stderr.read(ss.p.errR, end, l.MaxStderrBytes) }()
+	rep, err := ss.receive(ctx, time.Duration(l.TimeoutMS)*time.Millisecond)
+	res := protocol.Result{ExitCode: -1}
+	switch {
+	case err == nil:
+		res.ExitCode, res.Reason, res.Diagnostics = rep.ExitCode, rep.Reason, rep.Diagnostics
+		res.PeakMemoryBytes, res.FuelConsumed, res.WorkerMaxRSSBytes = rep.PeakMemoryBytes, rep.FuelConsumed, rep.PeakRSSBytes
+	case ctx.Err() != nil:
+		res.Reason = protocol.Cancelled
+	case err.Error() == "timed out":
+		res.Reason = protocol.Timeout
+	default:
+		res.Reason = protocol.InternalError
+		res.Diagnostics = []string{"the session's worker ended without a report: " + err.Error()}
+	}
+	if res.Reason != protocol.Exited && res.Reason != protocol.MemoryLimit {
+		ss.lose(fmt.Sprintf("a cell ended %s", res.Reason))
+		ss.p.kill() // its streams end, so the reads do
+	}
+	wg.Wait()
+	enf := ss.opened
+	res.Enforcement = &enf
+	res.Stdout, res.StdoutTruncated = stdout.buf, stdout.truncated
+	res.Stderr, res.StderrTruncated = stderr.buf, stderr.truncated
+	res.ElapsedMS = float64(time.Since(began).Microseconds()) / 1000
+	return res, nil
+}
+
+// lose records why the session's state is gone; ss.mu is held.
+func (ss *Session) lose(why string) {
+	if ss.lost == "" {
+		ss.lost = why
+	}
+}
+
+// Close ends the session: its worker is killed and its state is gone.
+func (ss *Session) Close() error {
+	ss.mu.Lock()
+	ss.lose("the session was closed")
+	ss.mu.Unlock()
+	ss.p.kill()
+	ss.p.ctl.Close()
+	<-ss.p.exited
+	ss.p.outR.Close()
+	ss.p.errR.Close()
+	return nil
+}
+
+// cellStream reads one cell's output from a stream that outlives it, up to the
+// cell's end marker.
+type cellStream struct {
+	buf       []byte
+	truncated bool
+}
+
+// read copies r into c.buf until end has been read (not kept) or r ends, keeping
+// at most limit bytes (then marking the stream truncated and discarding the rest of
+// the cell's output). The marker may arrive split across reads.
+func (c *cellStream) read(r *os.File, end []byte, limit int64) {
+	var tail []byte // the last len(end)-1 bytes seen, which may start the marker
+	chunk := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(chunk)
+		if n > 0 {
+			data := append(tail, chunk[:n]...)
+			if i := bytes.Index(data, end); i >= 0 {
+				c.keep(data[:i], limit)
+				return
+			}
+			cut := max(0, len(data)-(len(end)-1))
+			c.keep(data[:cut], limit)
+			tail = append([]byte(nil), data[cut:]...)
+		}
+		if err != nil {
+			if err != io.EOF || len(tail) > 0 {
+				c.keep(tail, limit)
+			}
+			return
+		}
+	}
+}
+
+// keep appends b within limit bytes in all.
+func (c *cellStream) keep(b []byte, limit int64) {
+	if room := limit - int64(len(c.buf)); int64(len(b)) > room {
+		b = b[:room]
+		c.truncated = true
+	}
+	c.buf = append(c.buf, b...)
+}

@@ -1,0 +1,183 @@
+package sandbox_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/bundle/bundletest"
+	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// openSession opens a session with the default policy and every layer in a fresh
+// workspace, closed when the test ends.
+func openSession(t *testing.T) (*sandbox.Session, string) {
+	t.Helper()
+	ws := t.TempDir()
+	limits, err := policy.Default().Resolve(protocol.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := protocol.Request{Workspace: ws, Limits: limits, Hardening: policy.Default().Hardening(limits),
+		ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t)}
+	ss, err := sandbox.NewSpawner().OpenSession(context.Background(), req)
+	if err != nil {
+		t.Fatalf("open session: %v", err)
+	}
+	t.Cleanup(func() { ss.Close() })
+	return ss, ws
+}
+
+// cell runs code as a cell with the default limits, changed by edit.
+func cell(t *testing.T, ss *sandbox.Session, code string, edit func(*protocol.Request)) protocol.Result {
+	t.Helper()
+	limits, _ := policy.Default().Resolve(protocol.Limits{})
+	c := protocol.Request{Code: code, Limits: limits}
+	if edit != nil {
+		edit(&c)
+	}
+	res, err := ss.Run(context.Background(), c)
+	if err != nil {
+		t.Fatalf("cell %q: %v", code, err)
+	}
+	return res
+}
+
+// A session keeps its interpreter state across cells: globals, imports, a
+// monkey-patched builtin, files it wrote; a last expression's value is shown as the
+// interactive interpreter shows it; an exception ends its cell, not the state; each
+// cell's output is its own, its stdin its own, and the contract is in every result.
+func TestSessionKeepsState(t *testing.T) {
+	ss, ws := openSession(t)
+	if missing := ss.Enforcement().Missing(policy.Default().Require); len(missing) > 0 {
+		t.Fatalf("the session's worker lacks %v", missing)
+	}
+	steps := []struct {
+		code, stdin, out, errHas string
+		exit                     int
+	}{
+		{code: "import json\nx = 41\nprint('first')", out: "first\n"},
+		{code: "x + 1", out: "42\n"},
+		{code: "json.dumps({'x': x})", out: "'{\"x\": 41}'\n"},
+		{code: "None", out: ""},
+		{code: "raise ValueError('boom')", errHas: "ValueError: boom", exit: 1},
+		{code: "print(x)", out: "41\n"},
+		{code: "import builtins\nbuiltins.len = lambda o: 7\nopen('kept.txt', 'w').write('w')", out: "1\n"},
+		{code: "len([]), open('kept.txt').read()", out: "(7, 'w')\n"},
+		{code: "import sys\nsys.stdin.read().upper()", stdin: "cell input", out: "'CELL INPUT'\n"},
+		{code: "input()", errHas: "EOFError", exit: 1},
+		{code: "def f(:\n  pass", errHas: "SyntaxError", exit: 1},
+		{code: "import os\nos.getcwd()", out: "'/ws'\n"},
+	}
+	for i, s := range steps {
+		res := cell(t, ss, s.code, func(c *protocol.Request) { c.Stdin = []byte(s.stdin) })
+		if res.Reason != protocol.Exited || res.ExitCode != s.exit || string(res.Stdout) != s.out ||
+			!strings.Contains(string(res.Stderr), s.errHas) || (s.errHas == "" && len(res.Stderr) > 0) {
+			t.Fatalf("cell %d %q: %s %d, stdout %q, stderr %q, %v", i+1, s.code, res.Reason, res.ExitCode,
+				res.Stdout, res.Stderr, res.Diagnostics)
+		}
+		if res.Enforcement == nil || len(res.Enforcement.Missing(policy.Default().Require)) > 0 {
+			t.Fatalf("cell %d without its contract: %+v", i+1, res.Enforcement)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(ws, "kept.txt")); err != nil || string(b) != "w" {
+		t.Fatalf("the session's file: %q %v", b, err)
+	}
+}
+
+// A cell's output cannot end another's: output that looks like nothing in
+// particular (and a great deal of it, past the pipe's buffer) stays the cell's,
+// and output past the cap is cut without ending the cell or the session.
+func TestSessionCellOutput(t *testing.T) {
+	ss, _ := openSession(t)
+	res := cell(t, ss, "import sys\nsys.stdout.write('a' * 300000)\n_ = sys.stderr.write('b' * 70000)", nil)
+	if res.Reason != protocol.Exited || len(res.Stdout) != 300000 || len(res.Stderr) != 70000 {
+		t.Fatalf("large output: %s, %d and %d bytes", res.Reason, len(res.Stdout), len(res.Stderr))
+	}
+	res = cell(t, ss, "print('x' * 5000)", func(c *protocol.Request) { c.Limits.MaxStdoutBytes = 100 })
+	if res.Reason != protocol.Exited || len(res.Stdout) != 100 || !res.StdoutTruncated {
+		t.Fatalf("capped output: %s, %d bytes, truncated %v", res.Reason, len(res.Stdout), res.StdoutTruncated)
+	}
+	if res := cell(t, ss, "print('after')", nil); string(res.Stdout) != "after\n" {
+		t.Fatalf("the cell after: %q %q", res.Stdout, res.Stderr)
+	}
+}
+
+// A cell that reaches its wall clock or its CPU limit, or is cancelled, ends the
+// session, and says so: the Result says how the cell ended, and every later cell is
+// ErrSessionLost. Never a silent fresh interpreter.
+func TestSessionLostIsSaid(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		code   string
+		edit   func(*protocol.Request)
+		reason protocol.Reason
+		cancel bool
+	}{
+		{name: "wall clock", code: "while True: pass", reason: protocol.Timeout,
+			edit: func(c *protocol.Request) { c.Limits.TimeoutMS = 500 }},
+		{name: "cpu", code: "while True: pass", reason: protocol.CPULimit,
+			edit: func(c *protocol.Request) { c.Limits.CPUMS = 300 }},
+		{name: "cancel", code: "import time\ntime.sleep(30)", reason: protocol.Cancelled, cancel: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ss, _ := openSession(t)
+			cell(t, ss, "x = 1", nil)
+			limits, _ := policy.Default().Resolve(protocol.Limits{})
+			req := protocol.Request{Code: c.code, Limits: limits}
+			if c.edit != nil {
+				c.edit(&req)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if c.cancel {
+				time.AfterFunc(300*time.Millisecond, cancel)
+			}
+			began := time.Now()
+			res, err := ss.Run(ctx, req)
+			if err != nil || res.Reason != c.reason || time.Since(began) > 10*time.Second {
+				t.Fatalf("%s after %s: %v %v", res.Reason, time.Since(began), err, res.Diagnostics)
+			}
+			if _, err := ss.Run(context.Background(), protocol.Request{Code: "print(x)", Limits: limits}); !errors.Is(err, sandbox.ErrSessionLost) {
+				t.Fatalf("a cell after the session was lost: %v", err)
+			}
+		})
+	}
+}
+
+// A session's guest reaches what a run's does, and nothing more, in its first cell
+// and in a later one: no host file, no socket, no process, only /ws and the library.
+func TestSessionConfined(t *testing.T) {
+	ss, _ := openSession(t)
+	probe := `import os, socket, subprocess
+found = []
+for p in ("/etc/passwd", "/proc/self/status", "/usr/local/lib/../../../etc/hostname"):
+    try:
+        open(p).read()
+        found.append(p)
+    except OSError:
+        pass
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    found.append("socket")
+except OSError:
+    pass
+try:
+    subprocess.run(["/bin/true"])
+    found.append("process")
+except OSError:
+    pass
+print(set(os.listdir("/")) <= {"usr", "ws"}, found)`
+	for i := 0; i < 2; i++ {
+		res := cell(t, ss, probe, nil)
+		if res.Reason != protocol.Exited || string(res.Stdout) != "True []\n" {
+			t.Fatalf("cell %d: %s %q %q", i+1, res.Reason, res.Stdout, res.Stderr)
+		}
+	}
+}

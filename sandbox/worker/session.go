@@ -1,0 +1,128 @@
+package worker
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sandcell/sandcell/sandbox/engine"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// session serves a session (StepSession): hardened exactly as a cold run, it
+// instantiates the snapshot once, reports (Reason Exited, with the contract), then
+// runs each StepCell on that instance and reports it, after writing the cell's
+// CellEnd to the guest's stdout and stderr. It ends when the control fd ends, or
+// after reporting a cell that did not end by itself (a trap, the CPU limit): that
+// instance's state is not trusted again. A panic or a failure before the session
+// opens becomes an internal_error report, as for a run.
+func session(r *reply, req *protocol.Request) {
+	var rep protocol.Report
+	defer func() {
+		recoverReport(&rep)
+		if rep.Reason != "" {
+			r.send(rep)
+		}
+	}()
+	if msg := check(req); msg != "" {
+		rep = failed(msg)
+		return
+	}
+	st := prepare(req, false)
+	eng, mod, failure := load(req)
+	if failure != "" {
+		rep = failed(failure)
+		return
+	}
+	defer mod.Close()
+	// fd 0 is a pipe this process writes each cell's program into.
+	pr, pw, err := os.Pipe()
+	if err == nil {
+		err = unix.Dup3(int(pr.Fd()), 0, 0)
+		pr.Close()
+	}
+	if err != nil {
+		rep = failed("cannot prepare stdin")
+		return
+	}
+	defer pw.Close()
+	narrow(req, st)
+	var ok bool
+	if rep, ok = contract(req, st); !ok {
+		return
+	}
+	r.st = st
+	env := st.env(eng, mod, r)
+	inst, out := eng.Instantiate(mod, guestSpec(req, env))
+	if inst == nil {
+		rep = report(out)
+		return
+	}
+	defer inst.Close()
+	enf := st.enf
+	if protocol.Send(r.ctl, protocol.Frame{Step: protocol.StepReport,
+		Report: &protocol.Report{Reason: protocol.Exited, Enforcement: &enf}}) != nil {
+		r.ok = true // the parent is gone: nothing to report to
+		return
+	}
+	for {
+		f, err := protocol.Receive(r.ctl, protocol.StepCell)
+		if err != nil {
+			r.ok = true // the parent ended the session
+			return
+		}
+		c := f.Request
+		prog, err := CellProgram(c)
+		if err != nil {
+			rep = failed(err.Error())
+			return
+		}
+		go pw.Write(prog) // the guest reads it as the cell starts (a pipe holds 64 KiB)
+		out := inst.Call(msDuration(c.Limits.CPUMS))
+		crep := report(out)
+		crep.Enforcement = &enf
+		if r.status != nil {
+			crep.PeakRSSBytes = peakRSS(r.status)
+		}
+		unix.Write(1, c.CellEnd)
+		unix.Write(2, c.CellEnd)
+		if protocol.Send(r.ctl, protocol.Frame{Step: protocol.StepReport, Report: &crep}) != nil ||
+			crep.Reason != protocol.Exited && crep.Reason != protocol.MemoryLimit {
+			r.ok = true
+			return
+		}
+	}
+}
+
+// CellProgram is what the bootstrap reads for a session's cell (see
+// bundle/bootstrap.py, MODE "cell"): the header, then ten digits and the cell's
+// stdin.
+func CellProgram(c *protocol.Request) ([]byte, error) {
+	name := c.Filename
+	if name == "" {
+		name = "<cell>"
+	}
+	prog, err := header(append([]string{"cell", c.Code, name, "0"}, envFields(c.Env)...))
+	if err != nil {
+		return nil, err
+	}
+	prog = fmt.Appendf(prog, "%010d", len(c.Stdin))
+	return append(prog, c.Stdin...), nil
+}
+
+// guestSpec is the engine's Spec for req's guest in env: the workspace (or the
+// worker's root holding it) and the library preopened, req's limits.
+func guestSpec(req *protocol.Request, env *Env) engine.Spec {
+	preopens := []engine.Preopen{{Host: env.Workspace, Guest: GuestWorkdir}}
+	if env.GuestRoot != "" {
+		preopens = []engine.Preopen{{Host: env.GuestRoot, Guest: "/"}}
+	}
+	return engine.Spec{
+		Preopens:     append(preopens, engine.Preopen{Host: env.Library, Guest: protocol.GuestLibDir, ReadOnly: true}),
+		MemoryBytes:  req.Limits.MemoryBytes,
+		CPU:          msDuration(req.Limits.CPUMS),
+		Fuel:         req.Limits.Fuel,
+		InheritStdin: true,
+	}
+}
