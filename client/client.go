@@ -139,6 +139,41 @@ func (c *Client) Tools(ctx context.Context) (json.RawMessage, error) {
 	return out, c.do(ctx, http.MethodGet, "/v1/tools", nil, &out)
 }
 
+// OpenSession opens an interpreter session (POST /v1/sessions).
+func (c *Client) OpenSession(ctx context.Context, req wire.SessionRequest) (wire.SessionView, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return wire.SessionView{}, err
+	}
+	var v wire.SessionView
+	return v, c.do(ctx, http.MethodPost, "/v1/sessions", body, &v)
+}
+
+// Cell runs one cell in session id (POST /v1/sessions/{id}/cells); the answer says
+// what became of the session's state. A lost session is a *wire.Problem
+// session_lost (410), a busy one session_busy (409).
+func (c *Client) Cell(ctx context.Context, id string, req wire.CellRequest) (wire.CellAnswer, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return wire.CellAnswer{}, err
+	}
+	var a wire.CellAnswer
+	return a, c.do(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(id)+"/cells", body, &a)
+}
+
+// Sessions lists the caller's sessions (GET /v1/sessions).
+func (c *Client) Sessions(ctx context.Context) ([]wire.SessionView, error) {
+	var out struct {
+		Sessions []wire.SessionView `json:"sessions"`
+	}
+	return out.Sessions, c.do(ctx, http.MethodGet, "/v1/sessions", nil, &out)
+}
+
+// CloseSession ends session id (DELETE /v1/sessions/{id}).
+func (c *Client) CloseSession(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/sessions/"+url.PathEscape(id), nil, nil)
+}
+
 func filesPath(id, path string) string {
 	segs := strings.Split(path, "/")
 	for i, s := range segs {
@@ -197,10 +232,10 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	if err != nil {
 		return err
 	}
-	if err != nil {
-		return err
-	}
 	defer resp.Body.Close()
+	if out == nil {
+		return nil // an answer without a body (204)
+	}
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return err

@@ -81,6 +81,9 @@ func (s *Spawner) OpenSession(ctx context.Context, req protocol.Request) (*Sessi
 	return ss, nil
 }
 
+// PID is the session's worker process.
+func (ss *Session) PID() int { return ss.p.cmd.Process.Pid }
+
 // Enforcement is the contract the session's worker verified when it opened; every
 // cell runs under it.
 func (ss *Session) Enforcement() protocol.Enforcement { return ss.opened }
@@ -159,6 +162,10 @@ func (ss *Session) Run(ctx context.Context, cell protocol.Request) (protocol.Res
 		res.PeakMemoryBytes, res.FuelConsumed, res.WorkerMaxRSSBytes = rep.PeakMemoryBytes, rep.FuelConsumed, rep.PeakRSSBytes
 	case ctx.Err() != nil:
 		res.Reason = protocol.Cancelled
+		var stop *Stop
+		if errors.As(context.Cause(ctx), &stop) {
+			res.Reason, res.Diagnostics = stop.Reason, []string{stop.Detail}
+		}
 	case err.Error() == "timed out":
 		res.Reason = protocol.Timeout
 	default:

@@ -33,7 +33,7 @@ func newRootCmd() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newRunCmd(), newServeCmd(), newBundleCmd(), newConfigCmd(), newAuditCmd(), newTokenCmd(), newSQLCmd(), newSelftestCmd(), newHealthcheckCmd(), newVersionCmd(), newMCPCmd())
+	root.AddCommand(newRunCmd(), newServeCmd(), newBundleCmd(), newConfigCmd(), newAuditCmd(), newTokenCmd(), newSQLCmd(), newSelftestCmd(), newHealthcheckCmd(), newVersionCmd(), newMCPCmd(), newSessionCmd())
 	root.AddCommand(newManpageCmd(root))
 	return root
 }

@@ -63,14 +63,20 @@ func Statuses() map[string][]int {
 		"GET /v1/workspaces/:id/files/*":    {200, 400, 401, 403, 404, 409, 500},
 		"DELETE /v1/workspaces/:id/files/*": {204, 400, 401, 403, 404, 409, 500},
 
-		"POST /v1/sql":           {200, 400, 401, 403, 404, 409, 413, 415, 422, 429, 500, 503},
-		"GET /v1/tools":          {200, 401, 403},
-		"POST /mcp":              {200, 202, 400, 401, 403, 404, 406, 413, 415, 429},
-		"GET /mcp":               {200, 400, 401, 403, 404, 405, 406},
-		"DELETE /mcp":            {204, 400, 401, 403, 404},
-		"GET /v1/approvals":      {200, 400, 401, 403},
-		"GET /v1/approvals/:id":  {200, 401, 403, 404},
-		"POST /v1/approvals/:id": {200, 400, 401, 403, 404, 408, 409, 413, 415, 503},
+		"POST /v1/sql": {200, 400, 401, 403, 404, 409, 413, 415, 422, 429, 500, 503},
+
+		"POST /v1/sessions":           {201, 400, 401, 403, 404, 408, 409, 413, 415, 429, 500, 503, 507},
+		"GET /v1/sessions":            {200, 401, 403},
+		"GET /v1/sessions/:id":        {200, 401, 403, 404},
+		"DELETE /v1/sessions/:id":     {204, 401, 403, 404, 409},
+		"POST /v1/sessions/:id/cells": {200, 400, 401, 403, 404, 408, 409, 410, 413, 415, 500, 503},
+		"GET /v1/tools":               {200, 401, 403},
+		"POST /mcp":                   {200, 202, 400, 401, 403, 404, 406, 413, 415, 429},
+		"GET /mcp":                    {200, 400, 401, 403, 404, 405, 406},
+		"DELETE /mcp":                 {204, 400, 401, 403, 404},
+		"GET /v1/approvals":           {200, 400, 401, 403},
+		"GET /v1/approvals/:id":       {200, 401, 403, 404},
+		"POST /v1/approvals/:id":      {200, 400, 401, 403, 404, 408, 409, 413, 415, 503},
 
 		"POST /v1/approvals/:id/confirm": {200, 400, 401, 403, 404, 408, 409, 413, 415, 503},
 	}
@@ -135,6 +141,8 @@ type Options struct {
 	// Elicitation names the callers ("socket", "tcp") whose own confirmation, asked
 	// at their MCP client, approves their request (POST /v1/approvals/{id}/confirm).
 	Elicitation []string
+	// Sessions keeps the interpreter sessions of /v1/sessions.
+	Sessions *supervisor.Sessions
 }
 
 // Server is the HTTP API.
@@ -246,6 +254,11 @@ func New(o Options) *Server {
 	e.GET("/v1/workspaces/:id/files/*", s.getFile, runner)
 	e.DELETE("/v1/workspaces/:id/files/*", s.deleteFile, runner)
 	e.POST("/v1/sql", s.sql, runner)
+	e.POST("/v1/sessions", s.createSession, runner)
+	e.GET("/v1/sessions", s.listSessions, runner)
+	e.GET("/v1/sessions/:id", s.getSession, runner)
+	e.DELETE("/v1/sessions/:id", s.deleteSession, runner)
+	e.POST("/v1/sessions/:id/cells", s.runCell, runner)
 	e.GET("/v1/tools", s.tools, runner)
 	s.mcp = s.newMCP(o.Version)
 	for _, method := range []string{http.MethodPost, http.MethodGet, http.MethodDelete} {

@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
+	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/sqltool"
 	"github.com/sandcell/sandcell/supervisor/store"
@@ -70,8 +71,10 @@ func statusOf(code string) int {
 		return http.StatusMethodNotAllowed
 	case wire.CodeTimeout:
 		return http.StatusRequestTimeout
-	case wire.CodeUnsafeFile, wire.CodeApprovalInvalid, wire.CodeWorkspaceBusy:
+	case wire.CodeUnsafeFile, wire.CodeApprovalInvalid, wire.CodeWorkspaceBusy, wire.CodeSessionBusy:
 		return http.StatusConflict
+	case wire.CodeSessionLost:
+		return http.StatusGone
 	case wire.CodeBodyTooLarge:
 		return http.StatusRequestEntityTooLarge
 	case wire.CodeUnsupportedMed:
@@ -124,6 +127,11 @@ func problemOf(err error) *apiError {
 		{supervisor.ErrQueueFull, wire.CodeQueueFull},
 		{supervisor.ErrCallerLimit, wire.CodeCallerLimit},
 		{supervisor.ErrStopping, wire.CodeStopping},
+		{supervisor.ErrSessionNotFound, wire.CodeNotFound},
+		{supervisor.ErrSessionBusy, wire.CodeSessionBusy},
+		{supervisor.ErrSessionLimit, wire.CodeSessionLimit},
+		{supervisor.ErrSessionLost, wire.CodeSessionLost},
+		{sandbox.ErrBadRequest, wire.CodeBadRequest},
 		{workspace.ErrBadPath, wire.CodeBadRequest},
 		{workspace.ErrNotFound, wire.CodeNotFound},
 		{workspace.ErrUnsafe, wire.CodeUnsafeFile},
@@ -170,6 +178,8 @@ func refusalKinds(route string) store.Kind {
 		return store.WorkspaceRefused
 	case strings.HasSuffix(route, " /mcp"):
 		return store.MCPRefused
+	case strings.Contains(route, " /v1/sessions"):
+		return store.SessionRefused
 	}
 	return ""
 }

@@ -71,8 +71,10 @@ type Config struct {
 	// Workspaces bounds every workspace: the named ones of /v1/workspaces and each run's private one.
 	Workspaces Workspaces `toml:"workspaces" envPrefix:"WORKSPACES_"`
 	// Pool keeps workers started ahead of demand.
-	Pool   Pool   `toml:"pool" envPrefix:"POOL_"`
-	Limits Limits `toml:"limits" envPrefix:"LIMITS_"`
+	Pool Pool `toml:"pool" envPrefix:"POOL_"`
+	// Sessions bounds the interpreter sessions of /v1/sessions.
+	Sessions Sessions `toml:"sessions" envPrefix:"SESSIONS_"`
+	Limits   Limits   `toml:"limits" envPrefix:"LIMITS_"`
 	// Sandbox is the worker's hardening.
 	Sandbox Sandbox `toml:"sandbox" envPrefix:"SANDBOX_"`
 	// Access maps callers (SO_PEERCRED uid and gid) to roles.
@@ -207,6 +209,17 @@ type Pool struct {
 	MemoryBudget int64 `toml:"memory_budget" env:"MEMORY_BUDGET"`
 }
 
+// Sessions bounds the interpreter sessions: each is one worker process, with its
+// interpreter's memory (up to its memory limit), for as long as it lives.
+type Sessions struct {
+	// Max bounds the live sessions in all; 0 turns sessions off.
+	Max int `toml:"max" env:"MAX"`
+	// MaxPerCaller bounds those of one caller (a uid, a token).
+	MaxPerCaller int `toml:"max_per_caller" env:"MAX_PER_CALLER"`
+	// IdleTimeout ends a session that has run no cell for that long.
+	IdleTimeout Duration `toml:"idle_timeout" env:"IDLE_TIMEOUT"`
+}
+
 // Limits are a run's defaults and the maxima a request may ask for.
 type Limits struct {
 	Default RunLimits `toml:"default" envPrefix:"DEFAULT_"`
@@ -264,6 +277,7 @@ func Default() Config {
 		Audit:      Audit{Retention: Duration{90 * 24 * time.Hour}},
 		Workspaces: Workspaces{MaxBytes: 256 << 20, MaxFiles: 10_000},
 		Pool:       Pool{Size: 4, MemoryBudget: 512 << 20},
+		Sessions:   Sessions{Max: 8, MaxPerCaller: 2, IdleTimeout: Duration{10 * time.Minute}},
 		Health:     Health{ExitOnFailure: true, CanaryInterval: Duration{time.Minute}},
 		Approvals: Approvals{Required: []string{"sql.write"}, Elicitation: []string{}, TTL: Duration{15 * time.Minute},
 			Window: Duration{10 * time.Minute}},
@@ -423,6 +437,15 @@ func (c Config) Validate() error {
 	}
 	if c.Workspaces.MaxBytes < 1 {
 		add("workspaces.max_bytes", "must be positive, is %d", c.Workspaces.MaxBytes)
+	}
+	if c.Sessions.Max < 0 || c.Sessions.Max > 1024 {
+		add("sessions.max", "must be 0 (off) to 1024, is %d", c.Sessions.Max)
+	}
+	if c.Sessions.Max > 0 && (c.Sessions.MaxPerCaller < 1 || c.Sessions.MaxPerCaller > c.Sessions.Max) {
+		add("sessions.max_per_caller", "must be between 1 and sessions.max (%d), is %d", c.Sessions.Max, c.Sessions.MaxPerCaller)
+	}
+	if c.Sessions.Max > 0 && c.Sessions.IdleTimeout.Duration < time.Second {
+		add("sessions.idle_timeout", "must be at least 1s, is %s", c.Sessions.IdleTimeout)
 	}
 	if c.Pool.Size < 0 || c.Pool.Size > 64 {
 		add("pool.size", "must be 0 (off) to 64, is %d", c.Pool.Size)

@@ -81,6 +81,7 @@ type Daemon struct {
 	health  *healthz.Registry
 	sp      *sandbox.Spawner
 	mgr     *supervisor.Manager
+	sess    *supervisor.Sessions // nil when sessions.max is 0
 	audit   *supervisor.Audit
 	db      *store.Store
 	srv     *api.Server
@@ -146,6 +147,14 @@ func Open(o Options) (_ *Daemon, err error) {
 		WorkspaceQuota: workspace.Quota{Bytes: cfg.Workspaces.MaxBytes, Files: cfg.Workspaces.MaxFiles}}); err != nil {
 		return nil, err
 	}
+	if cfg.Sessions.Max > 0 {
+		if d.sess, err = supervisor.NewSessions(d.sp, supervisor.SessionOptions{Max: cfg.Sessions.Max,
+			MaxPerCaller: cfg.Sessions.MaxPerCaller, IdleTimeout: cfg.Sessions.IdleTimeout.Duration,
+			WorkDir: filepath.Join(cfg.State.Dir, "sessions"),
+			Quota:   workspace.Quota{Bytes: cfg.Workspaces.MaxBytes, Files: cfg.Workspaces.MaxFiles}}); err != nil {
+			return nil, err
+		}
+	}
 	access, err := d.access(cfg)
 	if err != nil {
 		return nil, err
@@ -191,6 +200,7 @@ func Open(o Options) (_ *Daemon, err error) {
 		Health:          d.health,
 		Info:            d.info,
 		Version:         o.Version,
+		Sessions:        d.sess,
 	})
 	// MCP sessions over HTTP hear within a second when the tools come or go.
 	d.wg.Add(1)
@@ -606,6 +616,9 @@ func (d *Daemon) shutdown() {
 	defer cancel()
 	done := make(chan struct{})
 	go func() { d.mgr.Shutdown(grace); close(done) }()
+	if d.sess != nil {
+		d.sess.Shutdown() // a session's state does not outlive the daemon (yet): it ends with it
+	}
 	if err := d.srv.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		d.log.Warn("shutdown", "error", err)
 	}

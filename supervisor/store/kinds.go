@@ -38,6 +38,15 @@ package store
 //	                        reached one (unknown or another's, a bad path)
 //	mcp.refused             an MCP request was refused by the daemon (its  status, code, detail, method, path
 //	                        bounds, another's session, session_limit)
+//	session.opened          an interpreter session opened                  session, workspace, limits, env names,
+//	                                                                       layers
+//	session.refused         a session request was refused                  status, code, detail, method, path
+//	session.cell            a cell passed its checks (before it runs)      session, code_sha256 (and code), limits,
+//	                                                                       stdin_bytes
+//	session.cell_finished   a cell ended                                   session, code_sha256, state, reason,
+//	                                                                       exit_code, elapsed_ms, output sizes,
+//	                                                                       diagnostics
+//	session.closed          DELETE /v1/sessions/{id}                       session
 //
 // Every accepted run has run.requested, run.admitted and then exactly one of
 // run.finished and run.aborted; every accepted statement has sql.requested and then
@@ -73,6 +82,11 @@ const (
 	WorkspaceFileRemoved Kind = "workspace.file_removed"
 	WorkspaceRefused     Kind = "workspace.refused"
 	MCPRefused           Kind = "mcp.refused"
+	SessionOpened        Kind = "session.opened"
+	SessionRefused       Kind = "session.refused"
+	SessionCell          Kind = "session.cell"
+	SessionCellFinished  Kind = "session.cell_finished"
+	SessionClosed        Kind = "session.closed"
 )
 
 // Kinds returns every kind of the catalog, in its order.
@@ -80,5 +94,6 @@ func Kinds() []Kind {
 	return []Kind{DaemonStart, DaemonReload, DaemonStop, AuditPruned, AccessDenied, RunRequested, RunRefused,
 		RunAdmitted, RunCancel, RunFinished, RunAborted, SQLRequested, SQLFinished, SQLRefused, SQLFailed,
 		SQLRecovered, ApprovalRequested, ApprovalDecided, ApprovalRedeemed, WorkspaceCreated, WorkspaceDeleted,
-		WorkspaceFileWritten, WorkspaceFileRead, WorkspaceFileRemoved, WorkspaceRefused, MCPRefused}
+		WorkspaceFileWritten, WorkspaceFileRead, WorkspaceFileRemoved, WorkspaceRefused, MCPRefused,
+		SessionOpened, SessionRefused, SessionCell, SessionCellFinished, SessionClosed}
 }

@@ -46,7 +46,9 @@ const (
 	CodeSQLError            = "sql_error"            // 400/404/409/422: SQLite failed; sql_code says how
 	CodeTooManyPending      = "too_many_pending"     // 429: the caller has supervisor.MaxPending approvals waiting
 	CodeWorkspaceBusy       = "workspace_busy"       // 409: a run or statement is using the workspace (or an approved SQL write holds it alone)
-	CodeSessionLimit        = "session_limit"        // 429: this caller has as many MCP sessions open as one caller may
+	CodeSessionLimit        = "session_limit"        // 429: this caller (or the daemon) has as many MCP sessions, or interpreter sessions, open as may be
+	CodeSessionBusy         = "session_busy"         // 409: a cell of the session is running
+	CodeSessionLost         = "session_lost"         // 410: the session's interpreter state was lost (a cell past its limits ended it)
 )
 
 // Codes lists every problem code (TestOpenAPI keeps the document's list equal).
@@ -55,7 +57,7 @@ func Codes() []string {
 		CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeCallerLimit, CodeDisabled, CodeNotReady, CodeNotAlive, CodeStopping,
 		CodeInternal, CodeUnsupportedMed, CodeUnauthorized, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota,
 		CodeStatementRefused, CodeApprovalRequired, CodeApprovalUnavailable, CodeApprovalInvalid, CodeSQLError,
-		CodeTooManyPending, CodeWorkspaceBusy, CodeSessionLimit}
+		CodeTooManyPending, CodeWorkspaceBusy, CodeSessionLimit, CodeSessionBusy, CodeSessionLost}
 }
 
 // Problem is an RFC 9457 problem document.
@@ -181,6 +183,67 @@ type RunRequest struct {
 	// policy holds runs for approval (approvals.required has "run"): the run then
 	// starts, once.
 	Approval string `json:"approval,omitempty"`
+}
+
+// SessionRequest is the body of POST /v1/sessions.
+type SessionRequest struct {
+	// Workspace is the id of a workspace the session gets as /ws; empty gives it a
+	// fresh private one, removed when it ends.
+	Workspace string `json:"workspace,omitempty"`
+	// Limits: MemoryMiB bounds the session's interpreter for its whole life; the
+	// others are each cell's defaults (a cell may lower them). None may exceed
+	// policy's maximum.
+	Limits RunLimits `json:"limits,omitempty"`
+	// Env is the session's environment (names in policy's allowlist).
+	Env map[string]string `json:"env,omitempty"`
+}
+
+// CellRequest is the body of POST /v1/sessions/{id}/cells.
+type CellRequest struct {
+	// Code is the cell's Python source; a last expression's value is shown on
+	// stdout as the interactive interpreter shows it.
+	Code string `json:"code"`
+	// Stdin is the cell's whole standard input, and StdinEncoding as a run's.
+	Stdin         string `json:"stdin,omitempty"`
+	StdinEncoding string `json:"stdin_encoding,omitempty"`
+	// Limits lower the session's for this cell: TimeoutMS, CPUMS, MaxOutputBytes
+	// (MemoryMiB and Fuel are the session's).
+	Limits RunLimits `json:"limits,omitempty"`
+}
+
+// SessionState says what became of a session's interpreter state after a cell:
+// SessionPreserved (the cell ran; what it did is kept) or SessionLost (its worker
+// is gone, with the state; the cell's result says why).
+type SessionState string
+
+// The session states.
+const (
+	SessionPreserved SessionState = "preserved"
+	SessionLost      SessionState = "lost"
+)
+
+// SessionView is an interpreter session as the API shows it.
+type SessionView struct {
+	ID        string    `json:"id"`
+	Workspace string    `json:"workspace,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	LastUsed  time.Time `json:"last_used_at"`
+	Cells     int       `json:"cells"`
+	// State is "ready", "busy" (a cell is running) or "lost" (with Lost saying why).
+	State string `json:"state"`
+	Lost  string `json:"lost,omitempty"`
+	// Enforcement is the contract the session's worker verified; every cell runs
+	// under it.
+	Enforcement protocol.Enforcement `json:"enforcement"`
+}
+
+// CellAnswer is the answer to a cell: how it ended (a run's Result, with the
+// session's contract), what became of the session's state, and the session as it
+// is now.
+type CellAnswer struct {
+	State   SessionState    `json:"state"`
+	Result  protocol.Result `json:"result"`
+	Session SessionView     `json:"session"`
 }
 
 // RunLimits are a request's limits; zero fields take policy's defaults.

@@ -1,0 +1,173 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/labstack/echo/v4"
+	"github.com/sandcell/sandcell/supervisor/store"
+	"github.com/sandcell/sandcell/supervisor/wire"
+)
+
+// Interpreter sessions: /v1/sessions. A session is one hardened worker for one
+// caller and one workspace whose interpreter keeps its state from cell to cell
+// (supervisor.Sessions); every answer says what became of that state.
+
+// sessionsOff is the refusal of every session route when sessions.max is 0.
+func sessionsOff() error {
+	return fail(wire.CodeNotFound, "interpreter sessions are off here (sessions.max = 0)")
+}
+
+func (s *Server) createSession(c echo.Context) error {
+	if s.o.Sessions == nil {
+		return sessionsOff()
+	}
+	ctx := c.Request().Context()
+	peer, _ := PeerFrom(ctx)
+	if s.o.Disabled() {
+		return fail(wire.CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
+	}
+	if why := s.o.Health.Why(); why != "" {
+		return fail(wire.CodeNotReady, why)
+	}
+	var body wire.SessionRequest
+	if err := s.decode(c, &body); err != nil {
+		return err
+	}
+	req, err := s.request(wire.RunRequest{Code: "pass", Limits: body.Limits, Env: body.Env})
+	if err != nil {
+		return err
+	}
+	req.Code = ""
+	release := func() {}
+	if body.Workspace != "" {
+		w, err := s.workspace(c, body.Workspace)
+		if err != nil {
+			return err
+		}
+		over, u, err := w.OverQuota()
+		if err != nil {
+			return err
+		}
+		if over {
+			return failf(wire.CodeQuota, "workspace %s holds %d bytes in %d names, over its quota: remove files first",
+				w.ID, u.Bytes, u.Files)
+		}
+		if err := s.acquire(w.ID); err != nil {
+			return acquireError(w.ID, err)
+		}
+		release = func() { s.release(w.ID) }
+		req.Workspace = w.Dir()
+	}
+	ss, err := s.o.Sessions.Open(ctx, req, peer.Caller(), body.Workspace, release)
+	if err != nil {
+		return err // session_limit, stopping, or the worker's refusal (problemOf)
+	}
+	v := ss.View()
+	s.record(ctx, store.SessionOpened, "", map[string]any{"session": ss.ID, "workspace": body.Workspace,
+		"limits": req.Limits, "env": envNames(req.Env), "layers": v.Enforcement.ActiveLayers()})
+	c.Response().Header().Set("Location", "/v1/sessions/"+ss.ID)
+	return c.JSON(http.StatusCreated, v)
+}
+
+func (s *Server) listSessions(c echo.Context) error {
+	if s.o.Sessions == nil {
+		return sessionsOff()
+	}
+	peer, _ := PeerFrom(c.Request().Context())
+	views := []wire.SessionView{}
+	for _, ss := range s.o.Sessions.List(peer.Caller()) {
+		views = append(views, ss.View())
+	}
+	return c.JSON(http.StatusOK, map[string]any{"sessions": views})
+}
+
+func (s *Server) getSession(c echo.Context) error {
+	if s.o.Sessions == nil {
+		return sessionsOff()
+	}
+	peer, _ := PeerFrom(c.Request().Context())
+	ss, err := s.o.Sessions.Get(c.Param("id"), peer.Caller())
+	if err != nil {
+		return err
+	}
+	return c.JSON(http.StatusOK, ss.View())
+}
+
+func (s *Server) deleteSession(c echo.Context) error {
+	if s.o.Sessions == nil {
+		return sessionsOff()
+	}
+	ctx := c.Request().Context()
+	peer, _ := PeerFrom(ctx)
+	if err := s.o.Sessions.Close(c.Param("id"), peer.Caller()); err != nil {
+		return err
+	}
+	s.record(ctx, store.SessionClosed, "", map[string]any{"session": c.Param("id")})
+	return c.NoContent(http.StatusNoContent)
+}
+
+func (s *Server) runCell(c echo.Context) error {
+	if s.o.Sessions == nil {
+		return sessionsOff()
+	}
+	ctx := c.Request().Context()
+	peer, _ := PeerFrom(ctx)
+	if s.o.Disabled() {
+		return fail(wire.CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
+	}
+	ss, err := s.o.Sessions.Get(c.Param("id"), peer.Caller())
+	if err != nil {
+		return err
+	}
+	var body wire.CellRequest
+	if err := s.decode(c, &body); err != nil {
+		return err
+	}
+	if body.Code == "" {
+		return fail(wire.CodeBadRequest, "code is required")
+	}
+	if body.Limits.MemoryMiB != 0 || body.Limits.Fuel != 0 {
+		return fail(wire.CodeLimitExceeded, "limits.memory_mib and limits.fuel are the session's: give them when it is opened")
+	}
+	// The cell's limits: the session's, lowered where the body asks.
+	lim := ss.Limits
+	cell, err := s.request(wire.RunRequest{Code: body.Code, Stdin: body.Stdin, StdinEncoding: body.StdinEncoding,
+		Limits: wire.RunLimits{TimeoutMS: body.Limits.TimeoutMS, CPUMS: body.Limits.CPUMS, MaxOutputBytes: body.Limits.MaxOutputBytes}})
+	if err != nil {
+		return err
+	}
+	if body.Limits.TimeoutMS != 0 {
+		lim.TimeoutMS = min(lim.TimeoutMS, cell.Limits.TimeoutMS)
+	}
+	if body.Limits.CPUMS != 0 {
+		lim.CPUMS = cell.Limits.CPUMS
+		if ss.Limits.CPUMS > 0 {
+			lim.CPUMS = min(lim.CPUMS, ss.Limits.CPUMS)
+		}
+	}
+	if body.Limits.MaxOutputBytes != 0 {
+		lim.MaxStdoutBytes = min(lim.MaxStdoutBytes, cell.Limits.MaxStdoutBytes)
+		lim.MaxStderrBytes = min(lim.MaxStderrBytes, cell.Limits.MaxStderrBytes)
+	}
+	cell.Limits = lim
+	sum := sha256Hex([]byte(body.Code))
+	detail := map[string]any{"session": ss.ID, "code_sha256": sum, "limits": lim, "stdin_bytes": len(cell.Stdin)}
+	if s.o.RecordCode {
+		detail["code"] = body.Code
+	}
+	// No record, no cell: the cell is audited once it holds the session, before its
+	// code runs.
+	res, state, err := s.o.Sessions.Cell(ctx, ss.ID, peer.Caller(), cell, func() error {
+		if err := s.record(ctx, store.SessionCell, "", detail); err != nil {
+			return fail(wire.CodeAuditDown, "the audit log cannot be written: "+err.Error()).audited()
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	s.record(ctx, store.SessionCellFinished, "", map[string]any{"session": ss.ID, "code_sha256": sum,
+		"state": state, "reason": res.Reason, "exit_code": res.ExitCode, "elapsed_ms": res.ElapsedMS,
+		"stdout_bytes": len(res.Stdout), "stderr_bytes": len(res.Stderr), "diagnostics": res.Diagnostics})
+	return c.JSON(http.StatusOK, wire.CellAnswer{State: state, Result: res, Session: ss.View()})
+}

@@ -1,0 +1,156 @@
+package api_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/store"
+	"github.com/sandcell/sandcell/supervisor/wire"
+)
+
+// openSession opens a session with body and returns its id.
+func (d *daemon) openSession(t *testing.T, body string) string {
+	t.Helper()
+	resp, b := d.do(t, "POST", "/v1/sessions", body)
+	var v struct {
+		ID          string               `json:"id"`
+		State       string               `json:"state"`
+		Enforcement protocol.Enforcement `json:"enforcement"`
+	}
+	if resp.StatusCode != 201 || json.Unmarshal(b, &v) != nil || v.ID == "" || v.State != "ready" ||
+		len(v.Enforcement.ActiveLayers()) == 0 {
+		t.Fatalf("open session: %d %s", resp.StatusCode, b)
+	}
+	return v.ID
+}
+
+// cell runs body as a cell of session id and decodes the answer.
+func (d *daemon) cell(t *testing.T, id, body string) (int, wire.CellAnswer, []byte) {
+	t.Helper()
+	resp, b := d.do(t, "POST", "/v1/sessions/"+id+"/cells", body)
+	var a wire.CellAnswer
+	if resp.StatusCode == 200 {
+		if err := json.Unmarshal(b, &a); err != nil {
+			t.Fatalf("cell answer: %v %s", err, b)
+		}
+	}
+	return resp.StatusCode, a, b
+}
+
+// A session over the API keeps state across cells and says so in every answer; a
+// cell past its time says the state is lost, and so does every request after it;
+// a cell while another runs is 409; another caller's session does not exist for
+// it; closing ends it; each event has its audit record.
+func TestSessionAPI(t *testing.T) {
+	d := start(t, setup{access: &api.Access{Admins: api.Principals{UIDs: map[int]bool{os.Getuid(): true}},
+		Tokens: api.Tokens{aliceToken}}})
+	tcp := d.listenTCP(t)
+	id := d.openSession(t, `{}`)
+	code, a, b := d.cell(t, id, `{"code": "x = 41"}`)
+	if code != 200 || a.State != "preserved" || a.Result.Reason != protocol.Exited || a.Session.Cells != 1 {
+		t.Fatalf("first cell: %d %s", code, b)
+	}
+	code, a, b = d.cell(t, id, `{"code": "x + 1"}`)
+	if code != 200 || a.State != "preserved" || string(a.Result.Stdout) != "42\n" || a.Result.Enforcement == nil {
+		t.Fatalf("second cell: %d %s", code, b)
+	}
+	// Another caller: the session does not exist for it.
+	for _, m := range []struct{ method, path, body string }{
+		{"GET", "/v1/sessions/" + id, ""}, {"DELETE", "/v1/sessions/" + id, ""},
+		{"POST", "/v1/sessions/" + id + "/cells", `{"code": "print(x)"}`},
+	} {
+		if status, body := tcpDo(t, tcp, aliceSecret, m.method, m.path, m.body); status != 404 || body["code"] != wire.CodeNotFound {
+			t.Fatalf("another caller's %s: %d %v", m.method, status, body)
+		}
+	}
+	if status, body := tcpDo(t, tcp, aliceSecret, "GET", "/v1/sessions", ""); status != 200 || len(body["sessions"].([]any)) != 0 {
+		t.Fatalf("another caller's list: %d %v", status, body)
+	}
+	// One cell at a time.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		d.cell(t, id, `{"code": "import time\ntime.sleep(1.5)\ny = 2"}`)
+	}()
+	time.Sleep(500 * time.Millisecond)
+	resp, body := d.do(t, "POST", "/v1/sessions/"+id+"/cells", `{"code": "print(x)"}`)
+	wantProblem(t, resp, body, 409, wire.CodeSessionBusy)
+	<-done
+	if code, a, b = d.cell(t, id, `{"code": "x, y"}`); code != 200 || string(a.Result.Stdout) != "(41, 2)\n" {
+		t.Fatalf("after the busy cell: %d %s", code, b)
+	}
+	// Past its time: lost, and said so from then on.
+	code, a, b = d.cell(t, id, `{"code": "while True: pass", "limits": {"timeout_ms": 500}}`)
+	if code != 200 || a.State != "lost" || a.Result.Reason != protocol.Timeout || a.Session.State != "lost" {
+		t.Fatalf("a cell past its time: %d %s", code, b)
+	}
+	resp, body = d.do(t, "POST", "/v1/sessions/"+id+"/cells", `{"code": "print(x)"}`)
+	wantProblem(t, resp, body, 410, wire.CodeSessionLost)
+	resp, body = d.do(t, "GET", "/v1/sessions/"+id, "")
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"state":"lost"`) {
+		t.Fatalf("a lost session: %d %s", resp.StatusCode, body)
+	}
+	if resp, _ := d.do(t, "DELETE", "/v1/sessions/"+id, ""); resp.StatusCode != 204 {
+		t.Fatalf("close: %d", resp.StatusCode)
+	}
+	resp, body = d.do(t, "GET", "/v1/sessions/"+id, "")
+	wantProblem(t, resp, body, 404, wire.CodeNotFound)
+
+	evs, _ := d.store.Events(t.Context(), d.since, "", 1000)
+	count := map[store.Kind]int{}
+	for _, e := range evs {
+		count[e.Kind]++
+	}
+	if count[store.SessionOpened] != 1 || count[store.SessionCell] != 5 || count[store.SessionCellFinished] != 5 ||
+		count[store.SessionClosed] != 1 || count[store.SessionRefused] < 2 {
+		t.Fatalf("audit records: %v", count)
+	}
+}
+
+// Sessions are bounded per caller; bad input gets the API's usual problems; a
+// named workspace's session sees its files and keeps it from being deleted.
+func TestSessionLimitsAndWorkspace(t *testing.T) {
+	d := start(t, setup{})
+	ws := d.newWorkspace(t)
+	if resp, _ := d.do(t, "PUT", "/v1/workspaces/"+ws+"/files/in.txt", "data"); resp.StatusCode != 201 {
+		t.Fatalf("upload: %d", resp.StatusCode)
+	}
+	id := d.openSession(t, `{"workspace": "`+ws+`", "limits": {"memory_mib": 128}}`)
+	code, a, b := d.cell(t, id, `{"code": "open('in.txt').read()"}`)
+	if code != 200 || string(a.Result.Stdout) != "'data'\n" {
+		t.Fatalf("a named workspace's file: %d %s", code, b)
+	}
+	resp, body := d.do(t, "DELETE", "/v1/workspaces/"+ws, "")
+	wantProblem(t, resp, body, 409, wire.CodeWorkspaceBusy)
+	d.openSession(t, `{}`)
+	resp, body = d.do(t, "POST", "/v1/sessions", `{}`)
+	wantProblem(t, resp, body, 429, wire.CodeSessionLimit)
+	for _, c := range []struct {
+		path, body string
+		status     int
+		code       string
+	}{
+		{"/v1/sessions", `{"limits": {"memory_mib": 100000}}`, 400, wire.CodeLimitExceeded},
+		{"/v1/sessions", `{"workspace": "nope"}`, 404, wire.CodeNotFound},
+		{"/v1/sessions", `{"bogus": 1}`, 400, wire.CodeUnknownField},
+		{"/v1/sessions/" + id + "/cells", `{"code": ""}`, 400, wire.CodeBadRequest},
+		{"/v1/sessions/" + id + "/cells", `{"code": "1", "limits": {"memory_mib": 10}}`, 400, wire.CodeLimitExceeded},
+		{"/v1/sessions/" + id + "/cells", `{"code": "1", "limits": {"timeout_ms": 99999999}}`, 400, wire.CodeLimitExceeded},
+		{"/v1/sessions/nosuch/cells", `{"code": "1"}`, 404, wire.CodeNotFound},
+	} {
+		resp, body := d.do(t, "POST", c.path, c.body)
+		wantProblem(t, resp, body, c.status, c.code)
+	}
+	if resp, _ := d.do(t, "DELETE", "/v1/sessions/"+id, ""); resp.StatusCode != 204 {
+		t.Fatalf("close: %d", resp.StatusCode)
+	}
+	if resp, _ := d.do(t, "DELETE", "/v1/workspaces/"+ws, ""); resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("the workspace after its session: %d", resp.StatusCode)
+	}
+}
