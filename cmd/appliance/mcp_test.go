@@ -104,7 +104,7 @@ func TestMCPStdio(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cs.Close()
-	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 5 {
+	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 6 {
 		t.Fatalf("tools: %+v %v", l, err)
 	}
 	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "run_python", Arguments: map[string]any{"code": "print(6*7)"}})
@@ -246,6 +246,12 @@ func TestMCPStdioWithoutADaemon(t *testing.T) {
 		t.Fatalf("a path out of the workspace: %v %q", bad, text)
 	}
 	call("write_file", map[string]any{"path": "mk.py", "content": "import sqlite3; c = sqlite3.connect('t.db'); c.execute('create table t (x)'); c.commit()"})
+	if bad, text := call("run_cell", map[string]any{"code": "y = open('out.txt').read()"}); bad || !strings.Contains(text, "state: preserved") {
+		t.Fatalf("run_cell without a daemon: %q", text)
+	}
+	if bad, text := call("run_cell", map[string]any{"code": "y.upper()"}); bad || !strings.Contains(text, "'FROM THE GUEST'") {
+		t.Fatalf("run_cell's state without a daemon: %q", text)
+	}
 	if bad, text := call("run_python", map[string]any{"path": "mk.py"}); bad {
 		t.Fatalf("a workspace file: %q", text)
 	}
@@ -295,7 +301,7 @@ func TestMCPStdioMalformedLines(t *testing.T) {
 			parseErrors++
 		}
 		if m.ID != nil && *m.ID == 2 {
-			if parseErrors != 4 || len(m.Result.Tools) != 5 {
+			if parseErrors != 4 || len(m.Result.Tools) != 6 {
 				t.Fatalf("%d parse errors, then %s", parseErrors, lines.Bytes())
 			}
 			in.Close()

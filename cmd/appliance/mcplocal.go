@@ -41,6 +41,7 @@ type localTools struct {
 	approvals           *supervisor.Approvals
 	me                  supervisor.Caller
 	runs                atomic.Int64
+	sessions            *supervisor.Sessions // run_cell's interpreters, which live as long as this process
 }
 
 var _ mcpserver.Backend = (*localTools)(nil)
@@ -54,9 +55,63 @@ func newLocalTools(dir, bundleDir, cacheDir string) (*localTools, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &localTools{ws: ws, sp: newSpawner(bundleDir, cacheDir), pol: policy.Default(),
+	sp := newSpawner(bundleDir, cacheDir)
+	sessions, err := supervisor.NewSessions(sp, supervisor.SessionOptions{Max: 2, MaxPerCaller: 2,
+		IdleTimeout: 30 * time.Minute, Quota: localQuota})
+	if err != nil {
+		return nil, err
+	}
+	return &localTools{ws: ws, sp: sp, pol: policy.Default(),
 		bundleDir: bundleDir, cacheDir: cacheDir, approvals: supervisor.NewApprovals(15*time.Minute, 10*time.Minute),
-		me: supervisor.Caller{UID: os.Getuid()}}, nil
+		me: supervisor.Caller{UID: os.Getuid()}, sessions: sessions}, nil
+}
+
+// OpenSession opens an interpreter session in DIR, in a worker of this process's.
+func (l *localTools) OpenSession(ctx context.Context, r wire.SessionRequest) (wire.SessionView, error) {
+	if err := l.check(r.Workspace); err != nil {
+		return wire.SessionView{}, err
+	}
+	limits, err := l.pol.Resolve(protocol.Limits{})
+	if err != nil {
+		return wire.SessionView{}, err
+	}
+	req, err := l.base(limits)
+	if err != nil {
+		return wire.SessionView{}, err
+	}
+	req.Workspace = l.ws.Dir()
+	s, err := l.sessions.Open(ctx, req, l.me, "", func() {})
+	if err != nil {
+		return wire.SessionView{}, refusal(err)
+	}
+	return s.View(), nil
+}
+
+// Cell runs a cell in session id with the policy's default limits (a lower
+// timeout if asked).
+func (l *localTools) Cell(ctx context.Context, id string, r wire.CellRequest) (wire.CellAnswer, error) {
+	s, err := l.sessions.Get(id, l.me)
+	if err != nil {
+		return wire.CellAnswer{}, refusal(err)
+	}
+	limits := s.Limits
+	if r.Limits.TimeoutMS > 0 {
+		limits.TimeoutMS = min(limits.TimeoutMS, r.Limits.TimeoutMS)
+	}
+	res, state, err := l.sessions.Cell(ctx, id, l.me, protocol.Request{Code: r.Code, Stdin: []byte(r.Stdin), Limits: limits},
+		func() error { return nil })
+	if err != nil {
+		return wire.CellAnswer{}, refusal(err)
+	}
+	return wire.CellAnswer{State: state, Result: res, Session: s.View()}, nil
+}
+
+// CloseSession ends session id.
+func (l *localTools) CloseSession(_ context.Context, id string) error {
+	if err := l.sessions.Close(id, l.me); err != nil {
+		return refusal(err)
+	}
+	return nil
 }
 
 // refusal is err as the daemon would have answered it.

@@ -112,6 +112,22 @@ func TestMCPOverHTTP(t *testing.T) {
 		json.Unmarshal(b, &run) != nil || run.Workspace == "" || string(run.Run.Result.Stdout) != "42 /ws\n" {
 		t.Fatalf("run_python: %v %q %s", res.IsError, text, b)
 	}
+	// run_cell: this MCP session's interpreter keeps its state, in the same workspace.
+	if res, text := callTool(t, cs, tools.RunCell, map[string]any{"code": "import os\nx = 6"}); res.IsError ||
+		!strings.Contains(text, "a fresh interpreter") || !strings.Contains(text, "state: preserved") {
+		t.Fatalf("run_cell: %q", text)
+	}
+	res, text = callTool(t, cs, tools.RunCell, map[string]any{"code": "x * 7, os.getcwd()"})
+	var cell mcpserver.CellResult
+	b, _ = json.Marshal(res.StructuredContent)
+	if res.IsError || strings.Contains(text, "fresh") || !strings.Contains(text, "(42, '/ws')") ||
+		json.Unmarshal(b, &cell) != nil || cell.Workspace != run.Workspace || cell.Cell.State != "preserved" || cell.Fresh {
+		t.Fatalf("run_cell's second cell: %q %s", text, b)
+	}
+	if res, text := callTool(t, cs, tools.RunCell, map[string]any{"code": "x", "restart": true}); !res.IsError ||
+		!strings.Contains(text, "a fresh interpreter") || !strings.Contains(text, "NameError") {
+		t.Fatalf("run_cell after a restart: %q", text)
+	}
 	// The session's workspace keeps what a call wrote.
 	callTool(t, cs, tools.WriteFile, map[string]any{"path": "data/a.csv", "content": "x,y\n1,2\n"})
 	res, text = callTool(t, cs, tools.RunPython, map[string]any{"code": "print(open('data/a.csv').read().split()[1])"})
@@ -186,7 +202,7 @@ func TestMCPToolsFollowTheKillSwitch(t *testing.T) {
 	d := start(t, setup{})
 	changed := make(chan struct{}, 1)
 	cs := connectMCP(t, d, changed)
-	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 5 {
+	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 6 {
 		t.Fatalf("%+v %v", l, err)
 	}
 	d.reload(func(c *config.Config) { c.Disabled = true })
@@ -211,7 +227,7 @@ func TestMCPToolsFollowTheKillSwitch(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no tools/list_changed after the kill switch went off")
 	}
-	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 5 {
+	if l, err := cs.ListTools(t.Context(), nil); err != nil || len(l.Tools) != 6 {
 		t.Fatalf("after: %+v %v", l, err)
 	}
 }

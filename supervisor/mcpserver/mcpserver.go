@@ -50,6 +50,9 @@ type Backend interface {
 	ReadFile(ctx context.Context, id, path string, max int64) ([]byte, int64, error)
 	WriteFile(ctx context.Context, id, path string, data []byte) error
 	ConfirmApproval(ctx context.Context, id string, approve bool) error
+	OpenSession(ctx context.Context, req wire.SessionRequest) (wire.SessionView, error)
+	Cell(ctx context.Context, id string, req wire.CellRequest) (wire.CellAnswer, error)
+	CloseSession(ctx context.Context, id string) error
 }
 
 var _ Backend = (*client.Client)(nil)
@@ -87,6 +90,7 @@ type Server struct {
 	offered    bool
 	reason     string            // why not offered
 	workspaces map[string]string // owner (see Options.Owner) -> its workspace id
+	cells      map[string]string // MCP session -> its interpreter session's id (run_cell)
 }
 
 // New returns a server whose tools are not offered until the first Refresh (or
@@ -95,7 +99,7 @@ func New(o Options) *Server {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{o: o, workspaces: map[string]string{}, reason: "not checked yet"}
+	s := &Server{o: o, workspaces: map[string]string{}, cells: map[string]string{}, reason: "not checked yet"}
 	if o.Workspace != "" {
 		s.workspaces[""] = o.Workspace
 	}
@@ -131,7 +135,25 @@ func (s *Server) RunStdio(ctx context.Context) error {
 	out := &lockedWriter{w: os.Stdout}
 	pr, pw := io.Pipe()
 	go filterLines(os.Stdin, pw, out, tools.MaxMessageBytes)
+	defer s.closeCells()
 	return s.mcp.Run(ctx, &mcp.IOTransport{Reader: pr, Writer: out, MaxLineLength: tools.MaxMessageBytes + 1})
+}
+
+// closeCells ends the interpreter sessions run_cell opened over stdio (the one
+// session there is has ended), so they do not hold their places until their idle
+// timeout.
+func (s *Server) closeCells() {
+	s.mu.Lock()
+	ids := s.cells
+	s.cells = map[string]string{}
+	s.mu.Unlock()
+	for session, id := range ids {
+		if b := s.o.Backend(session); b != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			b.CloseSession(ctx, id)
+			cancel()
+		}
+	}
 }
 
 // lockedWriter serialises the SDK's messages and filterLines' errors.
@@ -304,6 +326,8 @@ func (s *Server) add() {
 		switch t.Name {
 		case tools.RunPython:
 			mcp.AddTool(s.mcp, t, s.runPython)
+		case tools.RunCell:
+			mcp.AddTool(s.mcp, t, s.runCell)
 		case tools.RunSQL:
 			mcp.AddTool(s.mcp, t, s.runSQL)
 		case tools.ListFiles:
@@ -547,6 +571,85 @@ func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in too
 	// A run that did not exit 0 is an error the agent sees as one.
 	res.IsError = v.Result == nil || v.Result.ExitCode != 0 || v.Result.Reason != "exited"
 	return res, out, nil
+}
+
+// CellResult is run_cell's structured result.
+type CellResult struct {
+	Workspace string          `json:"workspace"`
+	Cell      wire.CellAnswer `json:"cell"`
+	// Fresh: this call started a new interpreter (its first, a restart, or after
+	// the state was lost).
+	Fresh bool `json:"fresh"`
+}
+
+// runCell runs a cell in the calling MCP session's interpreter session, opened at
+// its first call in the owner's workspace (and again after a restart, or once the
+// state was lost: the answer says the interpreter is fresh).
+func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools.RunCellArgs) (*mcp.CallToolResult, any, error) {
+	if in.Code == "" {
+		return nil, nil, errors.New("code is required")
+	}
+	b, ws, done, err := s.call(ctx, req, "")
+	if err != nil {
+		return nil, nil, err
+	}
+	session := ""
+	if req != nil && req.Session != nil {
+		session = req.Session.ID()
+	}
+	s.mu.Lock()
+	id := s.cells[session]
+	s.mu.Unlock()
+	if id != "" && in.Restart {
+		b.CloseSession(ctx, id)
+		id = ""
+	}
+	fresh := id == ""
+	if fresh {
+		v, err := b.OpenSession(ctx, wire.SessionRequest{Workspace: ws})
+		if err != nil {
+			return nil, nil, done(err)
+		}
+		id = v.ID
+		s.mu.Lock()
+		s.cells[session] = id
+		s.mu.Unlock()
+	}
+	forget := func() {
+		s.mu.Lock()
+		if s.cells[session] == id {
+			delete(s.cells, session)
+		}
+		s.mu.Unlock()
+	}
+	a, err := b.Cell(ctx, id, wire.CellRequest{Code: in.Code, Stdin: in.Stdin, Limits: wire.RunLimits{TimeoutMS: in.TimeoutMS}})
+	var p *wire.Problem
+	if errors.As(err, &p) && (p.Code == wire.CodeSessionLost || p.Code == wire.CodeNotFound) {
+		// Lost earlier, or ended by its idle timeout: said, and the next call is fresh.
+		forget()
+		return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "state: lost " +
+			"(the interpreter of this session is gone: " + p.Detail + "); nothing ran. Call run_cell again to " +
+			"start a fresh interpreter: what earlier cells defined must be defined again (the workspace's files stay).\n"}}}, nil, nil
+	}
+	if err != nil {
+		return nil, nil, done(err)
+	}
+	var text strings.Builder
+	if fresh {
+		text.WriteString("(a fresh interpreter: nothing from earlier cells is defined)\n")
+	}
+	switch a.State {
+	case wire.SessionPreserved:
+		text.WriteString("state: preserved (what this cell defined is kept for the next call)\n")
+	default:
+		forget()
+		fmt.Fprintf(&text, "state: lost (%s): the interpreter was ended; the next call starts a fresh one, "+
+			"where what earlier cells defined must be defined again (the workspace's files stay)\n", a.Session.Lost)
+	}
+	text.WriteString(tools.RunText(wire.View{ID: id, State: wire.Done, Result: &a.Result}))
+	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text.String()}}}
+	res.IsError = a.Result.ExitCode != 0 || a.Result.Reason != "exited" || a.State != wire.SessionPreserved
+	return res, CellResult{Workspace: ws, Cell: a, Fresh: fresh}, nil
 }
 
 // SQLResult is run_sql's structured result.

@@ -25,6 +25,7 @@ import (
 // The tools' names.
 const (
 	RunPython = "run_python"
+	RunCell   = "run_cell"
 	RunSQL    = "run_sql"
 	ListFiles = "list_files"
 	ReadFile  = "read_file"
@@ -63,6 +64,16 @@ type RunPythonArgs struct {
 	// SaveOutput keeps the run's whole output in the workspace, as SaveOutput.stdout
 	// and SaveOutput.stderr, for read_file, where the answer's text clips it.
 	SaveOutput string `json:"save_output,omitempty" jsonschema:"also keep the whole output as the workspace files SAVE_OUTPUT.stdout and SAVE_OUTPUT.stderr (the answer shows at most 16 KiB of each)"`
+}
+
+// RunCellArgs are run_cell's arguments.
+type RunCellArgs struct {
+	Code      string `json:"code" jsonschema:"Python 3.13 source to run in this session's interpreter; a last expression's value is shown as the interactive interpreter shows it"`
+	Stdin     string `json:"stdin,omitempty" jsonschema:"the cell's standard input (text)"`
+	TimeoutMS int64  `json:"timeout_ms,omitempty" jsonschema:"wall-clock limit in milliseconds (default: the daemon's; at most its maximum); a cell past it loses the interpreter's state"`
+	// Restart starts a fresh interpreter for this session first: what earlier cells
+	// defined is gone (the workspace's files stay).
+	Restart bool `json:"restart,omitempty" jsonschema:"start a fresh interpreter first (what earlier cells defined is gone; files in the workspace stay)"`
 }
 
 // RunSQLArgs are run_sql's arguments.
@@ -118,6 +129,13 @@ func Definitions() []Definition {
 				"Where the daemon holds runs for approval, the person at the client is asked to confirm the code. " +
 				"The answer leads with how the run ended (exit status, reason, time), then its output; output past " +
 				MiB(MaxShownOutput) + " per stream keeps its head and tail."},
+		{Name: RunCell, Title: "Run a cell in a persistent Python interpreter", Args: &RunCellArgs{},
+			Description: "Run Python 3.13 in this MCP session's own sandboxed interpreter, which keeps its state " +
+				"from one call to the next (variables, imports, loaded data), like a notebook; its working directory " +
+				"is the workspace, /ws, the same as run_python's. The answer leads with what became of the state: " +
+				"preserved (what the cell did is kept), or lost (the cell reached its time or CPU limit, or trapped: " +
+				"the interpreter was ended, and the next call starts a fresh one, which the answer says). Then how " +
+				"the cell ended and its output, as run_python's."},
 		{Name: RunSQL, Title: "Run one SQL statement", Args: &RunSQLArgs{},
 			Description: "Run one SQLite statement on a database file in the workspace. Reads run at once; a statement " +
 				"that writes may be held for a person's approval (the answer then says so and gives the approval id)."},

@@ -13,7 +13,7 @@ import (
 // members it does not know; every framework's shape lists every tool.
 func TestDefinitions(t *testing.T) {
 	defs := Definitions()
-	if len(defs) != 5 {
+	if len(defs) != 6 {
 		t.Fatalf("%d tools", len(defs))
 	}
 	for i, d := range defs {
@@ -30,18 +30,18 @@ func TestDefinitions(t *testing.T) {
 			}
 		}
 	}
-	run, _ := json.Marshal(defs[2].InputSchema)
+	run, _ := json.Marshal(defs[3].InputSchema)
 	for _, want := range []string{`"maxLength":262144`, `"maximum":600000`, `"maxItems":64`} {
-		if defs[2].Name != RunPython || !strings.Contains(string(run), want) {
+		if defs[3].Name != RunPython || !strings.Contains(string(run), want) {
 			t.Errorf("run_python's schema lacks %s: %s", want, run)
 		}
 	}
 	fc := FunctionCalling(defs)
-	if len(fc["openai"].([]map[string]any)) != 5 || len(fc["anthropic"].([]map[string]any)) != 5 {
+	if len(fc["openai"].([]map[string]any)) != 6 || len(fc["anthropic"].([]map[string]any)) != 6 {
 		t.Fatalf("%v", fc)
 	}
 	l := NewListing("the kill switch is on")
-	if l.Available || len(l.Tools) != 5 {
+	if l.Available || len(l.Tools) != 6 {
 		t.Fatalf("%+v", l)
 	}
 }

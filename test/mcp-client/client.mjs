@@ -47,7 +47,7 @@ check(info && info.name === "sandcell", "server info", info);
 
 const { tools } = await client.listTools();
 const names = tools.map((t) => t.name).sort();
-check(JSON.stringify(names) === JSON.stringify(["list_files", "read_file", "run_python", "run_sql", "write_file"]), "tools", names);
+check(JSON.stringify(names) === JSON.stringify(["list_files", "read_file", "run_cell", "run_python", "run_sql", "write_file"]), "tools", names);
 const runPython = tools.find((t) => t.name === "run_python");
 check(runPython.inputSchema.properties.code.maxLength > 0, "run_python's code has a bound", runPython.inputSchema);
 
@@ -63,6 +63,18 @@ check(!res.isError && text(res).includes("[42]"), "SQL read", res);
 check(res.structuredContent.workspace === workspace, "one workspace per session", res.structuredContent);
 res = await client.callTool({ name: "run_sql", arguments: { db: "t.db", sql: "DELETE FROM t" } });
 check(res.isError && text(res).includes("approval_required") && text(res).includes("approval_id"), "SQL write held for approval", res);
+
+// run_cell: one interpreter for this session, its state kept from call to call, and
+// said to be lost when a cell ends it.
+res = await client.callTool({ name: "run_cell", arguments: { code: "rows = [6, 7]" } });
+check(!res.isError && text(res).includes("a fresh interpreter") && text(res).includes("state: preserved"), "run_cell first", res);
+res = await client.callTool({ name: "run_cell", arguments: { code: "rows[0] * rows[1]" } });
+check(!res.isError && !text(res).includes("fresh") && text(res).includes("\n42\n"), "run_cell keeps state", res);
+check(res.structuredContent.cell.state === "preserved" && res.structuredContent.workspace === workspace, "run_cell structured", res.structuredContent);
+res = await client.callTool({ name: "run_cell", arguments: { code: "while True: pass", timeout_ms: 300 } });
+check(res.isError && text(res).includes("state: lost") && res.structuredContent.cell.state === "lost", "run_cell lost", res);
+res = await client.callTool({ name: "run_cell", arguments: { code: "'rows' in dir()" } });
+check(!res.isError && text(res).includes("a fresh interpreter") && text(res).includes("False"), "run_cell fresh after lost", res);
 
 res = await client.callTool({ name: "write_file", arguments: { path: "notes/a.txt", content: "hello" } });
 check(!res.isError, "write_file", res);
