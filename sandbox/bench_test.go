@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -105,14 +106,14 @@ func BenchmarkSessionCell(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer ss.Close()
-	if _, err := ss.Run(context.Background(), protocol.Request{Code: "x = 42", Limits: limits}); err != nil {
+	if _, _, err := ss.Run(context.Background(), protocol.Request{Code: "x = 42", Limits: limits}); err != nil {
 		b.Fatal(err)
 	}
 	times := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		res, err := ss.Run(context.Background(), protocol.Request{Code: "print(x)", Limits: limits})
+		res, _, err := ss.Run(context.Background(), protocol.Request{Code: "print(x)", Limits: limits})
 		times = append(times, time.Since(start))
 		if err != nil || res.Reason != protocol.Exited || string(res.Stdout) != "42\n" {
 			b.Fatalf("%v %s %q %v", err, res.Reason, res.Stdout, res.Diagnostics)
@@ -120,4 +121,40 @@ func BenchmarkSessionCell(b *testing.B) {
 	}
 	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
 	b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms/median")
+}
+
+// BenchmarkSessionCheckpoint times a `pass` cell in a session whose interpreter
+// holds 50 MiB and 500 MiB: each cell that ends by itself checkpoints the whole
+// linear memory (a copy), so this is what a checkpoint costs at that size, with the
+// cell's own round trip (BenchmarkSessionCell) included; it reports the median.
+func BenchmarkSessionCheckpoint(b *testing.B) {
+	for _, mib := range []int{50, 500} {
+		b.Run(strconv.Itoa(mib)+"MiB", func(b *testing.B) {
+			limits := policy.Default().Default
+			limits.MemoryBytes = 1 << 30
+			req := protocol.Request{Workspace: b.TempDir(), Limits: limits, Hardening: policy.Default().Hardening(limits),
+				ModulePath: bundletest.Module(b, false), LibDir: bundletest.LibDir(b)}
+			ss, err := sandbox.NewSpawner().OpenSession(context.Background(), req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ss.Close()
+			fill := protocol.Request{Code: "import os\nheld = bytearray(os.urandom(1 << 20)) * " + strconv.Itoa(mib), Limits: limits}
+			if res, _, err := ss.Run(context.Background(), fill); err != nil || res.Reason != protocol.Exited {
+				b.Fatalf("%v %s %s", err, res.Reason, res.Stderr)
+			}
+			times := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				res, _, err := ss.Run(context.Background(), protocol.Request{Code: "pass", Limits: limits})
+				times = append(times, time.Since(start))
+				if err != nil || res.Reason != protocol.Exited {
+					b.Fatalf("%v %s", err, res.Reason)
+				}
+			}
+			sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+			b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms/median")
+		})
+	}
 }

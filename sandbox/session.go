@@ -88,25 +88,15 @@ func (ss *Session) PID() int { return ss.p.cmd.Process.Pid }
 // cell runs under it.
 func (ss *Session) Enforcement() protocol.Enforcement { return ss.opened }
 
-// receive reads the worker's next report within d (or until ctx ends).
+// receive reads the worker's next report within d (or until ctx ends); it kills
+// the worker when none comes.
 func (ss *Session) receive(ctx context.Context, d time.Duration) (protocol.Report, error) {
-	type got struct {
-		f   protocol.Frame
-		err error
-	}
-	ch := make(chan got, 1)
-	go func() {
-		f, err := protocol.Receive(ss.p.ctl, protocol.StepReport)
-		ch <- got{f, err}
-	}()
+	ch := ss.next()
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case g := <-ch:
-		if g.err != nil {
-			return protocol.Report{}, g.err
-		}
-		return *g.f.Report, nil
+		return g.rep, g.err
 	case <-t.C:
 		ss.p.kill()
 		<-ch
@@ -118,27 +108,52 @@ func (ss *Session) receive(ctx context.Context, d time.Duration) (protocol.Repor
 	}
 }
 
+type received struct {
+	rep protocol.Report
+	err error
+}
+
+// next reads the worker's next report in the background.
+func (ss *Session) next() <-chan received {
+	ch := make(chan received, 1)
+	go func() {
+		f, err := protocol.Receive(ss.p.ctl, protocol.StepReport)
+		if err != nil {
+			ch <- received{err: err}
+			return
+		}
+		ch <- received{rep: *f.Report}
+	}()
+	return ch
+}
+
+// interruptGrace is how long a cell's worker has, once interrupted, to restore the
+// session's checkpoint and report before it is killed (and the state lost).
+const interruptGrace = 2 * time.Second
+
 // Run runs one cell: cell.Code (its name in tracebacks cell.Filename, "<cell>" when
 // empty), with cell.Stdin, cell.Env added to the environment, and cell.Limits's
 // TimeoutMS, CPUMS and stream caps (the memory limit is the session's). The Result
 // is a run's, with the session's contract; a last expression's value is on stdout,
 // as the interactive interpreter shows it. A cell that ends by itself (an exception
-// and an uncaught MemoryError included) keeps the session's state; one that reaches
-// its wall clock or CPU limit, traps, or is cancelled through ctx ends the session
-// (ErrSessionLost from then on), and its Result says how it ended. Output past a
-// stream's cap is cut (the flag set) without ending the cell.
-func (ss *Session) Run(ctx context.Context, cell protocol.Request) (protocol.Result, error) {
+// included) keeps what it did. One that does not (its wall clock or CPU limit, a
+// trap, an uncaught MemoryError, a cancel through ctx, or a *Stop cause of ctx's) is
+// rolled back: the interpreter is back to its state before the cell (rolledBack
+// true; files it wrote stay written). When even that fails (the worker does not
+// answer within interruptGrace, or dies), the session is lost: ErrSessionLost from
+// then on. Output past a stream's cap is cut (the flag set) without ending the cell.
+func (ss *Session) Run(ctx context.Context, cell protocol.Request) (res protocol.Result, rolledBack bool, err error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.lost != "" {
-		return protocol.Result{}, fmt.Errorf("%w: %s", ErrSessionLost, ss.lost)
+		return protocol.Result{}, false, fmt.Errorf("%w: %s", ErrSessionLost, ss.lost)
 	}
 	if err := CheckProgram(&protocol.Request{Code: cell.Code, Stdin: cell.Stdin, Env: cell.Env}); err != nil {
-		return protocol.Result{}, err
+		return protocol.Result{}, false, err
 	}
 	l := cell.Limits
 	if l.TimeoutMS <= 0 || l.MaxStdoutBytes <= 0 || l.MaxStderrBytes <= 0 {
-		return protocol.Result{}, fmt.Errorf("%w: limits are incomplete", ErrBadRequest)
+		return protocol.Result{}, false, fmt.Errorf("%w: limits are incomplete", ErrBadRequest)
 	}
 	end := make([]byte, 32)
 	rand.Read(end)
@@ -147,33 +162,62 @@ func (ss *Session) Run(ctx context.Context, cell protocol.Request) (protocol.Res
 	began := time.Now()
 	if err := protocol.Send(ss.p.ctl, protocol.Frame{Step: protocol.StepCell, Request: &frame}); err != nil {
 		ss.lose("the worker is gone")
-		return protocol.Result{}, fmt.Errorf("%w: the worker is gone", ErrSessionLost)
+		return protocol.Result{}, false, fmt.Errorf("%w: the worker is gone", ErrSessionLost)
 	}
 	var stdout, stderr cellStream
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); stdout.read(ss.p.outR, end, l.MaxStdoutBytes) }()
 	go func() { defer wg.Done(); stderr.read(ss.p.errR, end, l.MaxStderrBytes) }()
-	rep, err := ss.receive(ctx, time.Duration(l.TimeoutMS)*time.Millisecond)
-	res := protocol.Result{ExitCode: -1}
-	switch {
-	case err == nil:
-		res.ExitCode, res.Reason, res.Diagnostics = rep.ExitCode, rep.Reason, rep.Diagnostics
-		res.PeakMemoryBytes, res.FuelConsumed, res.WorkerMaxRSSBytes = rep.PeakMemoryBytes, rep.FuelConsumed, rep.PeakRSSBytes
-	case ctx.Err() != nil:
-		res.Reason = protocol.Cancelled
+
+	ch := ss.next()
+	timer := time.NewTimer(time.Duration(l.TimeoutMS) * time.Millisecond)
+	defer timer.Stop()
+	var got received
+	var why protocol.Reason // why the cell was interrupted, if it was
+	select {
+	case got = <-ch:
+	case <-timer.C:
+		why = protocol.Timeout
+	case <-ctx.Done():
+		why = protocol.Cancelled
 		var stop *Stop
 		if errors.As(context.Cause(ctx), &stop) {
-			res.Reason, res.Diagnostics = stop.Reason, []string{stop.Detail}
+			why = stop.Reason
 		}
-	case err.Error() == "timed out":
-		res.Reason = protocol.Timeout
-	default:
-		res.Reason = protocol.InternalError
-		res.Diagnostics = []string{"the session's worker ended without a report: " + err.Error()}
 	}
-	if res.Reason != protocol.Exited && res.Reason != protocol.MemoryLimit {
-		ss.lose(fmt.Sprintf("a cell ended %s", res.Reason))
+	if why != "" {
+		grace := time.NewTimer(interruptGrace)
+		defer grace.Stop()
+		if protocol.Send(ss.p.ctl, protocol.Frame{Step: protocol.StepInterrupt, Interrupt: why}) != nil {
+			ss.p.kill()
+		}
+		select {
+		case got = <-ch:
+		case <-grace.C:
+			ss.p.kill()
+			got = <-ch
+			got.err = fmt.Errorf("the interrupted cell did not end within %s", interruptGrace)
+		}
+	}
+	res = protocol.Result{ExitCode: -1, Reason: why}
+	switch {
+	case got.err == nil:
+		res.ExitCode, res.Reason, res.Diagnostics = got.rep.ExitCode, got.rep.Reason, got.rep.Diagnostics
+		res.PeakMemoryBytes, res.FuelConsumed, res.WorkerMaxRSSBytes = got.rep.PeakMemoryBytes, got.rep.FuelConsumed, got.rep.PeakRSSBytes
+		rolledBack = got.rep.RolledBack
+		var stop *Stop
+		if why != "" && got.rep.Reason == why && errors.As(context.Cause(ctx), &stop) {
+			res.Diagnostics = append(res.Diagnostics, stop.Detail)
+		}
+	case why == "":
+		res.Reason = protocol.InternalError
+		res.Diagnostics = []string{"the session's worker ended without a report: " + got.err.Error()}
+	default:
+		res.Diagnostics = []string{got.err.Error()}
+	}
+	if got.err != nil || res.Reason != protocol.Exited && !rolledBack {
+		ss.lose(fmt.Sprintf("a cell ended %s and the state could not be restored", res.Reason))
 		ss.p.kill() // its streams end, so the reads do
 	}
 	wg.Wait()
@@ -182,7 +226,7 @@ func (ss *Session) Run(ctx context.Context, cell protocol.Request) (protocol.Res
 	res.Stdout, res.StdoutTruncated = stdout.buf, stdout.truncated
 	res.Stderr, res.StderrTruncated = stderr.buf, stderr.truncated
 	res.ElapsedMS = float64(time.Since(began).Microseconds()) / 1000
-	return res, nil
+	return res, rolledBack, nil
 }
 
 // lose records why the session's state is gone; ss.mu is held.

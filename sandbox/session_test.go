@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -42,9 +43,9 @@ func cell(t *testing.T, ss *sandbox.Session, code string, edit func(*protocol.Re
 	if edit != nil {
 		edit(&c)
 	}
-	res, err := ss.Run(context.Background(), c)
-	if err != nil {
-		t.Fatalf("cell %q: %v", code, err)
+	res, rolledBack, err := ss.Run(context.Background(), c)
+	if err != nil || rolledBack != (res.Reason != protocol.Exited) {
+		t.Fatalf("cell %q: %s, rolled back %v, %v", code, res.Reason, rolledBack, err)
 	}
 	return res
 }
@@ -109,10 +110,12 @@ func TestSessionCellOutput(t *testing.T) {
 	}
 }
 
-// A cell that reaches its wall clock or its CPU limit, or is cancelled, ends the
-// session, and says so: the Result says how the cell ended, and every later cell is
-// ErrSessionLost. Never a silent fresh interpreter.
-func TestSessionLostIsSaid(t *testing.T) {
+// A cell that does not end by itself (its wall clock, its CPU limit, a cancel, an
+// uncaught MemoryError; a trap takes the same path, and no Python program here
+// makes one reliably) is rolled back: the interpreter is back to its state
+// before the cell, whatever the cell had changed (a global, a builtin, a module, a
+// list it was filling), and the next cell runs in it.
+func TestSessionRollsBack(t *testing.T) {
 	for _, c := range []struct {
 		name   string
 		code   string
@@ -120,15 +123,16 @@ func TestSessionLostIsSaid(t *testing.T) {
 		reason protocol.Reason
 		cancel bool
 	}{
-		{name: "wall clock", code: "while True: pass", reason: protocol.Timeout,
+		{name: "wall clock", code: "x = 2\nbuiltins.len = None\nwhile True: pass", reason: protocol.Timeout,
 			edit: func(c *protocol.Request) { c.Limits.TimeoutMS = 500 }},
-		{name: "cpu", code: "while True: pass", reason: protocol.CPULimit,
+		{name: "cpu", code: "x = 2\nimport json\njson.dumps = None\nwhile True: pass", reason: protocol.CPULimit,
 			edit: func(c *protocol.Request) { c.Limits.CPUMS = 300 }},
-		{name: "cancel", code: "import time\ntime.sleep(30)", reason: protocol.Cancelled, cancel: true},
+		{name: "cancel", code: "x = 2\nwhile True: kept.append(1)", reason: protocol.Cancelled, cancel: true},
+		{name: "memory", code: "x = 2\nkept.append(1)\nb = [bytearray(1 << 20) for _ in range(10000)]", reason: protocol.MemoryLimit},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ss, _ := openSession(t)
-			cell(t, ss, "x = 1", nil)
+			cell(t, ss, "import builtins, json\nx = 1\nkept = []", nil)
 			limits, _ := policy.Default().Resolve(protocol.Limits{})
 			req := protocol.Request{Code: c.code, Limits: limits}
 			if c.edit != nil {
@@ -140,11 +144,49 @@ func TestSessionLostIsSaid(t *testing.T) {
 				time.AfterFunc(300*time.Millisecond, cancel)
 			}
 			began := time.Now()
-			res, err := ss.Run(ctx, req)
-			if err != nil || res.Reason != c.reason || time.Since(began) > 10*time.Second {
-				t.Fatalf("%s after %s: %v %v", res.Reason, time.Since(began), err, res.Diagnostics)
+			res, rolledBack, err := ss.Run(ctx, req)
+			if err != nil || res.Reason != c.reason || !rolledBack || time.Since(began) > 20*time.Second {
+				t.Fatalf("%s, rolled back %v, after %s: %v %v %q", res.Reason, rolledBack, time.Since(began), err, res.Diagnostics, res.Stderr)
 			}
-			if _, err := ss.Run(context.Background(), protocol.Request{Code: "print(x)", Limits: limits}); !errors.Is(err, sandbox.ErrSessionLost) {
+			after := cell(t, ss, "print(x, len(kept), len([1]), json.dumps(1))", nil)
+			if string(after.Stdout) != "1 0 1 1\n" {
+				t.Fatalf("the state after the rolled-back cell: %q %q", after.Stdout, after.Stderr)
+			}
+		})
+	}
+}
+
+// A session whose worker dies, or whose cell cannot be interrupted (one blocked in
+// a sleep: epoch interruption reaches only running WebAssembly), is lost, and says
+// so: the cell's result says how it ended, and every later cell is ErrSessionLost.
+// Never a silent fresh interpreter.
+func TestSessionLostIsSaid(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		code   string
+		kill   bool
+		reason protocol.Reason
+	}{
+		{name: "worker killed", code: "import time\ntime.sleep(30)", kill: true, reason: protocol.InternalError},
+		{name: "asleep past its time", code: "import time\ntime.sleep(30)", reason: protocol.Timeout},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ss, _ := openSession(t)
+			cell(t, ss, "x = 1", nil)
+			limits, _ := policy.Default().Resolve(protocol.Limits{})
+			limits.TimeoutMS = 500
+			if c.kill {
+				limits.TimeoutMS = 10_000
+				go func() {
+					time.Sleep(300 * time.Millisecond)
+					syscall.Kill(ss.PID(), syscall.SIGKILL)
+				}()
+			}
+			res, rolledBack, err := ss.Run(context.Background(), protocol.Request{Code: c.code, Limits: limits})
+			if err != nil || rolledBack || res.Reason != c.reason {
+				t.Fatalf("%s, rolled back %v: %v %v", res.Reason, rolledBack, err, res.Diagnostics)
+			}
+			if _, _, err := ss.Run(context.Background(), protocol.Request{Code: "print(x)", Limits: limits}); !errors.Is(err, sandbox.ErrSessionLost) {
 				t.Fatalf("a cell after the session was lost: %v", err)
 			}
 		})

@@ -252,7 +252,7 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 		pid.Store(int64(s.ss.PID()))
 		go watchQuota(ctx, w, s.workDir, &pid, m.o.Quota, stop)
 	}
-	res, err := s.ss.Run(ctx, cell)
+	res, rolledBack, err := s.ss.Run(ctx, cell)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.used = time.Now().UTC()
@@ -264,8 +264,11 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 		return protocol.Result{}, "", err
 	}
 	s.cells++
-	if res.Reason != protocol.Exited && res.Reason != protocol.MemoryLimit {
-		s.lose(fmt.Sprintf("cell %d ended %s", s.cells, res.Reason))
+	switch {
+	case rolledBack:
+		return res, wire.SessionRolledBack, nil
+	case res.Reason != protocol.Exited:
+		s.lose(fmt.Sprintf("cell %d ended %s and the state could not be restored", s.cells, res.Reason))
 		return res, wire.SessionLost, nil
 	}
 	return res, wire.SessionPreserved, nil

@@ -6,7 +6,8 @@ import (
 )
 
 // `sandcell session`: open, cells that keep their state, list, a cell past its time
-// that says the state is lost (and every cell after it refused), close.
+// rolled back, one that cannot be interrupted that says the state is lost (and every
+// cell after it refused), close.
 func TestCLISession(t *testing.T) {
 	d := startMCPDaemon(t)
 	r := cli(t, "", "session", "--socket", d.sock, "open")
@@ -26,9 +27,16 @@ func TestCLISession(t *testing.T) {
 	if r = cli(t, "", "session", "--socket", d.sock, "list"); r.code != 0 || !strings.Contains(r.stdout, id+"  ready  3") {
 		t.Fatalf("list: %+v", r)
 	}
-	r = cli(t, "", "session", "--socket", d.sock, "run", id, "--timeout", "300ms", "-c", "while True: pass")
-	if r.code != exitTimeout || !strings.Contains(r.stderr, "the session's state is lost") {
+	r = cli(t, "", "session", "--socket", d.sock, "run", id, "--timeout", "300ms", "-c", "x = 0\nwhile True: pass")
+	if r.code != exitTimeout || !strings.Contains(r.stderr, "rolled back") {
 		t.Fatalf("a cell past its time: %+v", r)
+	}
+	if r = cli(t, "", "session", "--socket", d.sock, "run", id, "-c", "x"); r.code != 0 || r.stdout != "6\n" {
+		t.Fatalf("after the rolled-back cell: %+v", r)
+	}
+	r = cli(t, "", "session", "--socket", d.sock, "run", id, "--timeout", "300ms", "-c", "import time\ntime.sleep(30)")
+	if r.code != exitTimeout || !strings.Contains(r.stderr, "the session's state is lost") {
+		t.Fatalf("a cell asleep past its time: %+v", r)
 	}
 	if r = cli(t, "", "session", "--socket", d.sock, "run", id, "-c", "x"); r.code != exitRejected || !strings.Contains(r.stderr, "session_lost") && !strings.Contains(r.stderr, "lost") {
 		t.Fatalf("a cell after the state was lost: %+v", r)

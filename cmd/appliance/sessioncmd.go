@@ -34,9 +34,10 @@ process, until it is closed or its idle timeout ends it.
   sandcell session list
   sandcell session close ID
 
-session run prints the cell's stdout and stderr and exits as sandcell run does; when
-the cell ended the session's state (its time, its CPU limit, a trap), it says so on
-stderr ("sandcell: the session's state is lost: ..."), and every later cell is
+session run prints the cell's stdout and stderr and exits as sandcell run does. A
+cell that reached its time, CPU or memory limit is rolled back (the session's state
+is as it was before it), and it says so on stderr; when even that failed, the state
+is lost ("sandcell: the session's state is lost: ..."), and every later cell is
 refused (exit 126).`,
 	}
 	cmd.PersistentFlags().StringVar(&socket, "socket", cmp.Or(os.Getenv("SANDCELL_SOCKET"), defaultSocket()), "the daemon's Unix socket ($SANDCELL_SOCKET)")
@@ -101,7 +102,10 @@ refused (exit 126).`,
 			}
 			os.Stdout.Write(a.Result.Stdout)
 			os.Stderr.Write(a.Result.Stderr)
-			if a.State == wire.SessionLost {
+			switch a.State {
+			case wire.SessionRolledBack:
+				fmt.Fprintf(os.Stderr, "sandcell: the cell ended %s and was rolled back: the session's state is as it was before it\n", a.Result.Reason)
+			case wire.SessionLost:
 				fmt.Fprintf(os.Stderr, "sandcell: the session's state is lost: %s\n", a.Session.Lost)
 			}
 			for _, d := range a.Result.Diagnostics {

@@ -219,6 +219,8 @@ func (e *Engine) Run(m *Module, spec Spec) Outcome {
 // concurrent use.
 type Instance struct {
 	e        *Engine
+	m        *Module
+	inst     *wasmtime.Instance
 	store    *wasmtime.Store
 	linker   *wasmtime.Linker
 	entry    *wasmtime.Func
@@ -267,7 +269,7 @@ func (e *Engine) Instantiate(m *Module, spec Spec) (*Instance, Outcome) {
 		}
 	}
 
-	in := &Instance{e: e, store: wasmtime.NewStore(e.we), fuel: spec.Fuel}
+	in := &Instance{e: e, m: m, store: wasmtime.NewStore(e.we), fuel: spec.Fuel}
 	in.store.SetWasi(wasi)
 	// Memory, table elements, instances, tables, memories; -1 keeps wasmtime's default.
 	in.store.Limiter(spec.MemoryBytes, -1, 1, -1, 1)
@@ -290,6 +292,7 @@ func (e *Engine) Instantiate(m *Module, spec Spec) (*Instance, Outcome) {
 		in.Close()
 		return nil, classify(err, internal("cannot instantiate module"))
 	}
+	in.inst = inst
 	if ex := inst.GetExport(in.store, "memory"); ex != nil {
 		in.memory = ex.Memory()
 	}

@@ -115,6 +115,10 @@ const (
 	// StepCell (parent to worker, with a Request: Code, Filename, Stdin, Env,
 	// Limits.CPUMS and CellEnd): one cell of a session.
 	StepCell Step = "cell"
+	// StepInterrupt (parent to worker, with Interrupt): end the running cell, as its
+	// wall clock, a cancel or the daemon's quota asks; the worker restores the
+	// session's last checkpoint and reports the cell with Interrupt as its reason.
+	StepInterrupt Step = "interrupt"
 )
 
 // Frame is one message on the control fd.
@@ -126,6 +130,8 @@ type Frame struct {
 	Request *Request `json:"request,omitempty"`
 	// Report is the member of StepReport.
 	Report *Report `json:"report,omitempty"`
+	// Interrupt is the member of StepInterrupt: the reason the cell ends with.
+	Interrupt Reason `json:"interrupt,omitempty"`
 }
 
 // ErrStep is returned by Receive for a frame of a step the receiver does not expect
@@ -166,6 +172,10 @@ func Receive(r io.Reader, want ...Step) (Frame, error) {
 	case StepReport:
 		if f.Report == nil {
 			return f, fmt.Errorf("%w: %q without its report", ErrStep, f.Step)
+		}
+	case StepInterrupt:
+		if f.Interrupt == "" {
+			return f, fmt.Errorf("%w: %q without its reason", ErrStep, f.Step)
 		}
 	}
 	return f, nil
@@ -312,6 +322,9 @@ type Report struct {
 	// Enforcement is the contract the worker verified before the guest ran; nil when
 	// the worker failed before it could tell.
 	Enforcement *Enforcement `json:"enforcement,omitempty"`
+	// RolledBack (a session's cell) says the cell did not end by itself and the
+	// session's interpreter was restored to its state before the cell.
+	RolledBack bool `json:"rolled_back,omitempty"`
 	// PeakRSSBytes is the worker's peak resident set (VmHWM, proc(5)).
 	PeakRSSBytes int64 `json:"peak_rss_bytes,omitempty"`
 }

@@ -3,6 +3,7 @@ package worker
 import (
 	"fmt"
 	"os"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -11,12 +12,15 @@ import (
 )
 
 // session serves a session (StepSession): hardened exactly as a cold run, it
-// instantiates the snapshot once, reports (Reason Exited, with the contract), then
-// runs each StepCell on that instance and reports it, after writing the cell's
-// CellEnd to the guest's stdout and stderr. It ends when the control fd ends, or
-// after reporting a cell that did not end by itself (a trap, the CPU limit): that
-// instance's state is not trusted again. A panic or a failure before the session
-// opens becomes an internal_error report, as for a run.
+// instantiates the snapshot once, checkpoints it (see engine.Checkpoint), reports
+// (Reason Exited, with the contract), then runs each StepCell on that instance and
+// reports it, after writing the cell's CellEnd to the guest's stdout and stderr. A
+// cell that ends by itself (an exception included) is checkpointed; one that does
+// not (a trap, its CPU limit, an uncaught MemoryError, or a StepInterrupt from the
+// parent: its wall clock, a cancel, the quota) is undone: the instance is restored
+// to the last checkpoint and the report says RolledBack. It ends when the control
+// fd ends, or when a restore fails (that report does not say RolledBack). A panic or
+// a failure before the session opens becomes an internal_error report, as for a run.
 func session(r *reply, req *protocol.Request) {
 	var rep protocol.Report
 	defer func() {
@@ -60,39 +64,73 @@ func session(r *reply, req *protocol.Request) {
 		return
 	}
 	defer inst.Close()
+	var cp engine.Checkpoint
+	if err := inst.Checkpoint(&cp); err != nil {
+		rep = failed("cannot checkpoint the interpreter: " + err.Error())
+		return
+	}
 	enf := st.enf
 	if protocol.Send(r.ctl, protocol.Frame{Step: protocol.StepReport,
 		Report: &protocol.Report{Reason: protocol.Exited, Enforcement: &enf}}) != nil {
 		r.ok = true // the parent is gone: nothing to report to
 		return
 	}
-	for {
-		f, err := protocol.Receive(r.ctl, protocol.StepCell)
-		if err != nil {
-			r.ok = true // the parent ended the session
-			return
+	// The control fd is read while a cell runs: an interrupt ends it at once.
+	var interrupted atomic.Pointer[protocol.Reason]
+	cells := make(chan *protocol.Request)
+	go func() {
+		defer close(cells)
+		for {
+			f, err := protocol.Receive(r.ctl, protocol.StepCell, protocol.StepInterrupt)
+			if err != nil {
+				return
+			}
+			if f.Step == protocol.StepInterrupt {
+				reason := f.Interrupt
+				interrupted.Store(&reason)
+				eng.Interrupt()
+				continue
+			}
+			cells <- f.Request
 		}
-		c := f.Request
+	}()
+	for c := range cells {
 		prog, err := CellProgram(c)
 		if err != nil {
 			rep = failed(err.Error())
 			return
 		}
+		interrupted.Store(nil)
 		go pw.Write(prog) // the guest reads it as the cell starts (a pipe holds 64 KiB)
 		out := inst.Call(msDuration(c.Limits.CPUMS))
 		crep := report(out)
+		if why := interrupted.Load(); why != nil && crep.Reason == protocol.CPULimit {
+			crep.Reason, crep.Diagnostics = *why, nil
+		}
 		crep.Enforcement = &enf
+		if crep.Reason == protocol.Exited {
+			err = inst.Checkpoint(&cp)
+		} else {
+			if err = inst.Restore(&cp); err == nil {
+				crep.RolledBack = true
+			}
+		}
+		if err != nil {
+			// The session ends with this report: it must not say the state was kept.
+			crep.Reason, crep.ExitCode, crep.RolledBack = protocol.InternalError, -1, false
+			crep.Diagnostics = append(crep.Diagnostics, "the session's state cannot be kept: "+err.Error())
+		}
 		if r.status != nil {
 			crep.PeakRSSBytes = peakRSS(r.status)
 		}
 		unix.Write(1, c.CellEnd)
 		unix.Write(2, c.CellEnd)
-		if protocol.Send(r.ctl, protocol.Frame{Step: protocol.StepReport, Report: &crep}) != nil ||
-			crep.Reason != protocol.Exited && crep.Reason != protocol.MemoryLimit {
+		if protocol.Send(r.ctl, protocol.Frame{Step: protocol.StepReport, Report: &crep}) != nil || err != nil {
 			r.ok = true
 			return
 		}
 	}
+	r.ok = true // the parent ended the session
 }
 
 // CellProgram is what the bootstrap reads for a session's cell (see

@@ -44,7 +44,8 @@ func (d *daemon) cell(t *testing.T, id, body string) (int, wire.CellAnswer, []by
 }
 
 // A session over the API keeps state across cells and says so in every answer; a
-// cell past its time says the state is lost, and so does every request after it;
+// cell past its time is rolled back; one that cannot be interrupted says the state
+// is lost, and so does every request after it;
 // a cell while another runs is 409; another caller's session does not exist for
 // it; closing ends it; each event has its audit record.
 func TestSessionAPI(t *testing.T) {
@@ -85,10 +86,18 @@ func TestSessionAPI(t *testing.T) {
 	if code, a, b = d.cell(t, id, `{"code": "x, y"}`); code != 200 || string(a.Result.Stdout) != "(41, 2)\n" {
 		t.Fatalf("after the busy cell: %d %s", code, b)
 	}
-	// Past its time: lost, and said so from then on.
-	code, a, b = d.cell(t, id, `{"code": "while True: pass", "limits": {"timeout_ms": 500}}`)
-	if code != 200 || a.State != "lost" || a.Result.Reason != protocol.Timeout || a.Session.State != "lost" {
+	// Past its time: rolled back, the state as it was before it.
+	code, a, b = d.cell(t, id, `{"code": "x = 0\nwhile True: pass", "limits": {"timeout_ms": 500}}`)
+	if code != 200 || a.State != "rolled_back" || a.Result.Reason != protocol.Timeout || a.Session.State != "ready" {
 		t.Fatalf("a cell past its time: %d %s", code, b)
+	}
+	if code, a, b = d.cell(t, id, `{"code": "x"}`); code != 200 || string(a.Result.Stdout) != "41\n" {
+		t.Fatalf("after the rolled-back cell: %d %s", code, b)
+	}
+	// Asleep past its time, it cannot be interrupted: lost, and said so from then on.
+	code, a, b = d.cell(t, id, `{"code": "import time\ntime.sleep(30)", "limits": {"timeout_ms": 300}}`)
+	if code != 200 || a.State != "lost" || a.Result.Reason != protocol.Timeout || a.Session.State != "lost" {
+		t.Fatalf("a cell asleep past its time: %d %s", code, b)
 	}
 	resp, body = d.do(t, "POST", "/v1/sessions/"+id+"/cells", `{"code": "print(x)"}`)
 	wantProblem(t, resp, body, 410, wire.CodeSessionLost)
@@ -107,7 +116,7 @@ func TestSessionAPI(t *testing.T) {
 	for _, e := range evs {
 		count[e.Kind]++
 	}
-	if count[store.SessionOpened] != 1 || count[store.SessionCell] != 5 || count[store.SessionCellFinished] != 5 ||
+	if count[store.SessionOpened] != 1 || count[store.SessionCell] != 7 || count[store.SessionCellFinished] != 7 ||
 		count[store.SessionClosed] != 1 || count[store.SessionRefused] < 2 {
 		t.Fatalf("audit records: %v", count)
 	}

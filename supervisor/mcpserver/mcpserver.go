@@ -641,6 +641,9 @@ func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools
 	switch a.State {
 	case wire.SessionPreserved:
 		text.WriteString("state: preserved (what this cell defined is kept for the next call)\n")
+	case wire.SessionRolledBack:
+		fmt.Fprintf(&text, "state: rolled_back (the cell ended %s: the interpreter is back to its state before "+
+			"this cell; files it wrote stay)\n", a.Result.Reason)
 	default:
 		forget()
 		fmt.Fprintf(&text, "state: lost (%s): the interpreter was ended; the next call starts a fresh one, "+

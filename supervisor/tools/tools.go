@@ -70,7 +70,7 @@ type RunPythonArgs struct {
 type RunCellArgs struct {
 	Code      string `json:"code" jsonschema:"Python 3.13 source to run in this session's interpreter; a last expression's value is shown as the interactive interpreter shows it"`
 	Stdin     string `json:"stdin,omitempty" jsonschema:"the cell's standard input (text)"`
-	TimeoutMS int64  `json:"timeout_ms,omitempty" jsonschema:"wall-clock limit in milliseconds (default: the daemon's; at most its maximum); a cell past it loses the interpreter's state"`
+	TimeoutMS int64  `json:"timeout_ms,omitempty" jsonschema:"wall-clock limit in milliseconds (default: the daemon's; at most its maximum); a cell past it is rolled back"`
 	// Restart starts a fresh interpreter for this session first: what earlier cells
 	// defined is gone (the workspace's files stay).
 	Restart bool `json:"restart,omitempty" jsonschema:"start a fresh interpreter first (what earlier cells defined is gone; files in the workspace stay)"`
@@ -133,9 +133,10 @@ func Definitions() []Definition {
 			Description: "Run Python 3.13 in this MCP session's own sandboxed interpreter, which keeps its state " +
 				"from one call to the next (variables, imports, loaded data), like a notebook; its working directory " +
 				"is the workspace, /ws, the same as run_python's. The answer leads with what became of the state: " +
-				"preserved (what the cell did is kept), or lost (the cell reached its time or CPU limit, or trapped: " +
-				"the interpreter was ended, and the next call starts a fresh one, which the answer says). Then how " +
-				"the cell ended and its output, as run_python's."},
+				"preserved (what the cell did is kept), rolled_back (the cell reached its time, CPU or memory limit: " +
+				"the interpreter is back to its state before the cell), or lost (it could not even be restored: the " +
+				"next call starts a fresh interpreter, which the answer says). Then how the cell ended and its " +
+				"output, as run_python's."},
 		{Name: RunSQL, Title: "Run one SQL statement", Args: &RunSQLArgs{},
 			Description: "Run one SQLite statement on a database file in the workspace. Reads run at once; a statement " +
 				"that writes may be held for a person's approval (the answer then says so and gives the approval id)."},

@@ -212,14 +212,18 @@ type CellRequest struct {
 }
 
 // SessionState says what became of a session's interpreter state after a cell:
-// SessionPreserved (the cell ran; what it did is kept) or SessionLost (its worker
-// is gone, with the state; the cell's result says why).
+// SessionPreserved (the cell ended by itself, an exception included; what it did is
+// kept), SessionRolledBack (it did not: its time or CPU limit, a trap, an uncaught
+// MemoryError, a cancel, the quota; the interpreter is back to its state before the
+// cell, files it wrote excepted) or SessionLost (not even that: the worker is gone,
+// with the state; the cell's result says why).
 type SessionState string
 
 // The session states.
 const (
-	SessionPreserved SessionState = "preserved"
-	SessionLost      SessionState = "lost"
+	SessionPreserved  SessionState = "preserved"
+	SessionRolledBack SessionState = "rolled_back"
+	SessionLost       SessionState = "lost"
 )
 
 // SessionView is an interpreter session as the API shows it.

@@ -71,7 +71,11 @@ check(!res.isError && text(res).includes("a fresh interpreter") && text(res).inc
 res = await client.callTool({ name: "run_cell", arguments: { code: "rows[0] * rows[1]" } });
 check(!res.isError && !text(res).includes("fresh") && text(res).includes("\n42\n"), "run_cell keeps state", res);
 check(res.structuredContent.cell.state === "preserved" && res.structuredContent.workspace === workspace, "run_cell structured", res.structuredContent);
-res = await client.callTool({ name: "run_cell", arguments: { code: "while True: pass", timeout_ms: 300 } });
+res = await client.callTool({ name: "run_cell", arguments: { code: "rows.append(1)\nwhile True: pass", timeout_ms: 300 } });
+check(res.isError && text(res).includes("state: rolled_back") && res.structuredContent.cell.state === "rolled_back", "run_cell rolled back", res);
+res = await client.callTool({ name: "run_cell", arguments: { code: "rows" } });
+check(!res.isError && !text(res).includes("fresh") && text(res).includes("[6, 7]"), "run_cell state before the rolled-back cell", res);
+res = await client.callTool({ name: "run_cell", arguments: { code: "import time\ntime.sleep(5)", timeout_ms: 300 } });
 check(res.isError && text(res).includes("state: lost") && res.structuredContent.cell.state === "lost", "run_cell lost", res);
 res = await client.callTool({ name: "run_cell", arguments: { code: "'rows' in dir()" } });
 check(!res.isError && text(res).includes("a fresh interpreter") && text(res).includes("False"), "run_cell fresh after lost", res);
