@@ -15,7 +15,8 @@ import (
 // instantiates the snapshot once, checkpoints it (see engine.Checkpoint), reports
 // (Reason Exited, with the contract), then runs each StepCell on that instance and
 // reports it, after writing the cell's CellEnd to the guest's stdout and stderr. A
-// cell that ends by itself (an exception included) is checkpointed; one that does
+// cell that ends by itself (an exception included) is checkpointed after its
+// report; one that does
 // not (a trap, its CPU limit, an uncaught MemoryError, or a StepInterrupt from the
 // parent: its wall clock, a cancel, the quota) is undone: the instance is restored
 // to the last checkpoint and the report says RolledBack. It ends when the control
@@ -108,9 +109,7 @@ func session(r *reply, req *protocol.Request) {
 			crep.Reason, crep.Diagnostics = *why, nil
 		}
 		crep.Enforcement = &enf
-		if crep.Reason == protocol.Exited {
-			err = inst.Checkpoint(&cp)
-		} else {
+		if crep.Reason != protocol.Exited {
 			if err = inst.Restore(&cp); err == nil {
 				crep.RolledBack = true
 			}
@@ -126,6 +125,14 @@ func session(r *reply, req *protocol.Request) {
 		unix.Write(1, c.CellEnd)
 		unix.Write(2, c.CellEnd)
 		if protocol.Send(r.ctl, protocol.Frame{Step: protocol.StepReport, Report: &crep}) != nil || err != nil {
+			r.ok = true
+			return
+		}
+		// The checkpoint of a cell that ended by itself is taken after its report
+		// (a copy of the whole memory: milliseconds per 10 MB), while the caller
+		// reads the answer; the next cell waits for it. Only an instance without a
+		// memory export fails here, and the first checkpoint would have.
+		if crep.Reason == protocol.Exited && inst.Checkpoint(&cp) != nil {
 			r.ok = true
 			return
 		}
