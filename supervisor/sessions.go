@@ -237,14 +237,24 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 	case lost != "":
 		return protocol.Result{}, "", fmt.Errorf("%w: %s", ErrSessionLost, lost)
 	}
+	var w *workspace.Workspace
+	if m.o.Quota.Bytes > 0 && m.o.Quota.Files > 0 {
+		if w, err = workspace.Directory(s.workDir, m.o.Quota); err != nil {
+			return protocol.Result{}, "", err
+		}
+		// A workspace already past its quota would end the cell at once.
+		if over, u, err := w.OverQuota(); err != nil || over {
+			if err == nil {
+				err = fmt.Errorf("%w: the session's workspace holds %d bytes in %d names, over its quota of %d bytes and %d names: remove files first",
+					workspace.ErrQuota, u.Bytes, u.Files, m.o.Quota.Bytes, m.o.Quota.Files)
+			}
+			return protocol.Result{}, "", err
+		}
+	}
 	if err := admitted(); err != nil {
 		return protocol.Result{}, "", err
 	}
-	if m.o.Quota.Bytes > 0 && m.o.Quota.Files > 0 {
-		w, err := workspace.Directory(s.workDir, m.o.Quota)
-		if err != nil {
-			return protocol.Result{}, "", err
-		}
+	if w != nil {
 		var stop context.CancelCauseFunc
 		ctx, stop = context.WithCancelCause(ctx)
 		defer stop(nil)

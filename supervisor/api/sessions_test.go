@@ -137,6 +137,13 @@ func TestSessionLimitsAndWorkspace(t *testing.T) {
 	}
 	resp, body := d.do(t, "DELETE", "/v1/workspaces/"+ws, "")
 	wantProblem(t, resp, body, 409, wire.CodeWorkspaceBusy)
+	// Past the quota: the cell is rolled back, and the next is refused until files go.
+	code, a, b = d.cell(t, id, `{"code": "import itertools\nfor i in itertools.count():\n  open('f%d' % i, 'wb').write(b'x' * (200 << 10))"}`)
+	if code != 200 || a.State != "rolled_back" || a.Result.Reason != protocol.QuotaExceeded {
+		t.Fatalf("a cell past the quota: %d %s", code, b)
+	}
+	resp, body = d.do(t, "POST", "/v1/sessions/"+id+"/cells", `{"code": "1"}`)
+	wantProblem(t, resp, body, 507, wire.CodeQuota)
 	d.openSession(t, `{}`)
 	resp, body = d.do(t, "POST", "/v1/sessions", `{}`)
 	wantProblem(t, resp, body, 429, wire.CodeSessionLimit)
