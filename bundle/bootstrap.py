@@ -160,10 +160,15 @@ def _sandcell_init():
                 b += chunk
             return bytes(b)
 
-        n = read(10)
-        header = n and read(int(n))
+        try:
+            n = read(10)
+            header = n and read(int(n))
+        except BaseException:
+            header = None
         if header is None:
-            return 70  # EX_SOFTWARE: the worker sent no program
+            # In a session the worker's cells cannot reach us (see
+            # sandbox/worker/session.go); otherwise EX_SOFTWARE: no program came.
+            return 0x1FF if cells else 70
         fields = header.decode().split("\0")
         mode, src, name, nargs = fields[0], fields[1], fields[2], int(fields[3])
         args = fields[4:4 + nargs]
@@ -172,10 +177,13 @@ def _sandcell_init():
             os.environ[env[i]] = env[i + 1]
         g = sys.modules["__main__"].__dict__
         if mode == "cell":
-            n = read(10)
-            data = n and read(int(n))
+            try:
+                n = read(10)
+                data = n and read(int(n))
+            except BaseException:
+                data = None
             if data is None:
-                return 70
+                return 0x1FF
             return cell(src, name, data, g)
         random.seed()
         os.chdir("/ws")
@@ -244,7 +252,7 @@ def _sandcell_init():
             if mode == "cell":
                 # As the interactive interpreter runs a block: a last expression's
                 # value goes to sys.displayhook.
-                tree = ast.parse(src, name, "exec")
+                tree = compile(src, name, "exec", ast.PyCF_ONLY_AST)
                 last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
                 exec(compile(tree, name, "exec"), g)
                 if last is not None:

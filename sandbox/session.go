@@ -23,6 +23,11 @@ var ErrSessionLost = errors.New("sandbox: the session's interpreter state is los
 // instantiate the snapshot.
 const openTimeout = 30 * time.Second
 
+// SessionCPU is the CPU time a session's worker may use in all (RLIMIT_CPU, its
+// backstop): each cell is bounded by its own CPU and wall-clock limits, and the
+// whole session by this; past it the worker is killed and the session lost.
+const SessionCPU = time.Hour
+
 // Session is one worker, hardened exactly as a cold run's, that runs many cells on
 // one instance of the interpreter's snapshot: what one cell defines, the next sees.
 // It serves one cell at a time (Run holds it). Create it with OpenSession; Close it.
@@ -46,6 +51,7 @@ func (s *Spawner) OpenSession(ctx context.Context, req protocol.Request) (*Sessi
 	if err := check(&req); err != nil {
 		return nil, err
 	}
+	req.Hardening.Rlimits.CPU = uint64(SessionCPU / time.Second)
 	wsDir, err := s.prepare(&req)
 	if err != nil {
 		return nil, err
@@ -210,6 +216,9 @@ func (ss *Session) Run(ctx context.Context, cell protocol.Request) (res protocol
 		if why != "" && got.rep.Reason == why && errors.As(context.Cause(ctx), &stop) {
 			res.Diagnostics = append(res.Diagnostics, stop.Detail)
 		}
+	case why == "" && ss.exitedByCPU():
+		res.Reason = protocol.CPULimit
+		res.Diagnostics = []string{fmt.Sprintf("the session's worker reached its CPU-time backstop (%s in all)", SessionCPU)}
 	case why == "":
 		res.Reason = protocol.InternalError
 		res.Diagnostics = []string{"the session's worker ended without a report: " + got.err.Error()}
@@ -236,12 +245,23 @@ func (ss *Session) lose(why string) {
 	}
 }
 
-// Close ends the session: its worker is killed and its state is gone.
+// exitedByCPU reports whether the worker has ended by its RLIMIT_CPU backstop.
+func (ss *Session) exitedByCPU() bool {
+	select {
+	case <-ss.p.exited:
+	case <-time.After(time.Second):
+		return false
+	}
+	return cpuBackstop(ss.p.cmd.ProcessState, uint64(SessionCPU/time.Second))
+}
+
+// Close ends the session: its worker is killed at once (a running cell with it: its
+// Run reports the session lost) and its state is gone.
 func (ss *Session) Close() error {
+	ss.p.kill()
 	ss.mu.Lock()
 	ss.lose("the session was closed")
 	ss.mu.Unlock()
-	ss.p.kill()
 	ss.p.ctl.Close()
 	<-ss.p.exited
 	ss.p.outR.Close()

@@ -129,6 +129,9 @@ func TestSessionRollsBack(t *testing.T) {
 			edit: func(c *protocol.Request) { c.Limits.CPUMS = 300 }},
 		{name: "cancel", code: "x = 2\nwhile True: kept.append(1)", reason: protocol.Cancelled, cancel: true},
 		{name: "memory", code: "x = 2\nkept.append(1)\nb = [bytearray(1 << 20) for _ in range(10000)]", reason: protocol.MemoryLimit},
+		// os._exit unwinds the interpreter in the middle of its call (here from deep
+		// in a recursion): not a state to go on from.
+		{name: "os._exit", code: "x = 2\nkept.append(1)\nimport os\ndef f(n):\n  if n == 0: os._exit(3)\n  f(n - 1)\nf(500)", reason: protocol.Exited},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ss, _ := openSession(t)
@@ -145,11 +148,12 @@ func TestSessionRollsBack(t *testing.T) {
 			}
 			began := time.Now()
 			res, rolledBack, err := ss.Run(ctx, req)
-			if err != nil || res.Reason != c.reason || !rolledBack || time.Since(began) > 20*time.Second {
+			if err != nil || res.Reason != c.reason || !rolledBack || time.Since(began) > 20*time.Second ||
+				c.name == "os._exit" && res.ExitCode != 3 {
 				t.Fatalf("%s, rolled back %v, after %s: %v %v %q", res.Reason, rolledBack, time.Since(began), err, res.Diagnostics, res.Stderr)
 			}
-			after := cell(t, ss, "print(x, len(kept), len([1]), json.dumps(1))", nil)
-			if string(after.Stdout) != "1 0 1 1\n" {
+			after := cell(t, ss, "import traceback\ndef g(n): return g(n - 1) if n else len(traceback.extract_stack())\nprint(x, len(kept), len([1]), json.dumps(1), g(800) > 800)", nil)
+			if string(after.Stdout) != "1 0 1 1 True\n" {
 				t.Fatalf("the state after the rolled-back cell: %q %q", after.Stdout, after.Stderr)
 			}
 		})
@@ -168,6 +172,8 @@ func TestSessionLostIsSaid(t *testing.T) {
 		reason protocol.Reason
 	}{
 		{name: "worker killed", code: "import time\ntime.sleep(30)", kill: true, reason: protocol.InternalError},
+		// The interpreter reads its cells on stdin: with it closed, no cell can come.
+		{name: "stdin closed", code: "import os\nos.close(0)", reason: protocol.InternalError},
 		{name: "asleep past its time", code: "import time\ntime.sleep(30)", reason: protocol.Timeout},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -183,6 +189,10 @@ func TestSessionLostIsSaid(t *testing.T) {
 				}()
 			}
 			res, rolledBack, err := ss.Run(context.Background(), protocol.Request{Code: c.code, Limits: limits})
+			if c.name == "stdin closed" && err == nil && res.Reason == protocol.Exited {
+				// The cell itself ends; the next is the one that cannot be read.
+				res, rolledBack, err = ss.Run(context.Background(), protocol.Request{Code: "1", Limits: limits})
+			}
 			if err != nil || rolledBack || res.Reason != c.reason {
 				t.Fatalf("%s, rolled back %v: %v %v", res.Reason, rolledBack, err, res.Diagnostics)
 			}

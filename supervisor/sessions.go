@@ -51,7 +51,16 @@ type SessionOptions struct {
 	// Quota bounds a session's workspace as it bounds a run's (see
 	// Options.WorkspaceQuota); zero: no bound.
 	Quota workspace.Quota
+	// Running bounds the cells running at once, in all sessions (more wait for a
+	// place, within their request); 0: Max. The daemon gives the number of runs
+	// that may run at once: cells and runs each have that many places.
+	Running int
 }
+
+// MaxCellOutputBytes bounds each stream of a cell, whatever the session's limits
+// (16 MiB): the daemon holds a running cell's output until it answers; a program
+// with more to say writes it to a file of the workspace.
+const MaxCellOutputBytes = 16 << 20
 
 // Sessions keeps the live sessions of the daemon: each is one hardened worker for
 // one caller and one workspace (see sandbox.Session), ended by Close, by its idle
@@ -64,6 +73,7 @@ type Sessions struct {
 	live     map[string]*Session
 	stopping bool
 	stop     chan struct{}
+	running  chan struct{} // a place per cell running (see SessionOptions.Running)
 }
 
 // Session is one live session.
@@ -77,9 +87,9 @@ type Session struct {
 	Limits protocol.Limits
 
 	ss      *sandbox.Session
-	workDir string // the workspace's directory
-	private string // the private workspace's directory, removed at the end
-	onEnd   func() // called once, when the session ends
+	workDir string           // the workspace's directory
+	private string           // the private workspace's directory, removed at the end
+	onEnd   func(why string) // called once: with why the session ended, or "" when it never opened
 	busy    atomic.Bool
 	mu      sync.Mutex
 	cells   int
@@ -99,7 +109,11 @@ func NewSessions(opener SessionOpener, o SessionOptions) (*Sessions, error) {
 			return nil, fmt.Errorf("supervisor: %w", err)
 		}
 	}
-	m := &Sessions{opener: opener, o: o, live: map[string]*Session{}, stop: make(chan struct{})}
+	if o.Running <= 0 {
+		o.Running = o.Max
+	}
+	m := &Sessions{opener: opener, o: o, live: map[string]*Session{}, stop: make(chan struct{}),
+		running: make(chan struct{}, o.Running)}
 	go m.reap()
 	return m, nil
 }
@@ -107,14 +121,15 @@ func NewSessions(opener SessionOpener, o SessionOptions) (*Sessions, error) {
 // Open starts a session for caller with req (a run's request without a program;
 // an empty req.Workspace gets a private workspace, removed when the session ends),
 // naming the named workspace wsID ("" for none); onEnd (not nil) is called once
-// when the session ends, or at once when it does not open. Errors: ErrSessionLimit,
+// with why the session ended ("closed by its caller", "idle for 10m0s", "the daemon
+// stopped"), or with "" at once when it does not open. Errors: ErrSessionLimit,
 // ErrStopping, or why the worker could not open it (sandbox.ErrBadRequest wrapped
 // for a request no worker can serve).
-func (m *Sessions) Open(ctx context.Context, req protocol.Request, caller Caller, wsID string, onEnd func()) (*Session, error) {
+func (m *Sessions) Open(ctx context.Context, req protocol.Request, caller Caller, wsID string, onEnd func(why string)) (*Session, error) {
 	m.mu.Lock()
 	if m.stopping {
 		m.mu.Unlock()
-		onEnd()
+		onEnd("")
 		return nil, ErrStopping
 	}
 	mine := 0
@@ -125,7 +140,7 @@ func (m *Sessions) Open(ctx context.Context, req protocol.Request, caller Caller
 	}
 	if len(m.live) >= m.o.Max || mine >= m.o.MaxPerCaller {
 		m.mu.Unlock()
-		onEnd()
+		onEnd("")
 		return nil, fmt.Errorf("%w (%d per caller, %d in all)", ErrSessionLimit, m.o.MaxPerCaller, m.o.Max)
 	}
 	s := &Session{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Caller: caller, Workspace: wsID,
@@ -142,7 +157,7 @@ func (m *Sessions) Open(ctx context.Context, req protocol.Request, caller Caller
 		if s.private != "" {
 			workspace.RemoveTree(s.private)
 		}
-		onEnd()
+		onEnd("")
 	}
 	if req.Workspace == "" {
 		dir, err := os.MkdirTemp(m.o.WorkDir, s.ID+"-")
@@ -251,6 +266,14 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 			return protocol.Result{}, "", err
 		}
 	}
+	cell.Limits.MaxStdoutBytes = min(cell.Limits.MaxStdoutBytes, MaxCellOutputBytes)
+	cell.Limits.MaxStderrBytes = min(cell.Limits.MaxStderrBytes, MaxCellOutputBytes)
+	select {
+	case m.running <- struct{}{}:
+		defer func() { <-m.running }()
+	case <-ctx.Done():
+		return protocol.Result{}, "", ctx.Err()
+	}
 	if err := admitted(); err != nil {
 		return protocol.Result{}, "", err
 	}
@@ -303,12 +326,12 @@ func (m *Sessions) Close(id string, caller Caller) error {
 	if !s.busy.CompareAndSwap(false, true) {
 		return ErrSessionBusy
 	}
-	m.end(s)
+	m.end(s, "closed by its caller")
 	return nil
 }
 
-// end removes s (held busy by the caller, or being shut down) and ends it.
-func (m *Sessions) end(s *Session) {
+// end removes s (held busy by the caller, or being shut down) and ends it, for why.
+func (m *Sessions) end(s *Session, why string) {
 	m.mu.Lock()
 	delete(m.live, s.ID)
 	m.mu.Unlock()
@@ -319,7 +342,7 @@ func (m *Sessions) end(s *Session) {
 	if s.private != "" {
 		workspace.RemoveTree(s.private)
 	}
-	s.onEnd()
+	s.onEnd(why)
 }
 
 // reap ends the sessions idle past IdleTimeout, every tenth of it. A lost session
@@ -344,7 +367,7 @@ func (m *Sessions) reap() {
 		}
 		m.mu.Unlock()
 		for _, s := range idle {
-			m.end(s)
+			m.end(s, fmt.Sprintf("idle for %s", m.o.IdleTimeout))
 		}
 	}
 }
@@ -367,6 +390,6 @@ func (m *Sessions) Shutdown() {
 	}
 	m.mu.Unlock()
 	for _, s := range all {
-		m.end(s)
+		m.end(s, "the daemon stopped")
 	}
 }

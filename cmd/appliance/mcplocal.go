@@ -80,7 +80,7 @@ func (l *localTools) OpenSession(ctx context.Context, r wire.SessionRequest) (wi
 		return wire.SessionView{}, err
 	}
 	req.Workspace = l.ws.Dir()
-	s, err := l.sessions.Open(ctx, req, l.me, "", func() {})
+	s, err := l.sessions.Open(ctx, req, l.me, "", func(string) {})
 	if err != nil {
 		return wire.SessionView{}, refusal(err)
 	}

@@ -78,7 +78,7 @@ refused (exit 126).`,
 				}
 				req.Code = string(src)
 			default:
-				return rejected{errors.New("give -c CODE or FILE.py, not both")}
+				return rejected{errors.New("give the cell as -c CODE or as FILE.py (one of them)")}
 			}
 			if stdin != "" {
 				data, err := readStdin(stdin)

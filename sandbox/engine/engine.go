@@ -189,8 +189,12 @@ type Spec struct {
 
 // Outcome is what Run observed.
 type Outcome struct {
-	ExitCode        int
-	Reason          protocol.Reason
+	ExitCode int
+	Reason   protocol.Reason
+	// ProcExit: the guest ended through WASI's proc_exit (os._exit), not by
+	// returning: its stack was unwound mid-call, so the instance must not be called
+	// again as it is.
+	ProcExit        bool
 	FuelConsumed    uint64
 	PeakMemoryBytes int64
 	Diagnostics     []string
@@ -363,7 +367,7 @@ func classify(err error, fallback Outcome) Outcome {
 	var werr *wasmtime.Error
 	if errors.As(err, &werr) {
 		if code, ok := werr.ExitStatus(); ok {
-			return Outcome{ExitCode: int(code), Reason: protocol.Exited}
+			return Outcome{ExitCode: int(code), Reason: protocol.Exited, ProcExit: true}
 		}
 	}
 	var trap *wasmtime.Trap

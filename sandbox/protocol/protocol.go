@@ -83,8 +83,9 @@ import (
 // another version, so a parent and a worker from different builds never guess at
 // each other's fields (version 2 added Hardening: a version-1 worker would run
 // without it; version 3 warm workers, and the program travels on the guest's stdin;
-// version 4 the steps of the exchange as frames of their own).
-const Version = 4
+// version 4 the steps of the exchange as frames of their own; version 5 sessions:
+// StepSession, StepCell, StepInterrupt, CellEnd, RolledBack).
+const Version = 5
 
 // Step is a frame's place in the exchange (see the package doc).
 type Step string

@@ -104,12 +104,21 @@ func session(r *reply, req *protocol.Request) {
 		interrupted.Store(nil)
 		go pw.Write(prog) // the guest reads it as the cell starts (a pipe holds 64 KiB)
 		out := inst.Call(msDuration(c.Limits.CPUMS))
+		if out.Reason == protocol.Exited && !out.ProcExit && out.ExitCode == channelBroken {
+			// The bootstrap cannot read its programs (the guest closed its stdin):
+			// no later cell can run in this instance, and a checkpoint does not hold
+			// WASI's descriptors.
+			rep = failed("the session's interpreter can no longer read its cells (its standard input was closed)")
+			return
+		}
 		crep := report(out)
 		if why := interrupted.Load(); why != nil && crep.Reason == protocol.CPULimit {
 			crep.Reason, crep.Diagnostics = *why, nil
 		}
 		crep.Enforcement = &enf
-		if crep.Reason != protocol.Exited {
+		if crep.Reason != protocol.Exited || out.ProcExit {
+			// It did not end by itself, or ended the interpreter (os._exit) in the
+			// middle of its call: back to the state before the cell.
 			if err = inst.Restore(&cp); err == nil {
 				crep.RolledBack = true
 			}
@@ -132,13 +141,18 @@ func session(r *reply, req *protocol.Request) {
 		// (a copy of the whole memory: milliseconds per 10 MB), while the caller
 		// reads the answer; the next cell waits for it. Only an instance without a
 		// memory export fails here, and the first checkpoint would have.
-		if crep.Reason == protocol.Exited && inst.Checkpoint(&cp) != nil {
+		if !crep.RolledBack && inst.Checkpoint(&cp) != nil {
 			r.ok = true
 			return
 		}
 	}
 	r.ok = true // the parent ended the session
 }
+
+// channelBroken is the status the bootstrap returns when it cannot read a cell's
+// program (see bundle/bootstrap.py): 0x1FF, which no program's status (0-255, plus
+// 0x100 only for an uncaught MemoryError with status 1) can be.
+const channelBroken = 0x1FF
 
 // CellProgram is what the bootstrap reads for a session's cell (see
 // bundle/bootstrap.py, MODE "cell"): the header, then ten digits and the cell's

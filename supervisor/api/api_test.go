@@ -61,6 +61,8 @@ type daemon struct {
 	// workspaces is the workspace store's directory.
 	workspaces string
 	auditPath  string
+	stop       func()     // begins the daemon's shutdown
+	ran        chan error // Run's end
 }
 
 type setup struct {
@@ -136,7 +138,9 @@ func start(t *testing.T, s setup) *daemon {
 		t.Fatal(err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
+	d.stop = stop
 	ran := make(chan error, 1)
+	d.ran = ran
 	go func() { ran <- d.d.Run(ctx) }()
 	t.Cleanup(func() {
 		stop()

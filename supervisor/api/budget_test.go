@@ -213,7 +213,7 @@ func TestMemoryLimitFromBudgets(t *testing.T) {
 	}
 	d := start(t, setup{})
 	limit := debug.SetMemoryLimit(-1)
-	want := d.cfg.Runs.MaxRetainedOutputBytes + int64(d.cfg.Concurrency())*2*d.cfg.Limits.Max.MaxOutputBytes + 256<<20
+	want := d.cfg.Runs.MaxRetainedOutputBytes + int64(d.cfg.Concurrency())*(2*d.cfg.Limits.Max.MaxOutputBytes+2*16<<20) + 256<<20
 	if limit != want || limit != d.cfg.MemoryLimit() {
 		t.Fatalf("soft memory limit %d MiB, want %d MiB", limit>>20, want>>20)
 	}

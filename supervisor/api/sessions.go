@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 
 	"github.com/labstack/echo/v4"
@@ -38,7 +39,7 @@ func (s *Server) createSession(c echo.Context) error {
 		return err
 	}
 	req.Code = ""
-	release := func() {}
+	var release func()
 	if body.Workspace != "" {
 		w, err := s.workspace(c, body.Workspace)
 		if err != nil {
@@ -58,10 +59,22 @@ func (s *Server) createSession(c echo.Context) error {
 		release = func() { s.release(w.ID) }
 		req.Workspace = w.Dir()
 	}
-	ss, err := s.o.Sessions.Open(ctx, req, peer.Caller(), body.Workspace, release)
+	var id string
+	ended := func(why string) {
+		if release != nil {
+			release()
+		}
+		if why != "" {
+			// Whatever ended it (its caller, its idle timeout, the daemon's stop).
+			s.o.Audit.Record(context.Background(), store.SessionClosed, peer.Caller(), "",
+				map[string]any{"session": id, "why": why})
+		}
+	}
+	ss, err := s.o.Sessions.Open(ctx, req, peer.Caller(), body.Workspace, ended)
 	if err != nil {
 		return err // session_limit, stopping, or the worker's refusal (problemOf)
 	}
+	id = ss.ID
 	v := ss.View()
 	s.record(ctx, store.SessionOpened, "", map[string]any{"session": ss.ID, "workspace": body.Workspace,
 		"limits": req.Limits, "env": envNames(req.Env), "layers": v.Enforcement.ActiveLayers()})
@@ -100,9 +113,8 @@ func (s *Server) deleteSession(c echo.Context) error {
 	ctx := c.Request().Context()
 	peer, _ := PeerFrom(ctx)
 	if err := s.o.Sessions.Close(c.Param("id"), peer.Caller()); err != nil {
-		return err
+		return err // its session.closed record is written as it ends
 	}
-	s.record(ctx, store.SessionClosed, "", map[string]any{"session": c.Param("id")})
 	return c.NoContent(http.StatusNoContent)
 }
 
@@ -169,5 +181,7 @@ func (s *Server) runCell(c echo.Context) error {
 	s.record(ctx, store.SessionCellFinished, "", map[string]any{"session": ss.ID, "code_sha256": sum,
 		"state": state, "reason": res.Reason, "exit_code": res.ExitCode, "elapsed_ms": res.ElapsedMS,
 		"stdout_bytes": len(res.Stdout), "stderr_bytes": len(res.Stderr), "diagnostics": res.Diagnostics})
-	return c.JSON(http.StatusOK, wire.CellAnswer{State: state, Result: res, Session: ss.View()})
+	c.Response().Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
+	c.Response().WriteHeader(http.StatusOK)
+	return wire.CellAnswer{State: state, Result: res, Session: ss.View()}.WriteJSON(c.Response())
 }

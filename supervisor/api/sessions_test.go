@@ -170,3 +170,42 @@ func TestSessionLimitsAndWorkspace(t *testing.T) {
 		t.Fatalf("the workspace after its session: %d", resp.StatusCode)
 	}
 }
+
+// A daemon that stops ends its sessions at once, a running cell's included (one
+// asleep for 20 s had held the stop for all of it), and that cell's answer, if it
+// gets one, says the state is lost.
+func TestSessionEndsWithTheDaemon(t *testing.T) {
+	d := start(t, setup{})
+	id := d.openSession(t, `{}`)
+	answered := make(chan string, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", "http://sandcell/v1/sessions/"+id+"/cells",
+			strings.NewReader(`{"code": "import time\ntime.sleep(20)", "limits": {"timeout_ms": 30000}}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := d.client.Do(req)
+		if err != nil {
+			answered <- "no answer: " + err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		var a wire.CellAnswer
+		json.NewDecoder(resp.Body).Decode(&a)
+		answered <- string(a.State)
+	}()
+	time.Sleep(500 * time.Millisecond)
+	began := time.Now()
+	d.stop()
+	err := <-d.ran
+	d.ran <- err // for the cleanup
+	if took := time.Since(began); took > 10*time.Second {
+		t.Fatalf("the daemon took %s to stop with a cell running", took)
+	}
+	select {
+	case got := <-answered:
+		if got == string(wire.SessionPreserved) || got == string(wire.SessionRolledBack) {
+			t.Fatalf("a cell ended by the daemon's stop answered %q", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the cell's request did not end with the daemon")
+	}
+}

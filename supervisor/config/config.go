@@ -527,8 +527,9 @@ func (c Config) Policy() (policy.Policy, error) {
 
 // MemoryLimit is the daemon's soft memory limit (runtime/debug.SetMemoryLimit), in
 // bytes: what its budgets let it hold (runs.max_retained_output_bytes for what it
-// keeps, and the two streams of each running run at limits.max.max_output_bytes, 64
-// MiB when that is 0) plus 256 MiB for everything else. Near it the collector runs
+// keeps, the two streams of each running run at limits.max.max_output_bytes, 64
+// MiB when that is 0, and of each running cell of a session at 16 MiB when sessions
+// are on) plus 256 MiB for everything else. Near it the collector runs
 // more often and gives freed memory back to the kernel sooner, so the resident size
 // follows what is kept instead of twice the largest heap ever reached. A sum past
 // math.MaxInt64 is math.MaxInt64 (no limit).
@@ -537,7 +538,11 @@ func (c Config) MemoryLimit() int64 {
 	if out <= 0 {
 		out = 64 << 20
 	}
-	sum := float64(max(c.Runs.MaxRetainedOutputBytes, 0)) + float64(c.Concurrency())*2*float64(out) + 256<<20
+	perWorker := 2 * float64(out)
+	if c.Sessions.Max > 0 {
+		perWorker += 2 * 16 << 20 // supervisor.MaxCellOutputBytes, per stream
+	}
+	sum := float64(max(c.Runs.MaxRetainedOutputBytes, 0)) + float64(c.Concurrency())*perWorker + 256<<20
 	if sum >= math.MaxInt64 {
 		return math.MaxInt64
 	}

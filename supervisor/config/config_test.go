@@ -145,7 +145,7 @@ func TestDumpRoundTrip(t *testing.T) {
 func TestMemoryLimit(t *testing.T) {
 	c := Default()
 	c.Runs.MaxConcurrent = 2
-	if got, want := c.MemoryLimit(), c.Runs.MaxRetainedOutputBytes+2*2*c.Limits.Max.MaxOutputBytes+256<<20; got != want {
+	if got, want := c.MemoryLimit(), c.Runs.MaxRetainedOutputBytes+2*(2*c.Limits.Max.MaxOutputBytes+2*16<<20)+256<<20; got != want {
 		t.Fatalf("default: %d, want %d", got, want)
 	}
 	c.Limits.Max.MaxOutputBytes = 4611686018293432320

@@ -149,7 +149,7 @@ func Open(o Options) (_ *Daemon, err error) {
 	}
 	if cfg.Sessions.Max > 0 {
 		if d.sess, err = supervisor.NewSessions(d.sp, supervisor.SessionOptions{Max: cfg.Sessions.Max,
-			MaxPerCaller: cfg.Sessions.MaxPerCaller, IdleTimeout: cfg.Sessions.IdleTimeout.Duration,
+			MaxPerCaller: cfg.Sessions.MaxPerCaller, IdleTimeout: cfg.Sessions.IdleTimeout.Duration, Running: cfg.Concurrency(),
 			WorkDir: filepath.Join(cfg.State.Dir, "sessions"),
 			Quota:   workspace.Quota{Bytes: cfg.Workspaces.MaxBytes, Files: cfg.Workspaces.MaxFiles}}); err != nil {
 			return nil, err

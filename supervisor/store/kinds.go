@@ -46,7 +46,8 @@ package store
 //	session.cell_finished   a cell ended                                   session, code_sha256, state, reason,
 //	                                                                       exit_code, elapsed_ms, output sizes,
 //	                                                                       diagnostics
-//	session.closed          DELETE /v1/sessions/{id}                       session
+//	session.closed          a session ended: DELETE, its idle timeout,     session, why
+//	                        the daemon's stop
 //
 // Every accepted run has run.requested, run.admitted and then exactly one of
 // run.finished and run.aborted; every accepted statement has sql.requested and then

@@ -250,6 +250,25 @@ type CellAnswer struct {
 	Session SessionView     `json:"session"`
 }
 
+// WriteJSON writes a as JSON to w, streaming the result's output (see
+// protocol.Result.WriteJSON): no copy of the output is made to answer.
+func (a CellAnswer) WriteJSON(w io.Writer) error {
+	head, err := json.Marshal(struct {
+		State   SessionState `json:"state"`
+		Session SessionView  `json:"session"`
+	}{a.State, a.Session})
+	if err != nil {
+		return err
+	}
+	w.Write(head[:len(head)-1]) // without the closing brace
+	io.WriteString(w, `,"result":`)
+	if err := a.Result.WriteJSON(w); err != nil {
+		return err
+	}
+	_, err = io.WriteString(w, "}")
+	return err
+}
+
 // RunLimits are a request's limits; zero fields take policy's defaults.
 type RunLimits struct {
 	TimeoutMS      int64  `json:"timeout_ms,omitempty"`
