@@ -35,12 +35,12 @@ func TestReceiveChecksTheStep(t *testing.T) {
 		frame string
 		want  error
 	}{
-		{`{"version":4,"step":"ack"}`, ErrStep},         // not expected
-		{`{"version":4,"step":"report"}`, ErrStep},      // no report
-		{`{"version":3,"step":"ready"}`, ErrVersion},    // an older worker
-		{`{"version":4,"step":"ready","x":1}`, nil},     // unknown members are ignored
+		{`{"version":5,"step":"ack"}`, ErrStep},         // not expected
+		{`{"version":5,"step":"report"}`, ErrStep},      // no report
+		{`{"version":4,"step":"ready"}`, ErrVersion},    // an older worker (no sessions)
+		{`{"version":5,"step":"ready","x":1}`, nil},     // unknown members are ignored
 		{`{"code":"print(1)","version":3}`, ErrVersion}, // a version-3 request
-		{`{"version":4,"step":"run","request":{}}`, ErrStep},
+		{`{"version":5,"step":"run","request":{}}`, ErrStep},
 	} {
 		var buf bytes.Buffer
 		binary.Write(&buf, binary.BigEndian, uint32(len(c.frame)))
@@ -116,4 +116,26 @@ func must(b []byte, err error) []byte {
 		panic(err)
 	}
 	return b
+}
+
+// An interrupt carries its reason; a session's steps carry their requests.
+func TestSessionSteps(t *testing.T) {
+	for _, c := range []struct {
+		frame string
+		want  error
+	}{
+		{`{"version":5,"step":"interrupt"}`, ErrStep},
+		{`{"version":5,"step":"interrupt","interrupt":"timeout"}`, nil},
+		{`{"version":5,"step":"cell"}`, ErrStep},
+		{`{"version":5,"step":"cell","request":{"code":"1"}}`, nil},
+		{`{"version":5,"step":"session"}`, ErrStep},
+	} {
+		var buf bytes.Buffer
+		binary.Write(&buf, binary.BigEndian, uint32(len(c.frame)))
+		buf.WriteString(c.frame)
+		_, err := Receive(&buf, StepCell, StepInterrupt, StepSession)
+		if c.want == nil && err != nil || c.want != nil && !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", c.frame, err, c.want)
+		}
+	}
 }
