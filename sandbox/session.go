@@ -15,8 +15,8 @@ import (
 )
 
 // ErrSessionLost is returned by Session.Run once the session's worker is gone: a
-// cell that did not end by itself (its time, a trap, the CPU limit, a cancel)
-// ended it, or Close did. Its interpreter state went with it.
+// cell that could not be interrupted and rolled back, a worker that died, or Close
+// ended it. Its interpreter state went with it.
 var ErrSessionLost = errors.New("sandbox: the session's interpreter state is lost")
 
 // openTimeout bounds how long a session's worker may take to harden itself and
@@ -32,12 +32,10 @@ const SessionCPU = time.Hour
 // one instance of the interpreter's snapshot: what one cell defines, the next sees.
 // It serves one cell at a time (Run holds it). Create it with OpenSession; Close it.
 type Session struct {
-	p       *proc
-	req     protocol.Request
-	opened  protocol.Enforcement
-	mu      sync.Mutex
-	lost    string // why the state is lost, once it is
-	started time.Time
+	p      *proc
+	opened protocol.Enforcement
+	mu     sync.Mutex
+	lost   string // why the state is lost, once it is
 }
 
 // OpenSession starts a session's worker for req (a run's request without a
@@ -65,7 +63,7 @@ func (s *Spawner) OpenSession(ctx context.Context, req protocol.Request) (*Sessi
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: start the session's worker: %w", err)
 	}
-	ss := &Session{p: p, req: req, started: time.Now()}
+	ss := &Session{p: p}
 	if err := protocol.Send(p.ctl, protocol.Frame{Step: protocol.StepSession, Request: &req}); err != nil {
 		ss.Close()
 		return nil, fmt.Errorf("sandbox: session: %w", err)
@@ -94,8 +92,8 @@ func (ss *Session) PID() int { return ss.p.cmd.Process.Pid }
 // cell runs under it.
 func (ss *Session) Enforcement() protocol.Enforcement { return ss.opened }
 
-// receive reads the worker's next report within d (or until ctx ends); it kills
-// the worker when none comes.
+// receive reads the worker's next report within d (or until ctx ends), the
+// session's opening; it kills the worker when none comes.
 func (ss *Session) receive(ctx context.Context, d time.Duration) (protocol.Report, error) {
 	ch := ss.next()
 	t := time.NewTimer(d)

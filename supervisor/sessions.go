@@ -27,8 +27,8 @@ var (
 	ErrSessionBusy = errors.New("supervisor: a cell of this session is running")
 	// ErrSessionLimit: the caller, or the daemon, has as many sessions as it may.
 	ErrSessionLimit = errors.New("supervisor: as many sessions are open as may be")
-	// ErrSessionLost: the session's interpreter state is gone (a cell past its
-	// limits ended it); its answers said so.
+	// ErrSessionLost: the session's interpreter state is gone (a cell that could
+	// not be rolled back, a worker that died); its answers said so.
 	ErrSessionLost = errors.New("supervisor: the session's interpreter state is lost")
 )
 
@@ -64,7 +64,8 @@ const MaxCellOutputBytes = 16 << 20
 
 // Sessions keeps the live sessions of the daemon: each is one hardened worker for
 // one caller and one workspace (see sandbox.Session), ended by Close, by its idle
-// timeout, by a cell past its limits (then lost, and said so), or by Shutdown.
+// timeout, or by Shutdown; one whose state was lost (said in its answers) stays,
+// answering ErrSessionLost, until one of those ends it.
 type Sessions struct {
 	opener SessionOpener
 	o      SessionOptions
