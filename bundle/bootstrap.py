@@ -15,9 +15,10 @@
 # MODE "cell": SOURCE is one cell of a session (NAME its name in tracebacks): it runs
 # in the same __main__ as the session's earlier cells, which _sandcell_run, called
 # again on the same instance, keeps; the value of a last expression is shown as the
-# interactive interpreter shows it (sys.displayhook, on stdout). Ten digits and the
-# cell's stdin follow the header; the session's first cell sets what a run's program
-# gets (random reseeded, /ws, sys.path), later ones only the environment.
+# interactive interpreter shows it (sys.displayhook, on stdout). Its one argument is
+# "restored" when the interpreter was restored since the last cell. Ten digits and
+# the cell's stdin follow the header; the session's first cell sets what a run's
+# program gets (random reseeded, /ws, sys.path), later ones only the environment.
 # Whatever follows the header of another mode is the program's own stdin.
 #
 # It gives the run what a fresh `python -c CODE ARGS` or `python /ws/PATH ARGS` would
@@ -184,7 +185,7 @@ def _sandcell_init():
                 data = None
             if data is None:
                 return 0x1FF
-            return cell(src, name, data, g)
+            return cell(src, name, data, g, args[:1] == ["restored"])
         random.seed()
         os.chdir("/ws")
         if mode == "isolated":
@@ -223,7 +224,15 @@ def _sandcell_init():
 
     cells = []
 
-    def cell(src, name, data, g):
+    def cell(src, name, data, g, restored):
+        if restored:
+            # The interpreter was restored into a fresh instance: the descriptors of
+            # the files and connections it holds are gone, and a number may come
+            # back as another file. Closed, they say so instead.
+            try:
+                close_files()
+            except BaseException:
+                pass
         if not cells:
             random.seed()
             os.chdir("/ws")

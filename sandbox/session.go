@@ -113,22 +113,35 @@ func (ss *Session) receive(ctx context.Context, d time.Duration) (protocol.Repor
 }
 
 type received struct {
+	ack bool // StepAck: the cell started
 	rep protocol.Report
 	err error
 }
 
-// next reads the worker's next report in the background.
+// next reads the worker's next frame (a report, or a cell's ack) in the background.
 func (ss *Session) next() <-chan received {
 	ch := make(chan received, 1)
 	go func() {
-		f, err := protocol.Receive(ss.p.ctl, protocol.StepReport)
-		if err != nil {
+		f, err := protocol.Receive(ss.p.ctl, protocol.StepReport, protocol.StepAck)
+		switch {
+		case err != nil:
 			ch <- received{err: err}
-			return
+		case f.Step == protocol.StepAck:
+			ch <- received{ack: true}
+		default:
+			ch <- received{rep: *f.Report}
 		}
-		ch <- received{rep: *f.Report}
 	}()
 	return ch
+}
+
+// envBytes is the size of env's names and values.
+func envBytes(env map[string]string) int {
+	n := 0
+	for k, v := range env {
+		n += len(k) + len(v) + 2
+	}
+	return n
 }
 
 // interruptGrace is how long a cell's worker has, once interrupted, to restore the
@@ -159,6 +172,10 @@ func (ss *Session) Run(ctx context.Context, cell protocol.Request) (res protocol
 	if l.TimeoutMS <= 0 || l.MaxStdoutBytes <= 0 || l.MaxStderrBytes <= 0 {
 		return protocol.Result{}, false, fmt.Errorf("%w: limits are incomplete", ErrBadRequest)
 	}
+	if n := len(cell.Code) + len(cell.Stdin) + len(cell.Filename) + envBytes(cell.Env); n > protocol.MaxCellProgram-4096 {
+		return protocol.Result{}, false, fmt.Errorf("%w: a cell's code, stdin and environment are %d bytes, over %d",
+			ErrBadRequest, n, protocol.MaxCellProgram-4096)
+	}
 	end := make([]byte, 32)
 	rand.Read(end)
 	frame := protocol.Request{Code: cell.Code, Filename: cell.Filename, Stdin: cell.Stdin, Env: cell.Env,
@@ -174,20 +191,36 @@ func (ss *Session) Run(ctx context.Context, cell protocol.Request) (res protocol
 	go func() { defer wg.Done(); stdout.read(ss.p.outR, end, l.MaxStdoutBytes) }()
 	go func() { defer wg.Done(); stderr.read(ss.p.errR, end, l.MaxStderrBytes) }()
 
+	// The cell's clock starts when the worker says it starts (after the previous
+	// cell's checkpoint, which it may still be taking).
+	// A cancel meanwhile is heard once it has started.
 	ch := ss.next()
-	timer := time.NewTimer(time.Duration(l.TimeoutMS) * time.Millisecond)
-	defer timer.Stop()
 	var got received
 	var why protocol.Reason // why the cell was interrupted, if it was
+	ackWait := time.NewTimer(openTimeout)
+	defer ackWait.Stop()
 	select {
 	case got = <-ch:
-	case <-timer.C:
-		why = protocol.Timeout
-	case <-ctx.Done():
-		why = protocol.Cancelled
-		var stop *Stop
-		if errors.As(context.Cause(ctx), &stop) {
-			why = stop.Reason
+	case <-ackWait.C:
+		ss.p.kill()
+		got = <-ch
+		got.err = errors.New("the worker did not start the cell")
+	}
+	if got.err == nil && got.ack {
+		ch = ss.next()
+		got = received{}
+		timer := time.NewTimer(time.Duration(l.TimeoutMS) * time.Millisecond)
+		defer timer.Stop()
+		select {
+		case got = <-ch:
+		case <-timer.C:
+			why = protocol.Timeout
+		case <-ctx.Done():
+			why = protocol.Cancelled
+			var stop *Stop
+			if errors.As(context.Cause(ctx), &stop) {
+				why = stop.Reason
+			}
 		}
 	}
 	if why != "" {

@@ -233,3 +233,50 @@ print(set(os.listdir("/")) <= {"usr", "ws"}, found)`
 		}
 	}
 }
+
+// What a rolled-back cell leaves must not reach the next one, whoever planted it. A
+// cell interrupted while its interpreter is still reading a large stdin (stdin that
+// holds valid-looking cell programs at every 4 KiB) is either rolled back with the
+// channel proven in step, and the next cell runs exactly its own code, or the
+// session is lost and says so: a planted program never runs. A file object of an
+// earlier cell is closed by the rollback, never rebound to a file the rolled-back
+// cell opened. A cell's clock starts after the previous cell's checkpoint, however
+// large.
+func TestSessionRollbackLeavesNothing(t *testing.T) {
+	limits, _ := policy.Default().Resolve(protocol.Limits{})
+	planted := strings.Repeat(strings.Repeat("x", 3000)+"0000000020cell\x00print('PLANTED')\x00<cell>\x001\x00\x000000000000", 300)
+	lost := 0
+	for _, timeout := range []int64{5, 10, 20, 40} {
+		ss, _ := openSession(t)
+		ss.Run(context.Background(), protocol.Request{Code: "import sys\nsys.stdin.read()", Stdin: []byte(planted),
+			Limits: protocol.Limits{TimeoutMS: timeout, MemoryBytes: limits.MemoryBytes, MaxStdoutBytes: limits.MaxStdoutBytes, MaxStderrBytes: limits.MaxStderrBytes}})
+		res, _, err := ss.Run(context.Background(), protocol.Request{Code: "print('own')", Limits: limits})
+		switch {
+		case errors.Is(err, sandbox.ErrSessionLost):
+			lost++
+		case err != nil || string(res.Stdout) != "own\n" || res.Reason != protocol.Exited:
+			t.Fatalf("the cell after one interrupted at %d ms: %s %q %q %v %v", timeout, res.Reason, res.Stdout, res.Stderr, res.Diagnostics, err)
+		}
+	}
+	t.Logf("of 4 sessions whose cell was interrupted while reading its stdin, %d were lost (said), the others went on in step", lost)
+
+	ss, ws := openSession(t)
+	cell(t, ss, "f = open('log.txt', 'w')", nil)
+	c := protocol.Request{Code: "import os\nos.close(f.fileno())\ng = open('important.txt', 'w')\nwhile True: pass", Limits: limits}
+	c.Limits.TimeoutMS = 300
+	if _, rolledBack, err := ss.Run(context.Background(), c); err != nil || !rolledBack {
+		t.Fatalf("the cell past its time was not rolled back: %v", err)
+	}
+	res := cell(t, ss, "try:\n  f.write('log line')\n  print('written')\nexcept ValueError as e:\n  print('closed:', e)", nil)
+	if !strings.HasPrefix(string(res.Stdout), "closed:") {
+		t.Fatalf("an earlier cell's file after a rollback: %q %q", res.Stdout, res.Stderr)
+	}
+	if b, _ := os.ReadFile(filepath.Join(ws, "important.txt")); len(b) != 0 {
+		t.Fatalf("another file was written through a stale descriptor: %q", b)
+	}
+	cell(t, ss, "import os\nbig = bytearray(os.urandom(1 << 20)) * 150", nil)
+	res = cell(t, ss, "print('in time')", func(c *protocol.Request) { c.Limits.TimeoutMS = 100 })
+	if string(res.Stdout) != "in time\n" {
+		t.Fatalf("a quick cell after a large one: %s %q", res.Reason, res.Stdout)
+	}
+}

@@ -57,6 +57,11 @@ type SessionOptions struct {
 	Running int
 }
 
+// MaxSessionMemoryBytes bounds a session's memory limit (1 GiB): its worker holds
+// the interpreter's memory and a checkpoint of it, up to twice the limit, for as
+// long as the session lives.
+const MaxSessionMemoryBytes = 1 << 30
+
 // MaxCellOutputBytes bounds each stream of a cell, whatever the session's limits
 // (16 MiB): the daemon holds a running cell's output until it answers; a program
 // with more to say writes it to a file of the workspace.

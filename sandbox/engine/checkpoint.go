@@ -13,8 +13,10 @@ import (
 // wrote) is not in it. A Checkpoint's buffer is reused by the next Checkpoint call.
 type Checkpoint struct {
 	memory  []byte
+	names   []string // the mutable exported globals, by name
 	globals []*wasmtime.Global
 	values  []wasmtime.Val
+	of      *Instance // the instance globals belong to
 }
 
 // Size is the bytes of linear memory the checkpoint holds.
@@ -35,17 +37,20 @@ func (in *Instance) Checkpoint(cp *Checkpoint) error {
 	}
 	cp.memory = cp.memory[:len(data)]
 	copy(cp.memory, data)
-	if cp.globals == nil {
+	if cp.of != in {
+		cp.names, cp.globals = nil, nil
 		for _, ex := range in.m.m.Exports() {
 			gt := ex.Type().GlobalType()
 			if gt == nil || !gt.Mutable() {
 				continue
 			}
 			if x := in.inst.GetExport(in.store, ex.Name()); x != nil && x.Global() != nil {
+				cp.names = append(cp.names, ex.Name())
 				cp.globals = append(cp.globals, x.Global())
 			}
 		}
 		cp.values = make([]wasmtime.Val, len(cp.globals))
+		cp.of = in
 	}
 	for i, g := range cp.globals {
 		cp.values[i] = g.Get(in.store)
@@ -53,12 +58,21 @@ func (in *Instance) Checkpoint(cp *Checkpoint) error {
 	return nil
 }
 
-// Restore puts in back to cp, taken of this instance: the memory's first Size bytes
-// are cp's and the rest (a memory cannot shrink) zero, and the globals are cp's. The
-// instance may be called again, as if the calls since cp had not happened.
+// Restore puts cp into in, a fresh instance of the same module (see Instantiate)
+// or the one cp was taken of: the memory grown to cp's size if it is smaller, its
+// first Size bytes cp's and the rest zero, and the globals cp's. The instance may
+// then be called as if the calls since cp had not happened. A fresh instance is
+// the way to undo everything: its memory is exactly cp's (one that grew since is
+// given back), and its WASI state (descriptors) is new.
 func (in *Instance) Restore(cp *Checkpoint) error {
 	if in.memory == nil || cp.memory == nil {
 		return ErrNoMemory
+	}
+	const page = 64 << 10
+	if size := in.memory.DataSize(in.store); size < uintptr(len(cp.memory)) {
+		if _, err := in.memory.Grow(in.store, uint64((uintptr(len(cp.memory))-size+page-1)/page)); err != nil {
+			return err
+		}
 	}
 	data := in.memory.UnsafeData(in.store)
 	if len(data) < len(cp.memory) {
@@ -66,7 +80,15 @@ func (in *Instance) Restore(cp *Checkpoint) error {
 	}
 	copy(data, cp.memory)
 	clear(data[len(cp.memory):])
-	for i, g := range cp.globals {
+	for i, name := range cp.names {
+		g := cp.globals[i]
+		if cp.of != in {
+			x := in.inst.GetExport(in.store, name)
+			if x == nil || x.Global() == nil {
+				return errors.New("engine: the instance lacks the checkpoint's global " + name)
+			}
+			g = x.Global()
+		}
 		if err := g.Set(in.store, cp.values[i]); err != nil {
 			return err
 		}

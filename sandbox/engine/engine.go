@@ -321,9 +321,21 @@ func (e *Engine) Instantiate(m *Module, spec Spec) (*Instance, Outcome) {
 // again on the same instance (a session's next cell) after a call that returned;
 // after a trap or an exit the instance's state is whatever the guest left.
 func (in *Instance) Call(cpu time.Duration) Outcome {
+	in.Arm()
+	return in.CallArmed(cpu)
+}
+
+// Arm sets the instance's epoch deadline to the next tick: from now on an Interrupt
+// (or the CPU watch) ends the next call. Call arms itself; a caller that must not
+// lose an interrupt sent between its own steps arms first and calls CallArmed.
+func (in *Instance) Arm() {
 	if !in.e.opts.noEpoch {
 		in.store.SetEpochDeadline(1)
 	}
+}
+
+// CallArmed is Call on an instance already armed (see Arm).
+func (in *Instance) CallArmed(cpu time.Duration) Outcome {
 	if cpu > 0 {
 		stop := watchCPU(in.e.we, cpu)
 		defer stop()

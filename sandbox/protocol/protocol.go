@@ -101,7 +101,9 @@ const (
 	StepReady Step = "ready"
 	// StepClaim (parent to worker, with a Request): the run, within the template.
 	StepClaim Step = "claim"
-	// StepAck (worker to parent): the claim is taken; it runs nowhere else.
+	// StepAck (worker to parent): the claim is taken; it runs nowhere else. In a
+	// session: the cell has its program and starts now (the parent's clock for it
+	// starts here).
 	StepAck Step = "ack"
 	// StepReport (worker to parent, with a Report): how the run ended, or why
 	// nothing ran. The last frame of every exchange but a session's, where it also
@@ -185,6 +187,11 @@ func Receive(r io.Reader, want ...Step) (Frame, error) {
 // MaxFrame is the largest frame either side accepts, in bytes (16 MiB). It bounds the
 // code, the stdin and the argv a Request may carry.
 const MaxFrame = 16 << 20
+
+// MaxCellProgram bounds a session's cell as its worker hands it to the interpreter,
+// code, stdin and environment together (1 MiB, the default most a pipe may hold,
+// /proc/sys/fs/pipe-max-size): it is written whole before the cell starts.
+const MaxCellProgram = 1 << 20
 
 // ErrFrameTooLarge is returned for a frame whose length prefix exceeds MaxFrame.
 var ErrFrameTooLarge = errors.New("protocol: frame too large")

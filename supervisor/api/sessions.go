@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/labstack/echo/v4"
+	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
@@ -39,6 +40,10 @@ func (s *Server) createSession(c echo.Context) error {
 		return err
 	}
 	req.Code = ""
+	if req.Limits.MemoryBytes > supervisor.MaxSessionMemoryBytes {
+		return failf(wire.CodeLimitExceeded, "limits.memory_mib %s is over a session's maximum, %s: its worker holds the memory and a checkpoint of it",
+			mib(req.Limits.MemoryBytes), mib(supervisor.MaxSessionMemoryBytes))
+	}
 	var release func()
 	if body.Workspace != "" {
 		w, err := s.workspace(c, body.Workspace)

@@ -86,6 +86,7 @@ type Server struct {
 	mcp *mcp.Server
 
 	refreshing sync.Mutex // one Refresh at a time: a later state never loses to an earlier one
+	opening    sync.Mutex // one run_cell opening an interpreter at a time
 	mu         sync.Mutex
 	offered    bool
 	reason     string            // why not offered
@@ -597,6 +598,9 @@ func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools
 	if req != nil && req.Session != nil {
 		session = req.Session.ID()
 	}
+	// One opening at a time per server: two first calls of one MCP session at once
+	// would open two interpreters and orphan one.
+	s.opening.Lock()
 	s.mu.Lock()
 	id := s.cells[session]
 	s.mu.Unlock()
@@ -608,6 +612,7 @@ func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools
 	if fresh {
 		v, err := b.OpenSession(ctx, wire.SessionRequest{Workspace: ws})
 		if err != nil {
+			s.opening.Unlock()
 			return nil, nil, done(err)
 		}
 		id = v.ID
@@ -615,12 +620,18 @@ func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools
 		s.cells[session] = id
 		s.mu.Unlock()
 	}
+	s.opening.Unlock()
 	forget := func() {
 		s.mu.Lock()
-		if s.cells[session] == id {
+		mine := s.cells[session] == id
+		if mine {
 			delete(s.cells, session)
 		}
 		s.mu.Unlock()
+		if mine {
+			// Its state is gone: it holds its caller's place no longer.
+			b.CloseSession(context.WithoutCancel(ctx), id)
+		}
 	}
 	a, err := b.Cell(ctx, id, wire.CellRequest{Code: in.Code, Stdin: in.Stdin, Limits: wire.RunLimits{TimeoutMS: in.TimeoutMS}})
 	var p *wire.Problem
