@@ -154,8 +154,12 @@ func session(r *reply, req *protocol.Request) {
 			}
 		}
 		if err != nil {
-			// The session ends with this report: it must not say the state was kept.
-			crep.Reason, crep.ExitCode, crep.RolledBack = protocol.InternalError, -1, false
+			// The session ends with this report: it must not say the state was kept
+			// (the cell's own reason stays, unless it says the cell simply ended).
+			crep.RolledBack = false
+			if crep.Reason == protocol.Exited {
+				crep.Reason, crep.ExitCode = protocol.InternalError, -1
+			}
 			crep.Diagnostics = append(crep.Diagnostics, "the session's state cannot be kept: "+err.Error())
 		}
 		if r.status != nil {
