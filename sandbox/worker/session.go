@@ -35,12 +35,7 @@ func session(r *reply, req *protocol.Request) {
 			r.send(rep)
 		}
 	}()
-	if msg := check(req); msg != "" {
-		rep = failed(msg)
-		return
-	}
-	st := prepare(req, false)
-	eng, mod, failure := load(req)
+	st, eng, mod, failure := setUp(req)
 	if failure != "" {
 		rep = failed(failure)
 		return

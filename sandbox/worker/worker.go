@@ -223,14 +223,7 @@ func closeStrayFDs() {
 func cold(r *reply, req *protocol.Request, body func(*protocol.Request, *Env) protocol.Report) {
 	var rep protocol.Report
 	defer func() { recoverReport(&rep); r.send(rep) }()
-	if msg := check(req); msg != "" {
-		rep = failed(msg)
-		return
-	}
-	// Prepared before the engine starts threads: the capabilities' bounding set is
-	// dropped on every thread, one capability at a time.
-	st := prepare(req, false)
-	eng, mod, failure := load(req)
+	st, eng, mod, failure := setUp(req)
 	if failure != "" {
 		rep = failed(failure)
 		return
@@ -247,6 +240,19 @@ func cold(r *reply, req *protocol.Request, body func(*protocol.Request, *Env) pr
 	}
 	r.st = st
 	rep = body(req, st.env(eng, mod, r))
+}
+
+// setUp is what a cold run and a session do first: check req, prepare the process
+// (before the engine starts threads: the capabilities' bounding set is dropped on
+// every thread, one capability at a time), and load the module; failure says why
+// it cannot.
+func setUp(req *protocol.Request) (*hardened, *engine.Engine, *engine.Module, string) {
+	if msg := check(req); msg != "" {
+		return nil, nil, nil, msg
+	}
+	st := prepare(req, false)
+	eng, mod, failure := load(req)
+	return st, eng, mod, failure
 }
 
 // check returns why req cannot be served at all, or "".

@@ -31,11 +31,8 @@ func (s *Server) createRun(c echo.Context) error {
 	ctx := c.Request().Context()
 	peer, _ := PeerFrom(ctx)
 	// Every refusal returned is recorded as run.refused (refusalKinds).
-	if s.o.Disabled() {
-		return fail(wire.CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
-	}
-	if why := s.o.Health.Why(); why != "" {
-		return fail(wire.CodeNotReady, why)
+	if err := s.accepting(); err != nil {
+		return err
 	}
 	var body wire.RunRequest
 	if err := s.decode(c, &body); err != nil {
@@ -218,6 +215,18 @@ func (s *Server) runApproval(ctx context.Context, b wire.RunRequest, req protoco
 func sha256Hex(b []byte) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
+}
+
+// accepting refuses new work while the kill switch is on (disabled) or the sandbox
+// is not verified (not_ready).
+func (s *Server) accepting() error {
+	if s.o.Disabled() {
+		return fail(wire.CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
+	}
+	if why := s.o.Health.Why(); why != "" {
+		return fail(wire.CodeNotReady, why)
+	}
+	return nil
 }
 
 // request turns a body into a sandbox request under policy.

@@ -14,22 +14,21 @@ import (
 // caller and one workspace whose interpreter keeps its state from cell to cell
 // (supervisor.Sessions); every answer says what became of that state.
 
-// sessionsOff is the refusal of every session route when sessions.max is 0.
-func sessionsOff() error {
-	return fail(wire.CodeNotFound, "interpreter sessions are off here (sessions.max = 0)")
+// sessionsOn refuses every session route when sessions.max is 0.
+func (s *Server) sessionsOn(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if s.o.Sessions == nil {
+			return fail(wire.CodeNotFound, "interpreter sessions are off here (sessions.max = 0)")
+		}
+		return next(c)
+	}
 }
 
 func (s *Server) createSession(c echo.Context) error {
-	if s.o.Sessions == nil {
-		return sessionsOff()
-	}
 	ctx := c.Request().Context()
 	peer, _ := PeerFrom(ctx)
-	if s.o.Disabled() {
-		return fail(wire.CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
-	}
-	if why := s.o.Health.Why(); why != "" {
-		return fail(wire.CodeNotReady, why)
+	if err := s.accepting(); err != nil {
+		return err
 	}
 	var body wire.SessionRequest
 	if err := s.decode(c, &body); err != nil {
@@ -88,9 +87,6 @@ func (s *Server) createSession(c echo.Context) error {
 }
 
 func (s *Server) listSessions(c echo.Context) error {
-	if s.o.Sessions == nil {
-		return sessionsOff()
-	}
 	peer, _ := PeerFrom(c.Request().Context())
 	views := []wire.SessionView{}
 	for _, ss := range s.o.Sessions.List(peer.Caller()) {
@@ -100,9 +96,6 @@ func (s *Server) listSessions(c echo.Context) error {
 }
 
 func (s *Server) getSession(c echo.Context) error {
-	if s.o.Sessions == nil {
-		return sessionsOff()
-	}
 	peer, _ := PeerFrom(c.Request().Context())
 	ss, err := s.o.Sessions.Get(c.Param("id"), peer.Caller())
 	if err != nil {
@@ -112,9 +105,6 @@ func (s *Server) getSession(c echo.Context) error {
 }
 
 func (s *Server) deleteSession(c echo.Context) error {
-	if s.o.Sessions == nil {
-		return sessionsOff()
-	}
 	ctx := c.Request().Context()
 	peer, _ := PeerFrom(ctx)
 	if err := s.o.Sessions.Close(c.Param("id"), peer.Caller()); err != nil {
@@ -124,9 +114,6 @@ func (s *Server) deleteSession(c echo.Context) error {
 }
 
 func (s *Server) runCell(c echo.Context) error {
-	if s.o.Sessions == nil {
-		return sessionsOff()
-	}
 	ctx := c.Request().Context()
 	peer, _ := PeerFrom(ctx)
 	if s.o.Disabled() {
