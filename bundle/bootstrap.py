@@ -274,6 +274,9 @@ def _sandcell_init():
                 return 0
             if isinstance(code, int):
                 # CPython reads the status as a C long: outside its range it is -1.
+                # The value itself (int.__int__), not what a subclass's operators
+                # say: the status must stay within 0-255.
+                code = int.__int__(code)
                 return (code if -(2**63) <= code < 2**63 else -1) & 0xFF
             # A status that is not a number is printed, and the status is 1.
             try:

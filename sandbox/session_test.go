@@ -75,6 +75,8 @@ func TestSessionKeepsState(t *testing.T) {
 		{code: "input()", errHas: "EOFError", exit: 1},
 		{code: "def f(:\n  pass", errHas: "SyntaxError", exit: 1},
 		{code: "import os\nos.getcwd()", out: "'/ws'\n"},
+		// A status whose operators lie is taken for its value.
+		{code: "class I(int):\n  def __and__(s, o): return 0x1FF\nraise SystemExit(I(7))", exit: 7},
 	}
 	for i, s := range steps {
 		res := cell(t, ss, s.code, func(c *protocol.Request) { c.Stdin = []byte(s.stdin) })
