@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -33,6 +35,7 @@ const SessionCPU = time.Hour
 // It serves one cell at a time (Run holds it). Create it with OpenSession; Close it.
 type Session struct {
 	p      *proc
+	memory int64 // the memory limit: a saved checkpoint is at most that
 	opened protocol.Enforcement
 	mu     sync.Mutex
 	lost   string // why the state is lost, once it is
@@ -45,6 +48,45 @@ type Session struct {
 // no worker can serve; a worker that refused (a required layer not active) or failed
 // gives an error that says why, and nothing keeps running.
 func (s *Spawner) OpenSession(ctx context.Context, req protocol.Request) (*Session, error) {
+	req.Resume = false
+	return s.openSession(ctx, req, nil)
+}
+
+// ResumeSession starts a session's worker for req as OpenSession does, with the
+// state a Session's Save wrote to from (a checkpoint file) in place of the
+// snapshot's: its first cell finds what the saved session's cells defined (files
+// it held open are closed: see Run). req must be the saved session's (its memory
+// limit at least; the same interpreter: a checkpoint is one module's memory). A
+// damaged or malformed checkpoint is an error wrapping ErrCheckpoint, and nothing
+// runs.
+func (s *Spawner) ResumeSession(ctx context.Context, req protocol.Request, from io.Reader) (*Session, error) {
+	c, err := ReadCheckpointHeader(from, req.Limits.MemoryBytes)
+	if err != nil {
+		return nil, err
+	}
+	req.Resume = true
+	return s.openSession(ctx, req, func(ctl io.Writer) error {
+		if err := protocol.Send(ctl, protocol.Frame{Step: protocol.StepCheckpoint, Checkpoint: c}); err != nil {
+			return err
+		}
+		h := sha256.New()
+		if n, err := io.CopyN(io.MultiWriter(ctl, h), from, c.BodyBytes()); err != nil {
+			if n < c.BodyBytes() && errors.Is(err, io.EOF) {
+				return fmt.Errorf("%w: it ends after %d of its %d bytes", ErrCheckpoint, n, c.BodyBytes())
+			}
+			return err
+		}
+		if hex.EncodeToString(h.Sum(nil)) != c.SHA256 {
+			// The worker has restored it, but runs nothing before it opens.
+			return fmt.Errorf("%w: its body does not match its hash (damaged)", ErrCheckpoint)
+		}
+		return nil
+	})
+}
+
+// openSession starts a session's worker; resume, when not nil, gives it the
+// checkpoint after the StepSession frame.
+func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume func(ctl io.Writer) error) (*Session, error) {
 	req.Code, req.Path = "", ""
 	if err := check(&req); err != nil {
 		return nil, err
@@ -63,12 +105,21 @@ func (s *Spawner) OpenSession(ctx context.Context, req protocol.Request) (*Sessi
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: start the session's worker: %w", err)
 	}
-	ss := &Session{p: p}
+	ss := &Session{p: p, memory: req.Limits.MemoryBytes}
 	if err := protocol.Send(p.ctl, protocol.Frame{Step: protocol.StepSession, Request: &req}); err != nil {
 		ss.Close()
 		return nil, fmt.Errorf("sandbox: session: %w", err)
 	}
-	rep, err := ss.receive(ctx, openTimeout)
+	ch := ss.next() // a worker that refuses reports at once, and reads no checkpoint
+	if resume != nil {
+		// A write that fails because the worker refused and left is told by its
+		// report; a checkpoint that cannot be read is told at once.
+		if err := resume(p.ctl); errors.Is(err, ErrCheckpoint) {
+			ss.Close()
+			return nil, fmt.Errorf("sandbox: session: %w", err)
+		}
+	}
+	rep, err := ss.wait(ctx, ch, openTimeout)
 	switch {
 	case err != nil:
 		ss.Close()
@@ -92,10 +143,9 @@ func (ss *Session) PID() int { return ss.p.cmd.Process.Pid }
 // cell runs under it.
 func (ss *Session) Enforcement() protocol.Enforcement { return ss.opened }
 
-// receive reads the worker's next report within d (or until ctx ends), the
-// session's opening; it kills the worker when none comes.
-func (ss *Session) receive(ctx context.Context, d time.Duration) (protocol.Report, error) {
-	ch := ss.next()
+// wait reads the frame ch (of next) brings, the worker's report, within d (or
+// until ctx ends); it kills the worker when none comes.
+func (ss *Session) wait(ctx context.Context, ch <-chan received, d time.Duration) (protocol.Report, error) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

@@ -282,3 +282,80 @@ func TestSessionRollbackLeavesNothing(t *testing.T) {
 		t.Fatalf("a quick cell after a large one: %s %q", res.Reason, res.Stdout)
 	}
 }
+
+// A session saved to a checkpoint file resumes in another worker with its state:
+// what its cells defined, not what a rolled-back cell did, and its open files
+// closed (their descriptors were the first worker's); the first session goes on
+// after its save. A damaged checkpoint is refused before anything runs.
+func TestSessionSaveAndResume(t *testing.T) {
+	ss, ws := openSession(t)
+	cell(t, ss, "import json\nbig = bytearray(8 << 20)\nbig[-1] = 7\nx = {'n': 41}\nf = open('/ws/open.txt', 'w')", nil)
+	if res := cell(t, ss, "x['n'] = 0\nwhile True: pass", func(c *protocol.Request) { c.Limits.TimeoutMS = 300 }); res.Reason != protocol.Timeout {
+		t.Fatalf("the looping cell: %s", res.Reason)
+	}
+	path := filepath.Join(t.TempDir(), "checkpoint")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := ss.Save(f)
+	f.Close()
+	if err != nil {
+		t.Fatalf("save: %v", err)
+	}
+	st, _ := os.Stat(path)
+	t.Logf("checkpoint: %d bytes (file %d)", n, st.Size())
+	if n != st.Size() || n < 8<<20 {
+		t.Fatalf("saved %d bytes, the file holds %d", n, st.Size())
+	}
+	// The saved session goes on.
+	if res := cell(t, ss, "x['n'] + 1", nil); string(res.Stdout) != "42\n" {
+		t.Fatalf("after its save: %q %q", res.Stdout, res.Stderr)
+	}
+
+	limits, _ := policy.Default().Resolve(protocol.Limits{})
+	req := protocol.Request{Workspace: ws, Limits: limits, Hardening: policy.Default().Hardening(limits),
+		ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t)}
+	resume := func(path string) (*sandbox.Session, error) {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		return sandbox.NewSpawner().ResumeSession(context.Background(), req, f)
+	}
+	rs, err := resume(path)
+	if err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	defer rs.Close()
+	if missing := rs.Enforcement().Missing(policy.Default().Require); len(missing) > 0 {
+		t.Fatalf("the resumed session's worker lacks %v", missing)
+	}
+	if res := cell(t, rs, "json.dumps(x), len(big), big[-1]", nil); string(res.Stdout) != "('{\"n\": 41}', 8388608, 7)\n" {
+		t.Fatalf("resumed: %q %q %v", res.Stdout, res.Stderr, res.Diagnostics)
+	}
+	if res := cell(t, rs, "f.write('x')", nil); res.ExitCode != 1 || !strings.Contains(string(res.Stderr), "closed file") {
+		t.Fatalf("a file left open across the save: exit %d, %q", res.ExitCode, res.Stderr)
+	}
+	if res := cell(t, rs, "open('/ws/after.txt', 'w').write('ok')", nil); string(res.Stdout) != "2\n" {
+		t.Fatalf("a new file after the resume: %q %q", res.Stdout, res.Stderr)
+	}
+
+	// Damage: one byte of the body, then a truncated file, then another memory limit.
+	b, _ := os.ReadFile(path)
+	bad := filepath.Join(t.TempDir(), "bad")
+	b[len(b)-100] ^= 1
+	os.WriteFile(bad, b, 0o600)
+	if _, err := resume(bad); !errors.Is(err, sandbox.ErrCheckpoint) || !strings.Contains(err.Error(), "hash") {
+		t.Fatalf("a damaged checkpoint: %v", err)
+	}
+	os.WriteFile(bad, b[:len(b)/2], 0o600)
+	if _, err := resume(bad); !errors.Is(err, sandbox.ErrCheckpoint) {
+		t.Fatalf("a truncated checkpoint: %v", err)
+	}
+	req.Limits.MemoryBytes = 4 << 20
+	if _, err := resume(path); !errors.Is(err, sandbox.ErrCheckpoint) {
+		t.Fatalf("a checkpoint over the memory limit: %v", err)
+	}
+}

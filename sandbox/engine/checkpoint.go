@@ -2,6 +2,8 @@ package engine
 
 import (
 	"errors"
+	"fmt"
+	"math"
 
 	"github.com/bytecodealliance/wasmtime-go/v44"
 )
@@ -21,6 +23,63 @@ type Checkpoint struct {
 
 // Size is the bytes of linear memory the checkpoint holds.
 func (cp *Checkpoint) Size() int { return len(cp.memory) }
+
+// Memory is the checkpoint's linear memory (its buffer, not a copy).
+func (cp *Checkpoint) Memory() []byte { return cp.memory }
+
+// Global is one of a Checkpoint's mutable globals: its export name, its type
+// (wasmtime.KindI32, KindI64, KindF32 or KindF64) and its bits (a float's IEEE 754
+// bits, an i32's as uint32).
+type Global struct {
+	Name string
+	Kind wasmtime.ValKind
+	Bits uint64
+}
+
+// Globals is the checkpoint's mutable globals.
+func (cp *Checkpoint) Globals() []Global {
+	out := make([]Global, len(cp.names))
+	for i, v := range cp.values {
+		out[i] = Global{Name: cp.names[i], Kind: v.Kind()}
+		switch v.Kind() {
+		case wasmtime.KindI32:
+			out[i].Bits = uint64(uint32(v.I32()))
+		case wasmtime.KindI64:
+			out[i].Bits = uint64(v.I64())
+		case wasmtime.KindF32:
+			out[i].Bits = uint64(math.Float32bits(v.F32()))
+		case wasmtime.KindF64:
+			out[i].Bits = math.Float64bits(v.F64())
+		}
+	}
+	return out
+}
+
+// Load makes cp the checkpoint of memory (taken, not copied) and globals, one
+// taken of another instance of the same module (in another process, from what
+// Memory and Globals gave there), to Restore into a fresh instance.
+func (cp *Checkpoint) Load(memory []byte, globals []Global) error {
+	cp.memory, cp.of = memory, nil
+	cp.names = make([]string, len(globals))
+	cp.globals = make([]*wasmtime.Global, len(globals))
+	cp.values = make([]wasmtime.Val, len(globals))
+	for i, g := range globals {
+		cp.names[i] = g.Name
+		switch g.Kind {
+		case wasmtime.KindI32:
+			cp.values[i] = wasmtime.ValI32(int32(uint32(g.Bits)))
+		case wasmtime.KindI64:
+			cp.values[i] = wasmtime.ValI64(int64(g.Bits))
+		case wasmtime.KindF32:
+			cp.values[i] = wasmtime.ValF32(math.Float32frombits(uint32(g.Bits)))
+		case wasmtime.KindF64:
+			cp.values[i] = wasmtime.ValF64(math.Float64frombits(g.Bits))
+		default:
+			return fmt.Errorf("engine: global %s of kind %v", g.Name, g.Kind)
+		}
+	}
+	return nil
+}
 
 // ErrNoMemory is returned by Checkpoint for an instance without an exported memory.
 var ErrNoMemory = errors.New("engine: the instance exports no memory")
@@ -88,10 +147,16 @@ func (in *Instance) Restore(cp *Checkpoint) error {
 				return errors.New("engine: the instance lacks the checkpoint's global " + name)
 			}
 			g = x.Global()
+			if cp.of == nil { // a loaded checkpoint: this instance's from now on
+				cp.globals[i] = g
+			}
 		}
 		if err := g.Set(in.store, cp.values[i]); err != nil {
 			return err
 		}
+	}
+	if cp.of == nil {
+		cp.of = in
 	}
 	return nil
 }

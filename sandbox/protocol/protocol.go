@@ -84,8 +84,9 @@ import (
 // each other's fields (version 2 added Hardening: a version-1 worker would run
 // without it; version 3 warm workers, and the program travels on the guest's stdin;
 // version 4 the steps of the exchange as frames of their own; version 5 sessions:
-// StepSession, StepCell, StepInterrupt, CellEnd, RolledBack).
-const Version = 5
+// StepSession, StepCell, StepInterrupt, CellEnd, RolledBack; version 6 a session's
+// state saved and resumed: StepSave, StepCheckpoint, Resume).
+const Version = 6
 
 // Step is a frame's place in the exchange (see the package doc).
 type Step string
@@ -122,6 +123,14 @@ const (
 	// wall clock, a cancel or the daemon's quota asks; the worker restores the
 	// session's last checkpoint and reports the cell with Interrupt as its reason.
 	StepInterrupt Step = "interrupt"
+	// StepSave (parent to worker, between a session's cells): send the session's
+	// state, its last checkpoint, as a StepCheckpoint; the session goes on.
+	StepSave Step = "save"
+	// StepCheckpoint (with a Checkpoint, followed on the control fd by the
+	// Checkpoint's body, raw): a session's state. The worker sends it for StepSave;
+	// the parent sends it right after a StepSession whose Request says Resume, and
+	// the worker restores it before it reports the session open.
+	StepCheckpoint Step = "checkpoint"
 )
 
 // Frame is one message on the control fd.
@@ -135,6 +144,8 @@ type Frame struct {
 	Report *Report `json:"report,omitempty"`
 	// Interrupt is the member of StepInterrupt: the reason the cell ends with.
 	Interrupt Reason `json:"interrupt,omitempty"`
+	// Checkpoint is the member of StepCheckpoint.
+	Checkpoint *Checkpoint `json:"checkpoint,omitempty"`
 }
 
 // ErrStep is returned by Receive for a frame of a step the receiver does not expect
@@ -175,6 +186,10 @@ func Receive(r io.Reader, want ...Step) (Frame, error) {
 	case StepReport:
 		if f.Report == nil {
 			return f, fmt.Errorf("%w: %q without its report", ErrStep, f.Step)
+		}
+	case StepCheckpoint:
+		if f.Checkpoint == nil {
+			return f, fmt.Errorf("%w: %q without its checkpoint", ErrStep, f.Step)
 		}
 	case StepInterrupt:
 		if f.Interrupt == "" {
@@ -305,6 +320,9 @@ type Request struct {
 	// parent's, which the guest never sees, so the parent knows where the cell's
 	// output ends on streams that outlive it.
 	CellEnd []byte `json:"cell_end,omitempty"`
+	// Resume (StepSession) says a StepCheckpoint follows: the session's state to
+	// restore into its instance before it opens, instead of the snapshot's.
+	Resume bool `json:"resume,omitempty"`
 }
 
 // FileID is a file's identity: its device and inode numbers (stat(2)).

@@ -15,7 +15,8 @@ import (
 )
 
 // session serves a session (StepSession): hardened exactly as a cold run, it
-// instantiates the snapshot once, checkpoints it (see engine.Checkpoint), reports
+// instantiates the snapshot once, checkpoints it (see engine.Checkpoint) or, for a
+// Request that says Resume, restores the StepCheckpoint that follows, reports
 // (Reason Exited, with the contract), then runs each StepCell on that instance and
 // reports it, after writing the cell's CellEnd to the guest's stdout and stderr.
 // Each cell's program is written whole into the interpreter's stdin before the cell
@@ -24,7 +25,8 @@ import (
 // that does not (a trap, its CPU limit, an uncaught MemoryError, os._exit, or a
 // StepInterrupt from the parent: its wall clock, a cancel, the quota) is undone: the
 // instance is restored to the last checkpoint, the channel is proven in step
-// (resync), and the report says RolledBack. It ends when the control fd ends, or
+// (resync), and the report says RolledBack. Between cells a StepSave is answered
+// with the last checkpoint (sendCheckpoint). It ends when the control fd ends, or
 // when a restore or its proof fails (that report does not say RolledBack). A panic or
 // a failure before the session opens becomes an internal_error report, as for a run.
 func session(r *reply, req *protocol.Request) {
@@ -71,7 +73,19 @@ func session(r *reply, req *protocol.Request) {
 	}
 	defer func() { inst.Close() }()
 	var cp engine.Checkpoint
-	if err := inst.Checkpoint(&cp); err != nil {
+	restored := false // the instance was restored since the last cell
+	if req.Resume {
+		// The session's state, saved by another worker: restored over the snapshot's.
+		err := receiveCheckpoint(r.ctl, req.Limits.MemoryBytes, &cp)
+		if err == nil {
+			err = inst.Restore(&cp)
+		}
+		if err != nil {
+			rep = failed("cannot resume the session: " + err.Error())
+			return
+		}
+		restored = true
+	} else if err := inst.Checkpoint(&cp); err != nil {
 		rep = failed("cannot checkpoint the interpreter: " + err.Error())
 		return
 	}
@@ -83,11 +97,11 @@ func session(r *reply, req *protocol.Request) {
 	}
 	// The control fd is read while a cell runs: an interrupt ends it at once.
 	var interrupted atomic.Pointer[protocol.Reason]
-	cells := make(chan *protocol.Request)
+	frames := make(chan protocol.Frame)
 	go func() {
-		defer close(cells)
+		defer close(frames)
 		for {
-			f, err := protocol.Receive(r.ctl, protocol.StepCell, protocol.StepInterrupt)
+			f, err := protocol.Receive(r.ctl, protocol.StepCell, protocol.StepInterrupt, protocol.StepSave)
 			if err != nil {
 				return
 			}
@@ -97,11 +111,19 @@ func session(r *reply, req *protocol.Request) {
 				eng.Interrupt()
 				continue
 			}
-			cells <- f.Request
+			frames <- f
 		}
 	}()
-	restored := false // the instance was restored since the last cell
-	for c := range cells {
+	for f := range frames {
+		if f.Step == protocol.StepSave {
+			// Between cells: the state is cp, the last cell's (or the restore's).
+			if sendCheckpoint(r.ctl, &cp) != nil {
+				r.ok = true // the parent is gone, or stopped reading
+				return
+			}
+			continue
+		}
+		c := f.Request
 		prog, err := CellProgram(c, restored)
 		if err == nil && len(prog) > protocol.MaxCellProgram {
 			err = fmt.Errorf("the cell's program and stdin are %d bytes, over %d", len(prog), protocol.MaxCellProgram)
