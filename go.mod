@@ -8,6 +8,7 @@ require (
 	github.com/caarlos0/env/v11 v11.4.2
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/google/jsonschema-go v0.4.3
+	github.com/google/renameio/v2 v2.0.2
 	github.com/hashicorp/go-multierror v1.1.1
 	github.com/klauspost/compress v1.20.1
 	github.com/labstack/echo/v4 v4.16.0

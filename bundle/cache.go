@@ -59,6 +59,12 @@ func Key(fingerprint, wasmSHA256 string) string {
 	return hex.EncodeToString(sum[:16])
 }
 
+// CheckpointKey names what a session's checkpoint (its interpreter's memory)
+// needs to run again: this build's python.wasm, bootstrap and standard library,
+// as Key without the engine (a checkpoint is WebAssembly state, which any engine
+// version restores). 32 hex digits.
+func CheckpointKey() string { return Key("", Pinned().Wasm.SHA256) }
+
 // PrecompiledName is the file name of the .cwasm for key.
 func PrecompiledName(key string) string { return "python-" + key + ".cwasm" }
 

@@ -1,11 +1,16 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -32,21 +37,39 @@ var (
 	ErrSessionLost = errors.New("supervisor: the session's interpreter state is lost")
 )
 
-// SessionOpener starts a session's worker; *sandbox.Spawner is the real one.
+// SessionOpener starts a session's worker, afresh or from a checkpoint file;
+// *sandbox.Spawner is the real one.
 type SessionOpener interface {
 	OpenSession(ctx context.Context, req protocol.Request) (*sandbox.Session, error)
+	ResumeSession(ctx context.Context, req protocol.Request, from io.Reader) (*sandbox.Session, error)
 }
 
 var _ SessionOpener = (*sandbox.Spawner)(nil)
 
 // SessionOptions configure Sessions.
 type SessionOptions struct {
-	// Max bounds the live sessions in all, MaxPerCaller those of one caller: each
-	// holds a worker process and its interpreter's memory while it lives.
+	// Max bounds the sessions in all, live or paused, MaxPerCaller those of one
+	// caller: each holds a worker and its interpreter's memory, or a checkpoint on
+	// disk.
 	Max, MaxPerCaller int
-	// IdleTimeout ends a session that has run no cell for that long.
+	// IdleTimeout ends a session that has run no cell for that long, paused or not.
 	IdleTimeout time.Duration
-	// WorkDir holds the private workspaces of sessions that name none.
+	// PauseAfter pauses a live session that has run no cell for that long: its
+	// state goes to a checkpoint file and its worker ends; its next cell resumes it.
+	// 0: sessions are paused only past MemoryBudget and when the daemon stops.
+	PauseAfter time.Duration
+	// MemoryBudget bounds the interpreter memory of the live sessions together, in
+	// bytes (each as its cells have grown it; its worker holds about twice that
+	// with its checkpoint): past it the least recently used idle ones are paused. 0:
+	// no bound.
+	MemoryBudget int64
+	// MaxPausedBytesPerCaller bounds the checkpoint files of one caller's paused
+	// sessions, in bytes; a session that would pass it stays live. 0: no bound.
+	MaxPausedBytesPerCaller int64
+	// WorkDir holds a directory per session: its record, its checkpoint while it is
+	// paused, its private workspace. Sessions found there when the daemon starts are
+	// taken back (see Start). Empty: no session is ever paused, and each private
+	// workspace is a temporary directory (the local MCP server).
 	WorkDir string
 	// Quota bounds a session's workspace as it bounds a run's (see
 	// Options.WorkspaceQuota); zero: no bound.
@@ -55,7 +78,42 @@ type SessionOptions struct {
 	// place, within their request); 0: Max. The daemon gives the number of runs
 	// that may run at once: cells and runs each have that many places.
 	Running int
+	// Interpreter names the interpreter sessions run (its build: see
+	// bundle.CheckpointKey). A checkpoint is one interpreter's memory: a session paused
+	// under another (the daemon was upgraded with a new one) is lost, and says so.
+	Interpreter string
+	// Prepare gives a session being resumed the module, library and hardening the
+	// daemon runs with now (its limits, environment and workspace stay its own).
+	// Required with WorkDir.
+	Prepare func(req *protocol.Request) error
 }
+
+// SessionHooks connect Sessions to the rest of the daemon (see Start).
+type SessionHooks struct {
+	// Acquire marks named workspace id in use by a session's worker while it lives
+	// (not while it is paused), and returns how to give it back. Nil: nothing is
+	// marked.
+	Acquire func(id string) (release func(), err error)
+	// Event is told what became of a session: SessionPaused, SessionResumed,
+	// SessionLost or SessionClosed, with details. Nil: nothing is told.
+	Event func(s *Session, event SessionEvent, detail map[string]any)
+}
+
+// SessionEvent is a session's change of life that SessionHooks.Event hears of.
+type SessionEvent string
+
+// The session events.
+const (
+	// SessionPaused: its state went to its checkpoint file, its worker ended
+	// (detail: why, bytes, ms).
+	SessionPaused SessionEvent = "paused"
+	// SessionResumed: a worker took it back from its checkpoint (detail: ms).
+	SessionResumed SessionEvent = "resumed"
+	// SessionLost: its state is gone, outside any cell (detail: why).
+	SessionLost SessionEvent = "lost"
+	// SessionClosed: it ended (detail: why: its caller, its idle timeout).
+	SessionClosed SessionEvent = "closed"
+)
 
 // MaxSessionMemoryBytes bounds a session's memory limit (1 GiB): its worker holds
 // the interpreter's memory and a checkpoint of it, up to twice the limit, for as
@@ -67,22 +125,24 @@ const MaxSessionMemoryBytes = 1 << 30
 // with more to say writes it to a file of the workspace.
 const MaxCellOutputBytes = 16 << 20
 
-// Sessions keeps the live sessions of the daemon: each is one hardened worker for
-// one caller and one workspace (see sandbox.Session), ended by Close, by its idle
-// timeout, or by Shutdown; one whose state was lost (said in its answers) stays,
-// answering ErrSessionLost, until one of those ends it.
+// Sessions keeps the daemon's sessions: each is one hardened worker for one caller
+// and one workspace (see sandbox.Session) while it is live, or a checkpoint file
+// while it is paused; it ends by Close or by its idle timeout. One whose state was
+// lost (said in its answers) stays, answering ErrSessionLost, until one of those
+// ends it.
 type Sessions struct {
 	opener SessionOpener
 	o      SessionOptions
+	hooks  SessionHooks
 
 	mu       sync.Mutex
-	live     map[string]*Session
+	live     map[string]*Session // every session, live or not
 	stopping bool
 	stop     chan struct{}
 	running  chan struct{} // a place per cell running (see SessionOptions.Running)
 }
 
-// Session is one live session.
+// Session is one session of Sessions.
 type Session struct {
 	ID        string
 	Caller    Caller
@@ -91,26 +151,35 @@ type Session struct {
 	// Limits are the session's: MemoryBytes and Fuel for its whole life, the rest
 	// each cell's defaults.
 	Limits protocol.Limits
+	// ForkedFrom is the session this one was forked from, if it was.
+	ForkedFrom string
 
-	ss      *sandbox.Session
-	workDir string           // the workspace's directory
-	private string           // the private workspace's directory, removed at the end
-	onEnd   func(why string) // called once: with why the session ended, or "" when it never opened
+	req     protocol.Request // what its worker is opened with
+	dir     string           // its directory under WorkDir; "" without one
+	private string           // its private workspace, removed with it
 	busy    atomic.Bool
 	mu      sync.Mutex
+	ss      *sandbox.Session // nil while paused
+	release func()           // gives its named workspace back; nil when not held
 	cells   int
 	used    time.Time
 	lost    string
 	closed  bool
+	paused  bool      // its state is in its checkpoint file
+	saved   int64     // the checkpoint file's bytes, while paused
+	memory  int64     // its interpreter's memory, as its cells grew it
+	resumed time.Time // when a worker last took it back from its checkpoint
+	// restored says the next answer is the first since resumed: it says restored.
+	restored bool
 }
 
-// NewSessions returns a keeper of sessions opened with opener.
+// NewSessions returns a keeper of sessions opened with opener; Start it.
 func NewSessions(opener SessionOpener, o SessionOptions) (*Sessions, error) {
-	if o.Max < 1 || o.MaxPerCaller < 1 || o.IdleTimeout <= 0 {
+	if o.Max < 1 || o.MaxPerCaller < 1 || o.IdleTimeout <= 0 || o.PauseAfter < 0 || o.MemoryBudget < 0 ||
+		o.MaxPausedBytesPerCaller < 0 || (o.WorkDir != "" && o.Prepare == nil) {
 		return nil, fmt.Errorf("supervisor: session options %+v", o)
 	}
 	if o.WorkDir != "" {
-		workspace.RemoveTree(o.WorkDir) // left by a daemon that died
 		if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
 			return nil, fmt.Errorf("supervisor: %w", err)
 		}
@@ -118,24 +187,59 @@ func NewSessions(opener SessionOpener, o SessionOptions) (*Sessions, error) {
 	if o.Running <= 0 {
 		o.Running = o.Max
 	}
-	m := &Sessions{opener: opener, o: o, live: map[string]*Session{}, stop: make(chan struct{}),
-		running: make(chan struct{}, o.Running)}
+	return &Sessions{opener: opener, o: o, live: map[string]*Session{}, stop: make(chan struct{}),
+		running: make(chan struct{}, o.Running)}, nil
+}
+
+// Start takes back the sessions WorkDir holds (those the daemon paused when it
+// last stopped come back paused; one it did not pause, because it was killed,
+// comes back lost, and says so) and starts expiring and pausing idle sessions.
+// hooks are every session's, those taken back included. Call it once, before any
+// other method.
+func (m *Sessions) Start(hooks SessionHooks) {
+	m.hooks = hooks
+	if m.o.WorkDir != "" {
+		m.load()
+	}
 	go m.reap()
-	return m, nil
+}
+
+// event tells hooks.Event of s's change.
+func (m *Sessions) event(s *Session, e SessionEvent, detail map[string]any) {
+	if m.hooks.Event != nil {
+		m.hooks.Event(s, e, detail)
+	}
 }
 
 // Open starts a session for caller with req (a run's request without a program;
 // an empty req.Workspace gets a private workspace, removed when the session ends),
-// naming the named workspace wsID ("" for none); onEnd (not nil) is called once
-// with why the session ended ("closed by its caller", "idle for 10m0s", "the daemon
-// stopped"), or with "" at once when it does not open. Errors: ErrSessionLimit,
-// ErrStopping, or why the worker could not open it (sandbox.ErrBadRequest wrapped
-// for a request no worker can serve).
-func (m *Sessions) Open(ctx context.Context, req protocol.Request, caller Caller, wsID string, onEnd func(why string)) (*Session, error) {
+// naming the named workspace wsID ("" for none), which it marks in use (see
+// SessionHooks.Acquire) while its worker lives. Errors: ErrSessionLimit,
+// ErrStopping, the hook's, or why the worker could not open it
+// (sandbox.ErrBadRequest wrapped for a request no worker can serve).
+func (m *Sessions) Open(ctx context.Context, req protocol.Request, caller Caller, wsID string) (*Session, error) {
+	s, err := m.reserve(caller, req, wsID)
+	if err != nil {
+		return nil, err
+	}
+	if err := m.give(s, req.Workspace == "", nil); err != nil {
+		m.forget(s)
+		return nil, err
+	}
+	if err := m.attach(ctx, s, func(req protocol.Request) (*sandbox.Session, error) { return m.opener.OpenSession(ctx, req) }); err != nil {
+		m.forget(s)
+		return nil, err
+	}
+	m.persist(s)
+	s.busy.Store(false)
+	return s, nil
+}
+
+// reserve makes caller's new session s, held busy, counted within the bounds.
+func (m *Sessions) reserve(caller Caller, req protocol.Request, wsID string) (*Session, error) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	if m.stopping {
-		m.mu.Unlock()
-		onEnd("")
 		return nil, ErrStopping
 	}
 	mine := 0
@@ -145,46 +249,101 @@ func (m *Sessions) Open(ctx context.Context, req protocol.Request, caller Caller
 		}
 	}
 	if len(m.live) >= m.o.Max || mine >= m.o.MaxPerCaller {
-		m.mu.Unlock()
-		onEnd("")
 		return nil, fmt.Errorf("%w (%d per caller, %d in all)", ErrSessionLimit, m.o.MaxPerCaller, m.o.Max)
 	}
 	s := &Session{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Caller: caller, Workspace: wsID,
-		Created: time.Now().UTC(), Limits: req.Limits, onEnd: onEnd}
+		Created: time.Now().UTC(), Limits: req.Limits, req: req}
 	s.used = s.Created
 	s.busy.Store(true) // opening: no cell, no close, until it is open
 	m.live[s.ID] = s   // reserves its place
-	m.mu.Unlock()
+	return s, nil
+}
 
-	forget := func() {
-		m.mu.Lock()
-		delete(m.live, s.ID)
-		m.mu.Unlock()
-		if s.private != "" {
-			workspace.RemoveTree(s.private)
+// give makes s's directory and, when private, its private workspace: empty, or a
+// copy of the directory from (a fork's).
+func (m *Sessions) give(s *Session, private bool, from *string) error {
+	if m.o.WorkDir != "" {
+		s.dir = filepath.Join(m.o.WorkDir, s.ID)
+		if err := os.Mkdir(s.dir, 0o700); err != nil {
+			return fmt.Errorf("cannot create the session's directory: %w", err)
 		}
-		onEnd("")
 	}
-	if req.Workspace == "" {
-		dir, err := os.MkdirTemp(m.o.WorkDir, s.ID+"-")
-		if err != nil {
-			forget()
-			return nil, fmt.Errorf("cannot create the session's workspace: %w", err)
+	if !private {
+		return nil
+	}
+	var err error
+	if s.dir != "" {
+		s.private = filepath.Join(s.dir, "ws")
+		err = os.Mkdir(s.private, 0o700)
+	} else {
+		s.private, err = os.MkdirTemp("", "sandcell-session-")
+	}
+	if err == nil && from != nil {
+		if err = copyWorkspace(s.private, *from); errors.Is(err, fs.ErrInvalid) {
+			return fmt.Errorf("%w: the workspace cannot be copied for the fork: %v", workspace.ErrUnsafe, err)
 		}
-		s.private, req.Workspace = dir, dir
 	}
+	if err != nil {
+		return fmt.Errorf("cannot create the session's workspace: %w", err)
+	}
+	s.req.Workspace = s.private
+	return nil
+}
+
+// forget drops s, which never opened, with what it holds on disk.
+func (m *Sessions) forget(s *Session) {
+	m.mu.Lock()
+	delete(m.live, s.ID)
+	m.mu.Unlock()
+	m.remove(s)
+}
+
+// remove deletes s's directory (its record, checkpoint and private workspace).
+func (m *Sessions) remove(s *Session) {
+	if s.dir != "" {
+		workspace.RemoveTree(s.dir)
+	} else if s.private != "" {
+		workspace.RemoveTree(s.private)
+	}
+}
+
+// attach gives s (held busy) a worker by start, with its named workspace held for
+// it, and the quota's file-size bound.
+func (m *Sessions) attach(ctx context.Context, s *Session, start func(protocol.Request) (*sandbox.Session, error)) error {
+	var release func()
+	if s.Workspace != "" && m.hooks.Acquire != nil {
+		var err error
+		if release, err = m.hooks.Acquire(s.Workspace); err != nil {
+			return err
+		}
+	}
+	req := s.req
 	if m.o.Quota.Bytes > 0 {
 		req.Hardening.Rlimits.FSIZE = min(req.Hardening.Rlimits.FSIZE, uint64(m.o.Quota.Bytes))
 	}
-	ss, err := m.opener.OpenSession(ctx, req)
+	ss, err := start(req)
 	if err != nil {
-		forget()
-		return nil, err
+		if release != nil {
+			release()
+		}
+		return err
 	}
-	s.ss = ss
-	s.workDir = req.Workspace
-	s.busy.Store(false)
-	return s, nil
+	s.mu.Lock()
+	s.ss, s.release = ss, release
+	s.mu.Unlock()
+	return nil
+}
+
+// detach ends s's worker and gives its workspace back; s.mu is held.
+func (s *Session) detach() {
+	if s.ss != nil {
+		go s.ss.Close()
+		s.ss = nil
+	}
+	if s.release != nil {
+		s.release()
+		s.release = nil
+	}
 }
 
 // Get returns caller's session id, or ErrSessionNotFound.
@@ -192,27 +351,35 @@ func (m *Sessions) Get(id string, caller Caller) (*Session, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, ok := m.live[id]
-	if !ok || s.Caller != caller || s.ss == nil {
+	if !ok || s.Caller != caller || s.opening() {
 		return nil, ErrSessionNotFound
 	}
 	return s, nil
 }
 
+// opening says s has not opened yet (nor been taken back).
+func (s *Session) opening() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ss == nil && !s.paused && s.lost == "" && !s.closed
+}
+
 // List returns caller's sessions, oldest first.
 func (m *Sessions) List(caller Caller) []*Session {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	var out []*Session
 	for _, s := range m.live {
-		if s.Caller == caller && s.ss != nil {
+		if s.Caller == caller {
 			out = append(out, s)
 		}
 	}
+	m.mu.Unlock()
+	out = slices.DeleteFunc(out, (*Session).opening)
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
 }
 
-// Count is how many sessions are live.
+// Count is how many sessions there are, live or paused.
 func (m *Sessions) Count() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -224,22 +391,33 @@ func (s *Session) View() wire.SessionView {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v := wire.SessionView{ID: s.ID, Workspace: s.Workspace, CreatedAt: s.Created, LastUsed: s.used, Cells: s.cells,
-		State: "ready", Lost: s.lost, Enforcement: s.ss.Enforcement()}
+		State: "ready", Lost: s.lost, ForkedFrom: s.ForkedFrom, MemoryBytes: s.memory}
+	if !s.resumed.IsZero() {
+		at := s.resumed
+		v.RestoredAt = &at
+	}
+	if s.ss != nil {
+		v.Enforcement = s.ss.Enforcement()
+	}
 	switch {
 	case s.lost != "":
 		v.State = "lost"
 	case s.busy.Load():
 		v.State = "busy"
+	case s.paused:
+		v.State, v.CheckpointBytes = "paused", s.saved
 	}
 	return v
 }
 
 // Cell runs one cell in caller's session id (see sandbox.Session.Run for what cell
-// carries), measuring its workspace against the quota as a run's, and says what
-// became of the state. Errors: ErrSessionNotFound, ErrSessionBusy, ErrSessionLost
-// (the state was lost before this cell), the cell's own bad input
-// (sandbox.ErrBadRequest wrapped), or admitted's error. admitted is called once the
-// cell holds the session, before it runs (the audit record that must precede it).
+// carries), resuming it first if it is paused, measuring its workspace against the
+// quota as a run's, and says what became of the state. Errors: ErrSessionNotFound,
+// ErrSessionBusy, ErrSessionLost (the state was lost before this cell, or its
+// checkpoint could not be resumed), the cell's own bad input
+// (sandbox.ErrBadRequest wrapped), a resume's other failure (the session stays
+// paused), or admitted's error. admitted is called once the cell holds the session
+// and its worker, before it runs (the audit record that must precede it).
 func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell protocol.Request, admitted func() error) (protocol.Result, wire.SessionState, error) {
 	s, err := m.Get(id, caller)
 	if err != nil {
@@ -259,8 +437,9 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 		return protocol.Result{}, "", fmt.Errorf("%w: %s", ErrSessionLost, lost)
 	}
 	var w *workspace.Workspace
+	dir := s.req.Workspace
 	if m.o.Quota.Bytes > 0 && m.o.Quota.Files > 0 {
-		if w, err = workspace.Directory(s.workDir, m.o.Quota); err != nil {
+		if w, err = workspace.Directory(dir, m.o.Quota); err != nil {
 			return protocol.Result{}, "", err
 		}
 		// A workspace already past its quota would end the cell at once.
@@ -280,6 +459,9 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 	case <-ctx.Done():
 		return protocol.Result{}, "", ctx.Err()
 	}
+	if err := m.resume(ctx, s); err != nil {
+		return protocol.Result{}, "", err
+	}
 	if err := admitted(); err != nil {
 		return protocol.Result{}, "", err
 	}
@@ -289,9 +471,10 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 		defer stop(nil)
 		var pid atomic.Int64
 		pid.Store(int64(s.ss.PID()))
-		go watchQuota(ctx, w, s.workDir, &pid, m.o.Quota, stop)
+		go watchQuota(ctx, w, dir, &pid, m.o.Quota, stop)
 	}
 	res, rolledBack, err := s.ss.Run(ctx, cell)
+	defer m.budget()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.used = time.Now().UTC()
@@ -303,12 +486,17 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 		return protocol.Result{}, "", err
 	}
 	s.cells++
+	s.memory = max(s.memory, res.PeakMemoryBytes)
 	switch {
 	case rolledBack:
+		s.restored = false
 		return res, wire.SessionRolledBack, nil
 	case res.Reason != protocol.Exited:
 		s.lose(fmt.Sprintf("cell %d ended %s and the state could not be restored", s.cells, res.Reason))
 		return res, wire.SessionLost, nil
+	case s.restored:
+		s.restored = false
+		return res, wire.SessionRestored, nil
 	}
 	return res, wire.SessionPreserved, nil
 }
@@ -317,13 +505,13 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 func (s *Session) lose(why string) {
 	if s.lost == "" {
 		s.lost = why
-		go s.ss.Close()
+		s.detach()
 	}
 }
 
-// Close ends caller's session id: its worker and its private workspace. Errors:
-// ErrSessionNotFound, ErrSessionBusy (a cell is running: cancel it by ending its
-// request, or wait).
+// Close ends caller's session id: its worker, its checkpoint and its private
+// workspace. Errors: ErrSessionNotFound, ErrSessionBusy (a cell is running: cancel
+// it by ending its request, or wait).
 func (m *Sessions) Close(id string, caller Caller) error {
 	s, err := m.Get(id, caller)
 	if err != nil {
@@ -336,25 +524,36 @@ func (m *Sessions) Close(id string, caller Caller) error {
 	return nil
 }
 
-// end removes s (held busy by the caller, or being shut down) and ends it, for why.
+// end removes s (held busy by the caller) and ends it, for why.
 func (m *Sessions) end(s *Session, why string) {
 	m.mu.Lock()
 	delete(m.live, s.ID)
 	m.mu.Unlock()
 	s.mu.Lock()
 	s.closed = true
-	s.mu.Unlock()
-	s.ss.Close()
-	if s.private != "" {
-		workspace.RemoveTree(s.private)
+	ss := s.ss
+	s.ss = nil
+	if s.release != nil {
+		s.release()
+		s.release = nil
 	}
-	s.onEnd(why)
+	s.mu.Unlock()
+	if ss != nil {
+		ss.Close()
+	}
+	m.remove(s)
+	m.event(s, SessionClosed, map[string]any{"why": why})
 }
 
-// reap ends the sessions idle past IdleTimeout, every tenth of it. A lost session
-// stays until then too, so that whoever asks of it is told it was lost.
+// reap, every tenth of the shorter of IdleTimeout and PauseAfter, ends the
+// sessions idle past IdleTimeout (a lost one stays until then too, so that whoever
+// asks of it is told it was lost) and pauses the live ones idle past PauseAfter.
 func (m *Sessions) reap() {
-	t := time.NewTicker(max(m.o.IdleTimeout/10, 10*time.Millisecond))
+	every := m.o.IdleTimeout
+	if m.o.PauseAfter > 0 && m.o.WorkDir != "" {
+		every = min(every, m.o.PauseAfter)
+	}
+	t := time.NewTicker(max(every/10, 10*time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
@@ -362,24 +561,77 @@ func (m *Sessions) reap() {
 			return
 		case <-t.C:
 		}
-		m.mu.Lock()
-		var idle []*Session
-		for _, s := range m.live {
+		var idle, pause []*Session
+		for _, s := range m.all() {
 			s.mu.Lock()
-			if s.ss != nil && time.Since(s.used) > m.o.IdleTimeout && s.busy.CompareAndSwap(false, true) {
-				idle = append(idle, s)
-			}
+			since, live := time.Since(s.used), s.ss != nil
 			s.mu.Unlock()
+			switch {
+			case since > m.o.IdleTimeout && s.busy.CompareAndSwap(false, true):
+				idle = append(idle, s)
+			case live && m.o.PauseAfter > 0 && since > m.o.PauseAfter && s.busy.CompareAndSwap(false, true):
+				pause = append(pause, s)
+			}
 		}
-		m.mu.Unlock()
 		for _, s := range idle {
 			m.end(s, fmt.Sprintf("idle for %s", m.o.IdleTimeout))
+		}
+		for _, s := range pause {
+			m.pause(s, fmt.Sprintf("idle for %s", m.o.PauseAfter))
+			s.busy.Store(false)
 		}
 	}
 }
 
-// Shutdown ends every session (a running cell is killed with its worker) and
-// refuses new ones.
+// all returns every session.
+func (m *Sessions) all() []*Session {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]*Session, 0, len(m.live))
+	for _, s := range m.live {
+		out = append(out, s)
+	}
+	return out
+}
+
+// budget pauses the least recently used idle live sessions while the live ones'
+// memory is past MemoryBudget.
+func (m *Sessions) budget() {
+	if m.o.MemoryBudget <= 0 || m.o.WorkDir == "" {
+		return
+	}
+	type held struct {
+		s      *Session
+		used   time.Time
+		memory int64
+	}
+	var live []held
+	var total int64
+	for _, s := range m.all() {
+		s.mu.Lock()
+		if s.ss != nil {
+			live = append(live, held{s, s.used, s.memory})
+			total += s.memory
+		}
+		s.mu.Unlock()
+	}
+	sort.Slice(live, func(i, j int) bool { return live[i].used.Before(live[j].used) })
+	for _, h := range live {
+		if total <= m.o.MemoryBudget {
+			return
+		}
+		if !h.s.busy.CompareAndSwap(false, true) {
+			continue
+		}
+		if m.pause(h.s, fmt.Sprintf("the live sessions' memory passed its budget of %d bytes", m.o.MemoryBudget)) == nil {
+			total -= h.memory
+		}
+		h.s.busy.Store(false)
+	}
+}
+
+// Shutdown refuses new sessions and pauses the live ones (a running cell is
+// killed with its worker first: that session is lost); with no WorkDir they end.
 func (m *Sessions) Shutdown() {
 	m.mu.Lock()
 	if m.stopping {
@@ -388,14 +640,43 @@ func (m *Sessions) Shutdown() {
 	}
 	m.stopping = true
 	close(m.stop)
-	all := make([]*Session, 0, len(m.live))
-	for _, s := range m.live {
-		if s.ss != nil {
-			all = append(all, s)
-		}
-	}
 	m.mu.Unlock()
-	for _, s := range all {
-		m.end(s, "the daemon stopped")
+	var wg sync.WaitGroup
+	for _, s := range m.all() {
+		if m.o.WorkDir == "" {
+			s.mu.Lock()
+			s.detach()
+			s.mu.Unlock()
+			m.remove(s)
+			continue
+		}
+		if !s.busy.CompareAndSwap(false, true) {
+			// A cell is running: it is killed, and its answer says the state is lost.
+			s.mu.Lock()
+			if s.ss != nil {
+				s.ss.Close()
+			}
+			s.lost = cmp.Or(s.lost, "the daemon stopped while a cell ran")
+			s.mu.Unlock()
+			m.persist(s)
+			continue
+		}
+		s.mu.Lock()
+		live := s.ss != nil
+		s.mu.Unlock()
+		if !live { // paused already, or lost: its record says so
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := m.pause(s, "the daemon stopped"); err != nil {
+				s.mu.Lock()
+				s.lose("the daemon stopped and could not pause it: " + err.Error())
+				s.mu.Unlock()
+				m.persist(s)
+			}
+		}()
 	}
+	wg.Wait()
 }

@@ -61,6 +61,7 @@ func newLocalTools(dir, bundleDir, cacheDir string) (*localTools, error) {
 	if err != nil {
 		return nil, err
 	}
+	sessions.Start(supervisor.SessionHooks{}) // nothing kept on disk: they end with this process
 	return &localTools{ws: ws, sp: sp, pol: policy.Default(),
 		bundleDir: bundleDir, cacheDir: cacheDir, approvals: supervisor.NewApprovals(15*time.Minute, 10*time.Minute),
 		me: supervisor.Caller{UID: os.Getuid()}, sessions: sessions}, nil
@@ -80,7 +81,7 @@ func (l *localTools) OpenSession(ctx context.Context, r wire.SessionRequest) (wi
 		return wire.SessionView{}, err
 	}
 	req.Workspace = l.ws.Dir()
-	s, err := l.sessions.Open(ctx, req, l.me, "", func(string) {})
+	s, err := l.sessions.Open(ctx, req, l.me, "")
 	if err != nil {
 		return wire.SessionView{}, refusal(err)
 	}

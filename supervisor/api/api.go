@@ -70,6 +70,7 @@ func Statuses() map[string][]int {
 		"GET /v1/sessions/:id":        {200, 401, 403, 404},
 		"DELETE /v1/sessions/:id":     {204, 401, 403, 404, 409},
 		"POST /v1/sessions/:id/cells": {200, 400, 401, 403, 404, 408, 409, 410, 413, 415, 500, 503, 507},
+		"POST /v1/sessions/:id/fork":  {201, 401, 403, 404, 409, 410, 429, 500, 503, 507},
 		"GET /v1/tools":               {200, 401, 403},
 		"POST /mcp":                   {200, 202, 400, 401, 403, 404, 406, 413, 415, 429},
 		"GET /mcp":                    {200, 400, 401, 403, 404, 405, 406},
@@ -259,6 +260,7 @@ func New(o Options) *Server {
 	e.GET("/v1/sessions/:id", s.getSession, runner, s.sessionsOn)
 	e.DELETE("/v1/sessions/:id", s.deleteSession, runner, s.sessionsOn)
 	e.POST("/v1/sessions/:id/cells", s.runCell, runner, s.sessionsOn)
+	e.POST("/v1/sessions/:id/fork", s.forkSession, runner, s.sessionsOn)
 	e.GET("/v1/tools", s.tools, runner)
 	s.mcp = s.newMCP(o.Version)
 	for _, method := range []string{http.MethodPost, http.MethodGet, http.MethodDelete} {

@@ -77,6 +77,8 @@ type setup struct {
 	runsHeld           bool     // policy holds runs for approval too
 	elicitation        []string // approvals.elicitation: whose own confirmation counts
 	perUID             int      // open connections of one uid; 0: 64, the whole bound
+	dir                string   // the directory of the state and socket: a daemon's before this one; "": a new one
+	sessions           func(*config.Sessions)
 }
 
 // start opens and runs a real daemon with real workers on a Unix socket in a
@@ -88,7 +90,10 @@ func start(t *testing.T, s setup) *daemon {
 	if s.concurrency == 0 {
 		s.concurrency = 2
 	}
-	dir := t.TempDir()
+	dir := s.dir
+	if dir == "" {
+		dir = t.TempDir()
+	}
 	bundleDir := bundletest.Dir(t)
 	bundletest.Module(t, false) // compiled into the bundle directory once
 	bundletest.Module(t, true)
@@ -130,6 +135,9 @@ func start(t *testing.T, s setup) *daemon {
 	}
 	cfg.Approvals.Elicitation = s.elicitation
 	cfg.Pool.Size = s.pool
+	if s.sessions != nil {
+		s.sessions(&cfg.Sessions)
+	}
 	d.cfg = cfg
 	var err error
 	d.d, err = sdaemon.Open(sdaemon.Options{Load: func() (config.Config, string, error) { return d.cfg, "", d.cfg.Validate() },
@@ -161,11 +169,15 @@ func start(t *testing.T, s setup) *daemon {
 	if s.access != nil {
 		d.server.SetAccess(*s.access)
 	}
-	evs, err := d.store.Events(ctx, 0, "", 100)
-	if err != nil || len(evs) != 1 || evs[0].Kind != store.DaemonStart {
+	evs, err := d.store.Events(ctx, 0, "", 10000)
+	for i := len(evs) - 1; i >= 0 && d.since == 0; i-- {
+		if evs[i].Kind == store.DaemonStart {
+			d.since = evs[i].Seq
+		}
+	}
+	if err != nil || d.since == 0 || (s.dir == "" && len(evs) != 1) {
 		t.Fatalf("the daemon's first records: %v %+v", err, evs)
 	}
-	d.since = evs[0].Seq
 	d.client = client.HTTP(d.socket)
 	return d
 }

@@ -43,7 +43,6 @@ func (s *Server) createSession(c echo.Context) error {
 		return failf(wire.CodeLimitExceeded, "limits.memory_mib %s is over a session's maximum, %s: its worker holds the memory and a checkpoint of it",
 			mib(req.Limits.MemoryBytes), mib(supervisor.MaxSessionMemoryBytes))
 	}
-	var release func()
 	if body.Workspace != "" {
 		w, err := s.workspace(c, body.Workspace)
 		if err != nil {
@@ -57,33 +56,58 @@ func (s *Server) createSession(c echo.Context) error {
 			return failf(wire.CodeQuota, "workspace %s holds %d bytes in %d names, over its quota: remove files first",
 				w.ID, u.Bytes, u.Files)
 		}
-		if err := s.acquire(w.ID); err != nil {
-			return acquireError(w.ID, err)
-		}
-		release = func() { s.release(w.ID) }
 		req.Workspace = w.Dir()
 	}
-	var id string
-	ended := func(why string) {
-		if release != nil {
-			release()
-		}
-		if why != "" {
-			// Whatever ended it (its caller, its idle timeout, the daemon's stop).
-			s.o.Audit.Record(context.Background(), store.SessionClosed, peer.Caller(), "",
-				map[string]any{"session": id, "why": why})
-		}
-	}
-	ss, err := s.o.Sessions.Open(ctx, req, peer.Caller(), body.Workspace, ended)
+	ss, err := s.o.Sessions.Open(ctx, req, peer.Caller(), body.Workspace)
 	if err != nil {
-		return err // session_limit, stopping, or the worker's refusal (problemOf)
+		return err // session_limit, stopping, workspace busy, or the worker's refusal (problemOf)
 	}
-	id = ss.ID
 	v := ss.View()
 	s.record(ctx, store.SessionOpened, "", map[string]any{"session": ss.ID, "workspace": body.Workspace,
 		"limits": req.Limits, "env": envNames(req.Env), "layers": v.Enforcement.ActiveLayers()})
 	c.Response().Header().Set("Location", "/v1/sessions/"+ss.ID)
 	return c.JSON(http.StatusCreated, v)
+}
+
+// forkSession makes a new session from another's state, with a copy of its
+// workspace as its private one (supervisor.Sessions.Fork).
+func (s *Server) forkSession(c echo.Context) error {
+	ctx := c.Request().Context()
+	peer, _ := PeerFrom(ctx)
+	if err := s.accepting(); err != nil {
+		return err
+	}
+	ss, err := s.o.Sessions.Fork(ctx, c.Param("id"), peer.Caller())
+	if err != nil {
+		return err
+	}
+	v := ss.View()
+	s.record(ctx, store.SessionOpened, "", map[string]any{"session": ss.ID, "forked_from": ss.ForkedFrom,
+		"limits": ss.Limits, "layers": v.Enforcement.ActiveLayers()})
+	c.Response().Header().Set("Location", "/v1/sessions/"+ss.ID)
+	return c.JSON(http.StatusCreated, v)
+}
+
+// SessionHooks are what the daemon's sessions need of the API: a named workspace
+// marked in use while a session's worker holds it, and an audit record for each
+// change of a session's life (session.paused, session.resumed, session.lost,
+// session.closed), in its caller's name.
+func (s *Server) SessionHooks() supervisor.SessionHooks {
+	kinds := map[supervisor.SessionEvent]store.Kind{supervisor.SessionPaused: store.SessionPaused,
+		supervisor.SessionResumed: store.SessionResumed, supervisor.SessionLost: store.SessionLost,
+		supervisor.SessionClosed: store.SessionClosed}
+	return supervisor.SessionHooks{
+		Acquire: func(id string) (func(), error) {
+			if err := s.acquire(id); err != nil {
+				return nil, acquireError(id, err)
+			}
+			return func() { s.release(id) }, nil
+		},
+		Event: func(ss *supervisor.Session, e supervisor.SessionEvent, detail map[string]any) {
+			detail["session"] = ss.ID
+			s.o.Audit.Record(context.Background(), kinds[e], ss.Caller, "", detail)
+		},
+	}
 }
 
 func (s *Server) listSessions(c echo.Context) error {

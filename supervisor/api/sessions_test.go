@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/config"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
@@ -207,5 +209,108 @@ func TestSessionEndsWithTheDaemon(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("the cell's request did not end with the daemon")
+	}
+}
+
+// A session outlives its daemon: the stop pauses it to disk, the next daemon takes
+// it back, and its next cell finds its state (restored, files it held open
+// closed). A fork diverges from its session in memory and in files. Idle sessions,
+// and those past the memory budget, are paused and resume on their next cell. A
+// checkpoint of another interpreter is not resumed: the session says it is lost.
+func TestSessionSurvivesRestart(t *testing.T) {
+	dir := t.TempDir()
+	restart := func(d *daemon, sessions func(*config.Sessions)) *daemon {
+		d.stop()
+		err := <-d.ran
+		d.ran <- err // for the cleanup
+		if err != nil {
+			t.Fatalf("the daemon's stop: %v", err)
+		}
+		return start(t, setup{dir: dir, sessions: sessions})
+	}
+	want := func(d *daemon, id, code, state, stdout string) wire.CellAnswer {
+		t.Helper()
+		status, a, b := d.cell(t, id, code)
+		if status != 200 || string(a.State) != state || string(a.Result.Stdout) != stdout {
+			t.Fatalf("cell %q: %d %s", code, status, b)
+		}
+		return a
+	}
+	view := func(d *daemon, id string) wire.SessionView {
+		t.Helper()
+		resp, b := d.do(t, "GET", "/v1/sessions/"+id, "")
+		var v wire.SessionView
+		if resp.StatusCode != 200 || json.Unmarshal(b, &v) != nil {
+			t.Fatalf("session %s: %d %s", id, resp.StatusCode, b)
+		}
+		return v
+	}
+
+	d := start(t, setup{dir: dir})
+	id := d.openSession(t, `{}`)
+	want(d, id, `{"code": "x = 41\nopen('/ws/f.txt', 'w').write('a')\nfh = open('/ws/f.txt')"}`, "preserved", "")
+
+	d = restart(d, func(c *config.Sessions) { c.MemoryBudget = 1 })
+	if v := view(d, id); v.State != "paused" || v.CheckpointBytes < 1<<20 {
+		t.Fatalf("after the restart: %+v", v)
+	}
+	a := want(d, id, `{"code": "x + 1"}`, "restored", "42\n")
+	if a.Session.RestoredAt == nil || len(a.Result.Enforcement.ActiveLayers()) == 0 {
+		t.Fatalf("the restored session's answer: %+v", a.Session)
+	}
+	if _, a, b := d.cell(t, id, `{"code": "fh.read()"}`); a.State != "preserved" || !strings.Contains(string(a.Result.Stderr), "closed file") {
+		t.Fatalf("a file held open across the restart: %s", b)
+	}
+	want(d, id, `{"code": "open('/ws/f.txt').read()"}`, "preserved", "'a'\n")
+
+	// A fork: the same state, its own memory and its own copy of the files.
+	resp, b := d.do(t, "POST", "/v1/sessions/"+id+"/fork", "")
+	var fork wire.SessionView
+	if resp.StatusCode != 201 || json.Unmarshal(b, &fork) != nil || fork.ForkedFrom != id || fork.ID == id {
+		t.Fatalf("fork: %d %s", resp.StatusCode, b)
+	}
+	want(d, fork.ID, `{"code": "x = 100\nopen('/ws/f.txt', 'w').write('fork')\nx"}`, "restored", "100\n")
+	// The budget (1 byte) pauses the least recently used idle session: the fork's
+	// cell paused id.
+	if v := view(d, id); v.State != "paused" {
+		t.Fatalf("past the memory budget, the idle session is %s", v.State)
+	}
+	want(d, id, `{"code": "x, open('/ws/f.txt').read()"}`, "restored", "(41, 'a')\n")
+	want(d, fork.ID, `{"code": "x, open('/ws/f.txt').read()"}`, "restored", "(100, 'fork')\n")
+
+	// Idle: paused after pause_after, resumed by the next cell.
+	d = restart(d, func(c *config.Sessions) { c.PauseAfter.Duration = time.Second })
+	want(d, id, `{"code": "y = x * 2"}`, "restored", "")
+	deadline := time.Now().Add(10 * time.Second)
+	for view(d, id).State != "paused" {
+		if time.Now().After(deadline) {
+			t.Fatalf("an idle session was not paused: %+v", view(d, id))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	want(d, id, `{"code": "y"}`, "restored", "82\n")
+
+	// Another interpreter: the fork's checkpoint is said to be lost, not resumed.
+	d.stop()
+	err := <-d.ran
+	d.ran <- err
+	rec := filepath.Join(dir, "state", "sessions", fork.ID, "session.json")
+	b, _ = os.ReadFile(rec)
+	os.WriteFile(rec, []byte(strings.Replace(string(b), `"interpreter":"`, `"interpreter":"other-`, 1)), 0o600)
+	d = start(t, setup{dir: dir})
+	if v := view(d, fork.ID); v.State != "lost" || !strings.Contains(v.Lost, "another interpreter") {
+		t.Fatalf("a checkpoint of another interpreter: %+v", v)
+	}
+	resp, b = d.do(t, "POST", "/v1/sessions/"+fork.ID+"/cells", `{"code": "x"}`)
+	wantProblem(t, resp, b, 410, wire.CodeSessionLost)
+	want(d, id, `{"code": "x, y"}`, "restored", "(41, 82)\n")
+
+	evs, _ := d.store.Events(t.Context(), 0, "", 10000)
+	count := map[store.Kind]int{}
+	for _, e := range evs {
+		count[e.Kind]++
+	}
+	if count[store.SessionPaused] < 4 || count[store.SessionResumed] < 4 || count[store.SessionLost] != 1 {
+		t.Fatalf("audit records: %v", count)
 	}
 }

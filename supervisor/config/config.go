@@ -216,8 +216,19 @@ type Sessions struct {
 	Max int `toml:"max" env:"MAX"`
 	// MaxPerCaller bounds those of one caller (a uid, a token).
 	MaxPerCaller int `toml:"max_per_caller" env:"MAX_PER_CALLER"`
-	// IdleTimeout ends a session that has run no cell for that long.
+	// IdleTimeout ends a session that has run no cell for that long, paused or
+	// not (its state with it).
 	IdleTimeout Duration `toml:"idle_timeout" env:"IDLE_TIMEOUT"`
+	// PauseAfter pauses a live session that has run no cell for that long: its
+	// state goes to a checkpoint file in the state directory, its worker ends, and
+	// its next cell resumes it. 0: only MemoryBudget and the daemon's stop pause.
+	PauseAfter Duration `toml:"pause_after" env:"PAUSE_AFTER"`
+	// MemoryBudget bounds the interpreter memory of the live sessions together, in
+	// bytes: past it the least recently used idle ones are paused. 0: no bound.
+	MemoryBudget int64 `toml:"memory_budget" env:"MEMORY_BUDGET"`
+	// MaxPausedBytesPerCaller bounds the checkpoint files of one caller's paused
+	// sessions, in bytes; a session that would pass it stays live. 0: no bound.
+	MaxPausedBytesPerCaller int64 `toml:"max_paused_bytes_per_caller" env:"MAX_PAUSED_BYTES_PER_CALLER"`
 }
 
 // Limits are a run's defaults and the maxima a request may ask for.
@@ -277,8 +288,9 @@ func Default() Config {
 		Audit:      Audit{Retention: Duration{90 * 24 * time.Hour}},
 		Workspaces: Workspaces{MaxBytes: 256 << 20, MaxFiles: 10_000},
 		Pool:       Pool{Size: 4, MemoryBudget: 512 << 20},
-		Sessions:   Sessions{Max: 8, MaxPerCaller: 2, IdleTimeout: Duration{10 * time.Minute}},
-		Health:     Health{ExitOnFailure: true, CanaryInterval: Duration{time.Minute}},
+		Sessions: Sessions{Max: 8, MaxPerCaller: 2, IdleTimeout: Duration{time.Hour}, PauseAfter: Duration{5 * time.Minute},
+			MemoryBudget: 2 << 30, MaxPausedBytesPerCaller: 4 << 30},
+		Health: Health{ExitOnFailure: true, CanaryInterval: Duration{time.Minute}},
 		Approvals: Approvals{Required: []string{"sql.write"}, Elicitation: []string{}, TTL: Duration{15 * time.Minute},
 			Window: Duration{10 * time.Minute}},
 		Limits: Limits{
@@ -446,6 +458,15 @@ func (c Config) Validate() error {
 	}
 	if c.Sessions.Max > 0 && c.Sessions.IdleTimeout.Duration < time.Second {
 		add("sessions.idle_timeout", "must be at least 1s, is %s", c.Sessions.IdleTimeout)
+	}
+	if c.Sessions.PauseAfter.Duration < 0 {
+		add("sessions.pause_after", "must be 0 (no idle pause) or more, is %s", c.Sessions.PauseAfter)
+	}
+	if c.Sessions.MemoryBudget < 0 {
+		add("sessions.memory_budget", "must be 0 (no bound) or more, is %d", c.Sessions.MemoryBudget)
+	}
+	if c.Sessions.MaxPausedBytesPerCaller < 0 {
+		add("sessions.max_paused_bytes_per_caller", "must be 0 (no bound) or more, is %d", c.Sessions.MaxPausedBytesPerCaller)
 	}
 	if c.Pool.Size < 0 || c.Pool.Size > 64 {
 		add("pool.size", "must be 0 (off) to 64, is %d", c.Pool.Size)

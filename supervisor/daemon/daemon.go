@@ -149,9 +149,12 @@ func Open(o Options) (_ *Daemon, err error) {
 	}
 	if cfg.Sessions.Max > 0 {
 		if d.sess, err = supervisor.NewSessions(d.sp, supervisor.SessionOptions{Max: cfg.Sessions.Max,
-			MaxPerCaller: cfg.Sessions.MaxPerCaller, IdleTimeout: cfg.Sessions.IdleTimeout.Duration, Running: cfg.Concurrency(),
-			WorkDir: filepath.Join(cfg.State.Dir, "sessions"),
-			Quota:   workspace.Quota{Bytes: cfg.Workspaces.MaxBytes, Files: cfg.Workspaces.MaxFiles}}); err != nil {
+			MaxPerCaller: cfg.Sessions.MaxPerCaller, IdleTimeout: cfg.Sessions.IdleTimeout.Duration,
+			PauseAfter: cfg.Sessions.PauseAfter.Duration, MemoryBudget: cfg.Sessions.MemoryBudget,
+			MaxPausedBytesPerCaller: cfg.Sessions.MaxPausedBytesPerCaller, Running: cfg.Concurrency(),
+			WorkDir:     filepath.Join(cfg.State.Dir, "sessions"),
+			Quota:       workspace.Quota{Bytes: cfg.Workspaces.MaxBytes, Files: cfg.Workspaces.MaxFiles},
+			Interpreter: bundle.CheckpointKey(), Prepare: d.prepareSession}); err != nil {
 			return nil, err
 		}
 	}
@@ -202,6 +205,9 @@ func Open(o Options) (_ *Daemon, err error) {
 		Version:         o.Version,
 		Sessions:        d.sess,
 	})
+	if d.sess != nil {
+		d.sess.Start(d.srv.SessionHooks()) // the sessions the daemon paused when it last stopped come back
+	}
 	// MCP sessions over HTTP hear within a second when the tools come or go.
 	d.wg.Add(1)
 	go func() { defer d.wg.Done(); d.srv.WatchTools(d.bg, time.Second) }()
@@ -386,6 +392,21 @@ func (d *Daemon) module(fuel bool) (string, string, error) {
 		return "", "", errors.New("the sandbox has not been verified")
 	}
 	return r.Modules[fuel], r.LibDir, nil
+}
+
+// prepareSession gives a session being resumed the module, library and hardening
+// the daemon runs with now.
+func (d *Daemon) prepareSession(req *protocol.Request) error {
+	module, lib, err := d.module(req.Limits.Fuel > 0)
+	if err != nil {
+		return err
+	}
+	pol, err := d.cfg.Load().Policy()
+	if err != nil {
+		return err
+	}
+	req.ModulePath, req.LibDir, req.Hardening = module, lib, pol.Hardening(req.Limits)
+	return nil
 }
 
 // info is the body of GET /v1/info.
@@ -617,7 +638,7 @@ func (d *Daemon) shutdown() {
 	done := make(chan struct{})
 	go func() { d.mgr.Shutdown(grace); close(done) }()
 	if d.sess != nil {
-		d.sess.Shutdown() // a session's state does not outlive the daemon (yet): it ends with it
+		d.sess.Shutdown() // each live session is paused to disk, and comes back when the daemon does
 	}
 	if err := d.srv.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		d.log.Warn("shutdown", "error", err)

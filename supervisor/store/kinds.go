@@ -46,8 +46,15 @@ package store
 //	session.cell_finished   a cell ended                                   session, code_sha256, state, reason,
 //	                                                                       exit_code, elapsed_ms, output sizes,
 //	                                                                       diagnostics
-//	session.closed          a session ended: DELETE, its idle timeout,     session, why
-//	                        the daemon's stop
+//	session.closed          a session ended: DELETE, its idle timeout      session, why
+//	session.paused          a session's state went to its checkpoint on    session, why, bytes, ms
+//	                        disk and its worker ended (idle, the memory
+//	                        budget, the daemon's stop)
+//	session.resumed         a paused session's next cell gave it a         session, ms
+//	                        worker again, from its checkpoint
+//	session.lost            a session's state was lost outside a cell (a   session, why
+//	                        checkpoint that cannot be resumed, a daemon
+//	                        killed before it paused it)
 //
 // Every accepted run has run.requested, run.admitted and then exactly one of
 // run.finished and run.aborted; every accepted statement has sql.requested and then
@@ -88,6 +95,9 @@ const (
 	SessionCell          Kind = "session.cell"
 	SessionCellFinished  Kind = "session.cell_finished"
 	SessionClosed        Kind = "session.closed"
+	SessionPaused        Kind = "session.paused"
+	SessionResumed       Kind = "session.resumed"
+	SessionLost          Kind = "session.lost"
 )
 
 // Kinds returns every kind of the catalog, in its order.
@@ -96,5 +106,6 @@ func Kinds() []Kind {
 		RunAdmitted, RunCancel, RunFinished, RunAborted, SQLRequested, SQLFinished, SQLRefused, SQLFailed,
 		SQLRecovered, ApprovalRequested, ApprovalDecided, ApprovalRedeemed, WorkspaceCreated, WorkspaceDeleted,
 		WorkspaceFileWritten, WorkspaceFileRead, WorkspaceFileRemoved, WorkspaceRefused, MCPRefused,
-		SessionOpened, SessionRefused, SessionCell, SessionCellFinished, SessionClosed}
+		SessionOpened, SessionRefused, SessionCell, SessionCellFinished, SessionClosed, SessionPaused, SessionResumed,
+		SessionLost}
 }

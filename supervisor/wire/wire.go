@@ -213,15 +213,19 @@ type CellRequest struct {
 
 // SessionState says what became of a session's interpreter state after a cell:
 // SessionPreserved (the cell ended by itself, an exception included; what it did is
-// kept), SessionRolledBack (it did not: its time or CPU limit, a trap, an uncaught
-// MemoryError, a cancel, the quota; the interpreter is back to its state before the
-// cell, files it wrote excepted) or SessionLost (not even that: the worker is gone,
-// with the state; the cell's result says why).
+// kept), SessionRestored (as preserved, and the session had been paused: its state
+// came back from its checkpoint on disk, after an idle pause, the memory budget or
+// a daemon restart, without the files it held open), SessionRolledBack (it did not
+// end by itself: its time or CPU limit, a trap, an uncaught MemoryError, a cancel,
+// the quota; the interpreter is back to its state before the cell, files it wrote
+// excepted) or SessionLost (not even that: the worker is gone, with the state; the
+// cell's result says why).
 type SessionState string
 
 // The session states.
 const (
 	SessionPreserved  SessionState = "preserved"
+	SessionRestored   SessionState = "restored"
 	SessionRolledBack SessionState = "rolled_back"
 	SessionLost       SessionState = "lost"
 )
@@ -233,11 +237,21 @@ type SessionView struct {
 	CreatedAt time.Time `json:"created_at"`
 	LastUsed  time.Time `json:"last_used_at"`
 	Cells     int       `json:"cells"`
-	// State is "ready", "busy" (a cell is running) or "lost" (with Lost saying why).
-	State string `json:"state"`
-	Lost  string `json:"lost,omitempty"`
+	// State is "ready", "busy" (a cell is running), "paused" (its state is on disk,
+	// CheckpointBytes of it, and its next cell resumes it) or "lost" (with Lost
+	// saying why).
+	State           string `json:"state"`
+	Lost            string `json:"lost,omitempty"`
+	CheckpointBytes int64  `json:"checkpoint_bytes,omitempty"`
+	// RestoredAt is when the session last came back from its checkpoint.
+	RestoredAt *time.Time `json:"restored_at,omitempty"`
+	// ForkedFrom is the session this one was forked from.
+	ForkedFrom string `json:"forked_from,omitempty"`
+	// MemoryBytes is the interpreter's memory as its cells have grown it.
+	MemoryBytes int64 `json:"memory_bytes"`
 	// Enforcement is the contract the session's worker verified; every cell runs
-	// under it.
+	// under it. Empty while the session is paused (a resumed worker verifies it
+	// again).
 	Enforcement protocol.Enforcement `json:"enforcement"`
 }
 

@@ -1,0 +1,334 @@
+package supervisor
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/google/renameio/v2"
+	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/workspace"
+)
+
+// A session's directory under SessionOptions.WorkDir holds:
+//
+//	session.json  its record (sessionRecord), rewritten as it changes
+//	checkpoint    its interpreter's state while it is paused (sandbox's checkpoint
+//	              file), removed as soon as a worker takes it back: a daemon killed
+//	              after that finds no stale state to resume, and says the session
+//	              was lost
+//	ws/           its private workspace, when it has one
+
+const (
+	recordName     = "session.json"
+	checkpointName = "checkpoint"
+)
+
+// sessionRecord is what session.json holds.
+type sessionRecord struct {
+	ID          string           `json:"id"`
+	Caller      Caller           `json:"caller"`
+	Workspace   string           `json:"workspace,omitempty"`
+	ForkedFrom  string           `json:"forked_from,omitempty"`
+	Created     time.Time        `json:"created"`
+	Used        time.Time        `json:"used"`
+	Cells       int              `json:"cells"`
+	Memory      int64            `json:"memory_bytes"`
+	Request     protocol.Request `json:"request"` // the worker's: limits, environment, workspace directory
+	Interpreter string           `json:"interpreter"`
+	// Paused says checkpoint holds the state (Saved bytes); Lost why it is gone.
+	Paused bool   `json:"paused"`
+	Saved  int64  `json:"saved_bytes,omitempty"`
+	Lost   string `json:"lost,omitempty"`
+}
+
+// persist writes s's record (atomically, renameio: a daemon killed meanwhile finds
+// the old one or the new one). Without a directory it does nothing.
+func (m *Sessions) persist(s *Session) {
+	if s.dir == "" {
+		return
+	}
+	s.mu.Lock()
+	r := sessionRecord{ID: s.ID, Caller: s.Caller, Workspace: s.Workspace, ForkedFrom: s.ForkedFrom, Created: s.Created,
+		Used: s.used, Cells: s.cells, Memory: s.memory, Request: s.req, Interpreter: m.o.Interpreter,
+		Paused: s.paused, Saved: s.saved, Lost: s.lost}
+	s.mu.Unlock()
+	r.Request.Code, r.Request.Stdin = "", nil
+	b, err := json.Marshal(r)
+	if err == nil {
+		err = renameio.WriteFile(filepath.Join(s.dir, recordName), b, 0o600)
+	}
+	_ = err // a record not written leaves the old one: at worst the session comes back lost
+}
+
+// load takes back the sessions of WorkDir (see Start): a directory without a
+// readable record is removed; a session idle past IdleTimeout ends.
+func (m *Sessions) load() {
+	entries, _ := os.ReadDir(m.o.WorkDir)
+	for _, e := range entries {
+		dir := filepath.Join(m.o.WorkDir, e.Name())
+		var r sessionRecord
+		b, err := os.ReadFile(filepath.Join(dir, recordName))
+		if err == nil {
+			err = json.Unmarshal(b, &r)
+		}
+		if err != nil || r.ID != e.Name() || !e.IsDir() {
+			workspace.RemoveTree(dir) // not a session's, or one that never opened
+			continue
+		}
+		s := &Session{ID: r.ID, Caller: r.Caller, Workspace: r.Workspace, ForkedFrom: r.ForkedFrom, Created: r.Created,
+			Limits: r.Request.Limits, req: r.Request, dir: dir, cells: r.Cells, used: r.Used, memory: r.Memory,
+			lost: r.Lost, paused: r.Paused, saved: r.Saved}
+		if r.Workspace == "" {
+			s.private = filepath.Join(dir, "ws")
+		}
+		if time.Since(s.used) > m.o.IdleTimeout {
+			m.remove(s)
+			m.event(s, SessionClosed, map[string]any{"why": fmt.Sprintf("idle for %s", m.o.IdleTimeout)})
+			continue
+		}
+		_, err = os.Stat(filepath.Join(dir, checkpointName))
+		switch {
+		case s.lost != "":
+		case !s.paused || err != nil:
+			s.paused = false
+			s.lost = "the daemon ended without pausing it (it was killed, or the machine stopped): its state was in its worker's memory only"
+		case r.Interpreter != m.o.Interpreter:
+			s.paused = false
+			s.lost = "the daemon now runs another interpreter than the one the session was paused with (an upgrade): a checkpoint of one interpreter's memory cannot run in another"
+		}
+		if s.lost != "" && r.Lost == "" {
+			os.Remove(filepath.Join(dir, checkpointName))
+			m.persist(s)
+			m.event(s, SessionLost, map[string]any{"why": s.lost})
+		}
+		m.live[s.ID] = s
+	}
+}
+
+// pause saves s (held busy, live) to its checkpoint file and ends its worker, for
+// why. It fails, leaving s live, when s has no directory, when the checkpoint
+// would pass its caller's MaxPausedBytesPerCaller, or when it cannot be written;
+// a worker that cannot give its checkpoint loses s.
+func (m *Sessions) pause(s *Session, why string) error {
+	s.mu.Lock()
+	ss := s.ss
+	s.mu.Unlock()
+	if s.dir == "" || ss == nil {
+		return errors.New("the session cannot be paused here")
+	}
+	room := int64(-1) // no bound
+	if m.o.MaxPausedBytesPerCaller > 0 {
+		room = m.o.MaxPausedBytesPerCaller
+		for _, o := range m.all() {
+			if o != s && o.Caller == s.Caller {
+				o.mu.Lock()
+				if o.paused {
+					room -= o.saved
+				}
+				o.mu.Unlock()
+			}
+		}
+	}
+	began := time.Now()
+	path := filepath.Join(s.dir, checkpointName)
+	f, err := os.OpenFile(path+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	w := &boundedWriter{f: f, room: room}
+	n, err := ss.Save(w)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(path+".tmp", path)
+	}
+	if err != nil {
+		os.Remove(path + ".tmp")
+		if errors.Is(err, sandbox.ErrSessionLost) {
+			s.mu.Lock()
+			s.lose(err.Error())
+			s.mu.Unlock()
+			m.persist(s)
+			m.event(s, SessionLost, map[string]any{"why": err.Error()})
+		}
+		return err
+	}
+	s.mu.Lock()
+	s.detach()
+	s.paused, s.saved, s.restored = true, n, false
+	s.mu.Unlock()
+	m.persist(s)
+	m.event(s, SessionPaused, map[string]any{"why": why, "bytes": n, "ms": time.Since(began).Milliseconds()})
+	return nil
+}
+
+// errPauseRoom is boundedWriter's: the checkpoint would pass its caller's bound.
+var errPauseRoom = errors.New("supervisor: the caller's paused sessions would pass sessions.max_paused_bytes_per_caller")
+
+// boundedWriter writes to f at most room bytes (room < 0: no bound).
+type boundedWriter struct {
+	f    *os.File
+	room int64
+}
+
+func (b *boundedWriter) Write(p []byte) (int, error) {
+	if b.room >= 0 {
+		if int64(len(p)) > b.room {
+			return 0, errPauseRoom
+		}
+		b.room -= int64(len(p))
+	}
+	return b.f.Write(p)
+}
+
+// resume gives s (held busy) a worker again from its checkpoint file when it is
+// paused; nothing when it is live. A checkpoint that cannot be restored loses s
+// (ErrSessionLost); another failure (its workspace busy, the worker refused)
+// leaves it paused.
+func (m *Sessions) resume(ctx context.Context, s *Session) error {
+	s.mu.Lock()
+	paused := s.paused
+	s.mu.Unlock()
+	if !paused {
+		return nil
+	}
+	began := time.Now()
+	path := filepath.Join(s.dir, checkpointName)
+	if err := m.o.Prepare(&s.req); err != nil {
+		return err
+	}
+	err := m.attach(ctx, s, func(req protocol.Request) (*sandbox.Session, error) {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", sandbox.ErrCheckpoint, err)
+		}
+		defer f.Close()
+		return m.opener.ResumeSession(ctx, req, f)
+	})
+	if errors.Is(err, sandbox.ErrCheckpoint) || errors.Is(err, fs.ErrNotExist) {
+		why := "its checkpoint could not be resumed: " + err.Error()
+		s.mu.Lock()
+		s.paused = false
+		s.lose(why)
+		s.mu.Unlock()
+		os.Remove(path)
+		m.persist(s)
+		m.event(s, SessionLost, map[string]any{"why": why})
+		return fmt.Errorf("%w: %s", ErrSessionLost, why)
+	}
+	if err != nil {
+		return err
+	}
+	// From here the state is the worker's: a daemon killed now must not find the
+	// checkpoint and resume a state older than the cells that follow.
+	os.Remove(path)
+	s.mu.Lock()
+	s.paused, s.saved, s.resumed, s.restored = false, 0, time.Now().UTC(), true
+	s.mu.Unlock()
+	m.persist(s)
+	m.event(s, SessionResumed, map[string]any{"ms": time.Since(began).Milliseconds()})
+	return nil
+}
+
+// Fork makes a new session for caller from its session id's state: the
+// interpreter as id's last cell that ended by itself left it (or as id was
+// paused), and a private workspace that is a copy of id's workspace as it is now
+// (so that the two diverge in their files as in their memory). The fork counts
+// as any session toward the bounds; id goes on unchanged. Errors: as Get and Open,
+// ErrSessionBusy, ErrSessionLost, and a workspace that cannot be copied (a
+// symbolic link leading out of it, for one).
+func (m *Sessions) Fork(ctx context.Context, id string, caller Caller) (*Session, error) {
+	src, err := m.Get(id, caller)
+	if err != nil {
+		return nil, err
+	}
+	if m.o.WorkDir == "" {
+		return nil, errors.New("supervisor: sessions cannot be forked here (no state directory)")
+	}
+	if !src.busy.CompareAndSwap(false, true) {
+		return nil, ErrSessionBusy
+	}
+	defer src.busy.Store(false)
+	src.mu.Lock()
+	lost, ss, paused := src.lost, src.ss, src.paused
+	req := src.req
+	src.mu.Unlock()
+	if lost != "" {
+		return nil, fmt.Errorf("%w: %s", ErrSessionLost, lost)
+	}
+	req.Workspace = ""
+	s, err := m.reserve(caller, req, "")
+	if err != nil {
+		return nil, err
+	}
+	s.ForkedFrom = src.ID
+	s.memory = src.memory
+	fromDir := src.req.Workspace
+	if err := m.give(s, true, &fromDir); err != nil {
+		m.forget(s)
+		return nil, err
+	}
+	// The state: id's checkpoint file while it is paused, else one saved now.
+	ckpt := filepath.Join(src.dir, checkpointName)
+	if !paused {
+		ckpt = filepath.Join(s.dir, "fork."+checkpointName)
+		f, err := os.OpenFile(ckpt, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err == nil {
+			_, err = ss.Save(f)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+		}
+		defer os.Remove(ckpt)
+		if err != nil {
+			m.forget(s)
+			return nil, fmt.Errorf("cannot save the session to fork it: %w", err)
+		}
+	} else if err := m.o.Prepare(&s.req); err != nil {
+		m.forget(s)
+		return nil, err
+	}
+	err = m.attach(ctx, s, func(req protocol.Request) (*sandbox.Session, error) {
+		f, err := os.Open(ckpt)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		return m.opener.ResumeSession(ctx, req, f)
+	})
+	if err != nil {
+		m.forget(s)
+		return nil, err
+	}
+	// Its state came from a checkpoint, as a resumed session's: its first answer
+	// says restored (the files id held open are closed in the fork).
+	s.mu.Lock()
+	s.resumed, s.restored = time.Now().UTC(), true
+	s.mu.Unlock()
+	m.persist(s)
+	s.busy.Store(false)
+	m.budget()
+	return s, nil
+}
+
+// copyWorkspace copies the regular files and directories of from into to (which
+// exists), never leaving from (os.Root): a symbolic link is an error.
+func copyWorkspace(to, from string) error {
+	root, err := os.OpenRoot(from)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	return os.CopyFS(to, root.FS())
+}
