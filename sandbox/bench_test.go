@@ -164,3 +164,68 @@ func BenchmarkSessionCheckpoint(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSessionResume times a session's trip through disk with 50 MiB and 500
+// MiB in its interpreter: Save to a checkpoint file (synced, as the daemon pauses
+// it), then ResumeSession from that file in a fresh worker and its first cell
+// (`len(held)`), which is what the next cell of a paused session waits for. It
+// reports each half's median and the file's size.
+func BenchmarkSessionResume(b *testing.B) {
+	for _, mib := range []int{50, 500} {
+		b.Run(strconv.Itoa(mib)+"MiB", func(b *testing.B) {
+			limits := policy.Default().Default
+			limits.MemoryBytes = 1 << 30
+			req := protocol.Request{Workspace: b.TempDir(), Limits: limits, Hardening: policy.Default().Hardening(limits),
+				ModulePath: bundletest.Module(b, false), LibDir: bundletest.LibDir(b)}
+			sp := sandbox.NewSpawner()
+			ss, err := sp.OpenSession(context.Background(), req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			fill := protocol.Request{Code: "import os\nheld = bytearray(os.urandom(1 << 20)) * " + strconv.Itoa(mib), Limits: limits}
+			if res, _, err := ss.Run(context.Background(), fill); err != nil || res.Reason != protocol.Exited {
+				b.Fatalf("%v %s %s", err, res.Reason, res.Stderr)
+			}
+			path := filepath.Join(b.TempDir(), "checkpoint")
+			var saves, resumes []time.Duration
+			var size int64
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				start := time.Now()
+				f, err := os.Create(path)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if size, err = ss.Save(f); err == nil {
+					err = f.Sync()
+				}
+				f.Close()
+				if err != nil {
+					b.Fatal(err)
+				}
+				ss.Close()
+				saves = append(saves, time.Since(start))
+				start = time.Now()
+				f, _ = os.Open(path)
+				ss, err = sp.ResumeSession(context.Background(), req, f)
+				f.Close()
+				if err != nil {
+					b.Fatal(err)
+				}
+				res, _, err := ss.Run(context.Background(), protocol.Request{Code: "len(held)", Limits: limits})
+				resumes = append(resumes, time.Since(start))
+				if err != nil || string(res.Stdout) != strconv.Itoa(mib<<20)+"\n" {
+					b.Fatalf("%v %q %q", err, res.Stdout, res.Stderr)
+				}
+			}
+			ss.Close()
+			median := func(d []time.Duration) float64 {
+				sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+				return float64(d[len(d)/2].Microseconds()) / 1000
+			}
+			b.ReportMetric(median(saves), "ms/pause")
+			b.ReportMetric(median(resumes), "ms/resume")
+			b.ReportMetric(float64(size)/(1<<20), "MiB/file")
+		})
+	}
+}

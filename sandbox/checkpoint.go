@@ -15,7 +15,7 @@ import (
 // A session's saved state, as Session.Save writes it and ResumeSession reads it,
 // is a checkpoint file: checkpointMagic, a 4-byte big-endian length, that many
 // bytes of a protocol.Checkpoint in JSON, then its body (the non-zero pages of the
-// interpreter's memory, which the worker hashes: see protocol.Checkpoint). The
+// interpreter's memory, checksummed: see protocol.Checkpoint). The
 // format is this package's own, not the worker protocol's, so a checkpoint stays
 // readable across versions of the protocol; what it holds is one interpreter's
 // memory, which only that interpreter can run (the caller keeps track of which).
@@ -70,7 +70,7 @@ func writeCheckpointHeader(w io.Writer, c *protocol.Checkpoint) error {
 }
 
 // saveTimeout bounds how long a session's worker may take to send its checkpoint
-// (a gibibyte of memory, hashed and copied: seconds at most).
+// (a gibibyte of memory, checksummed and copied: seconds at most).
 const saveTimeout = 60 * time.Second
 
 // Save writes the session's state to w as a checkpoint file (see ResumeSession):

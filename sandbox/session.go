@@ -4,10 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"os"
 	"sync"
@@ -69,16 +68,16 @@ func (s *Spawner) ResumeSession(ctx context.Context, req protocol.Request, from 
 		if err := protocol.Send(ctl, protocol.Frame{Step: protocol.StepCheckpoint, Checkpoint: c}); err != nil {
 			return err
 		}
-		h := sha256.New()
+		h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
 		if n, err := io.CopyN(io.MultiWriter(ctl, h), from, c.BodyBytes()); err != nil {
 			if n < c.BodyBytes() && errors.Is(err, io.EOF) {
 				return fmt.Errorf("%w: it ends after %d of its %d bytes", ErrCheckpoint, n, c.BodyBytes())
 			}
 			return err
 		}
-		if hex.EncodeToString(h.Sum(nil)) != c.SHA256 {
+		if h.Sum32() != c.CRC32C {
 			// The worker has restored it, but runs nothing before it opens.
-			return fmt.Errorf("%w: its body does not match its hash (damaged)", ErrCheckpoint)
+			return fmt.Errorf("%w: its body does not match its checksum (damaged)", ErrCheckpoint)
 		}
 		return nil
 	})

@@ -347,7 +347,7 @@ func TestSessionSaveAndResume(t *testing.T) {
 	bad := filepath.Join(t.TempDir(), "bad")
 	b[len(b)-100] ^= 1
 	os.WriteFile(bad, b, 0o600)
-	if _, err := resume(bad); !errors.Is(err, sandbox.ErrCheckpoint) || !strings.Contains(err.Error(), "hash") {
+	if _, err := resume(bad); !errors.Is(err, sandbox.ErrCheckpoint) || !strings.Contains(err.Error(), "checksum") {
 		t.Fatalf("a damaged checkpoint: %v", err)
 	}
 	os.WriteFile(bad, b[:len(b)/2], 0o600)

@@ -8,8 +8,8 @@ import (
 // Checkpoint describes a session's state as it travels (StepCheckpoint) and as the
 // daemon keeps it on disk: the interpreter's linear memory, of which only the
 // Extents that are not all zero are carried, and its mutable globals. The body that
-// follows it is the Extents' bytes, in order, raw; SHA256 is their hash, which the
-// worker checks before it restores anything.
+// follows it is the Extents' bytes, in order, raw; CRC32C is their checksum, which
+// the parent checks as it sends them to a worker, before any cell runs.
 type Checkpoint struct {
 	// MemoryBytes is the size of the linear memory, a multiple of PageBytes.
 	MemoryBytes int64 `json:"memory_bytes"`
@@ -18,8 +18,10 @@ type Checkpoint struct {
 	Extents []Extent `json:"extents"`
 	// Globals are the mutable exported globals by name (__stack_pointer, ...).
 	Globals []Global `json:"globals"`
-	// SHA256 is the lowercase hex SHA-256 of the body.
-	SHA256 string `json:"sha256"`
+	// CRC32C is the body's CRC-32C (Castagnoli): it finds a checkpoint damaged on
+	// disk, at 20 GB/s where SHA-256 ran at 1.2 (the file is the daemon's own, in
+	// its state directory: damage, not forgery, is what it guards against).
+	CRC32C uint32 `json:"crc32c"`
 }
 
 // Extent is one run of a Checkpoint's memory: Length bytes at Offset.
@@ -43,7 +45,7 @@ const PageBytes = 64 << 10
 var ErrCheckpoint = errors.New("protocol: malformed checkpoint")
 
 // Check verifies c's shape: memory at most maxMemory bytes (and whole pages),
-// extents whole pages within it in increasing order, known global types, a hash.
+// extents whole pages within it in increasing order, known global types.
 func (c *Checkpoint) Check(maxMemory int64) error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: %s", ErrCheckpoint, fmt.Sprintf(format, a...))
@@ -72,9 +74,6 @@ func (c *Checkpoint) Check(maxMemory int64) error {
 		default:
 			return bad("global %s of type %q", g.Name, g.Type)
 		}
-	}
-	if len(c.SHA256) != 64 {
-		return bad("no body hash")
 	}
 	return nil
 }

@@ -2,9 +2,8 @@ package worker
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
+	"hash/crc32"
 	"io"
 
 	"github.com/bytecodealliance/wasmtime-go/v44"
@@ -20,12 +19,12 @@ var globalTypes = map[wasmtime.ValKind]string{
 
 // sendCheckpoint writes cp to w as a StepCheckpoint frame and its body: the pages
 // of its memory that are not all zero (an interpreter's memory is mostly zero past
-// what it has used), hashed first.
+// what it has used), checksummed first.
 func sendCheckpoint(w io.Writer, cp *engine.Checkpoint) error {
 	mem := cp.Memory()
 	var zero [protocol.PageBytes]byte
 	c := protocol.Checkpoint{MemoryBytes: int64(len(mem))}
-	h := sha256.New()
+	h := crc32.New(crc32.MakeTable(crc32.Castagnoli))
 	for off := 0; off+protocol.PageBytes <= len(mem); off += protocol.PageBytes {
 		page := mem[off : off+protocol.PageBytes]
 		if bytes.Equal(page, zero[:]) {
@@ -38,7 +37,7 @@ func sendCheckpoint(w io.Writer, cp *engine.Checkpoint) error {
 			c.Extents = append(c.Extents, protocol.Extent{Offset: int64(off), Length: protocol.PageBytes})
 		}
 	}
-	c.SHA256 = hex.EncodeToString(h.Sum(nil))
+	c.CRC32C = h.Sum32()
 	for _, g := range cp.Globals() {
 		c.Globals = append(c.Globals, protocol.Global{Name: g.Name, Type: globalTypes[g.Kind], Bits: g.Bits})
 	}
@@ -54,7 +53,7 @@ func sendCheckpoint(w io.Writer, cp *engine.Checkpoint) error {
 }
 
 // receiveCheckpoint reads a StepCheckpoint frame and its body from r into cp, a
-// memory of at most maxMemory bytes. (The parent checks the body's hash as it
+// memory of at most maxMemory bytes. (The parent checks the body's checksum as it
 // sends it, and ends the worker before any cell runs if it does not match.)
 func receiveCheckpoint(r io.Reader, maxMemory int64, cp *engine.Checkpoint) error {
 	f, err := protocol.Receive(r, protocol.StepCheckpoint)
