@@ -675,6 +675,7 @@ func (m *Sessions) Shutdown() {
 				s.lose("the daemon stopped and could not pause it: " + err.Error())
 				s.mu.Unlock()
 				m.persist(s)
+				m.event(s, SessionLost, map[string]any{"why": s.lost})
 			}
 		}()
 	}

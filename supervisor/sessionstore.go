@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"time"
@@ -123,7 +124,7 @@ func (m *Sessions) pause(s *Session, why string) error {
 	if s.dir == "" || ss == nil {
 		return errors.New("the session cannot be paused here")
 	}
-	room := int64(-1) // no bound
+	var room int64 = math.MaxInt64 // no bound
 	if m.o.MaxPausedBytesPerCaller > 0 {
 		room = m.o.MaxPausedBytesPerCaller
 		for _, o := range m.all() {
@@ -142,7 +143,7 @@ func (m *Sessions) pause(s *Session, why string) error {
 	if err != nil {
 		return err
 	}
-	w := &boundedWriter{f: f, room: room}
+	w := &boundedWriter{f: f, room: max(room, 0)}
 	n, err := ss.Save(w)
 	if err == nil {
 		err = f.Sync()
@@ -176,19 +177,17 @@ func (m *Sessions) pause(s *Session, why string) error {
 // errPauseRoom is boundedWriter's: the checkpoint would pass its caller's bound.
 var errPauseRoom = errors.New("supervisor: the caller's paused sessions would pass sessions.max_paused_bytes_per_caller")
 
-// boundedWriter writes to f at most room bytes (room < 0: no bound).
+// boundedWriter writes to f at most room bytes.
 type boundedWriter struct {
 	f    *os.File
 	room int64
 }
 
 func (b *boundedWriter) Write(p []byte) (int, error) {
-	if b.room >= 0 {
-		if int64(len(p)) > b.room {
-			return 0, errPauseRoom
-		}
-		b.room -= int64(len(p))
+	if int64(len(p)) > b.room {
+		return 0, errPauseRoom
 	}
+	b.room -= int64(len(p))
 	return b.f.Write(p)
 }
 

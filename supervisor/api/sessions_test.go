@@ -305,12 +305,36 @@ func TestSessionSurvivesRestart(t *testing.T) {
 	wantProblem(t, resp, b, 410, wire.CodeSessionLost)
 	want(d, id, `{"code": "x, y"}`, "restored", "(41, 82)\n")
 
+	// A daemon killed while a session was live leaves its record as it was while
+	// it lived, and no checkpoint: the session comes back lost, and says why. One
+	// that cannot be paused within its caller's disk bound is lost at the stop.
+	live, _ := os.ReadFile(filepath.Join(dir, "state", "sessions", id, "session.json"))
+	if resp, _ := d.do(t, "DELETE", "/v1/sessions/"+fork.ID, ""); resp.StatusCode != 204 {
+		t.Fatalf("closing a lost session: %d", resp.StatusCode)
+	}
+	other := d.openSession(t, `{}`)
+	want(d, other, `{"code": "z = 1"}`, "preserved", "")
+	d = restart(d, func(c *config.Sessions) { c.MaxPausedBytesPerCaller = 1 << 20 })
+	want(d, other, `{"code": "z"}`, "restored", "1\n") // live under the bound
+	d.stop()
+	err = <-d.ran
+	d.ran <- err
+	os.WriteFile(filepath.Join(dir, "state", "sessions", id, "session.json"), live, 0o600)
+	os.Remove(filepath.Join(dir, "state", "sessions", id, "checkpoint"))
+	d = start(t, setup{dir: dir})
+	if v := view(d, id); v.State != "lost" || !strings.Contains(v.Lost, "killed") {
+		t.Fatalf("a session live when its daemon was killed: %+v", v)
+	}
+	if v := view(d, other); v.State != "lost" || !strings.Contains(v.Lost, "could not pause") {
+		t.Fatalf("a session past its caller's disk bound at the stop: %+v", v)
+	}
+
 	evs, _ := d.store.Events(t.Context(), 0, "", 10000)
 	count := map[store.Kind]int{}
 	for _, e := range evs {
 		count[e.Kind]++
 	}
-	if count[store.SessionPaused] < 4 || count[store.SessionResumed] < 4 || count[store.SessionLost] != 1 {
+	if count[store.SessionPaused] < 4 || count[store.SessionResumed] < 4 || count[store.SessionLost] != 3 {
 		t.Fatalf("audit records: %v", count)
 	}
 }
