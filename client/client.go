@@ -169,6 +169,13 @@ func (c *Client) Sessions(ctx context.Context) ([]wire.SessionView, error) {
 	return out.Sessions, c.do(ctx, http.MethodGet, "/v1/sessions", nil, &out)
 }
 
+// ForkSession makes a new session from session id's state, with a private copy of
+// its workspace (POST /v1/sessions/{id}/fork).
+func (c *Client) ForkSession(ctx context.Context, id string) (wire.SessionView, error) {
+	var v wire.SessionView
+	return v, c.do(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(id)+"/fork", nil, &v)
+}
+
 // CloseSession ends session id (DELETE /v1/sessions/{id}).
 func (c *Client) CloseSession(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/sessions/"+url.PathEscape(id), nil, nil)

@@ -34,6 +34,21 @@ func TestCLISession(t *testing.T) {
 	if r = cli(t, "", "session", "--socket", d.sock, "run", id, "-c", "x"); r.code != 0 || r.stdout != "6\n" {
 		t.Fatalf("after the rolled-back cell: %+v", r)
 	}
+	// A fork: the same state, diverging.
+	r = cli(t, "", "session", "--socket", d.sock, "fork", id)
+	fork := strings.TrimSpace(r.stdout)
+	if r.code != 0 || len(fork) != 26 || fork == id {
+		t.Fatalf("fork: %+v", r)
+	}
+	if r = cli(t, "", "session", "--socket", d.sock, "run", fork, "-c", "x = 9\nx"); r.code != 0 || r.stdout != "9\n" || !strings.Contains(r.stderr, "restored") {
+		t.Fatalf("the fork's first cell: %+v", r)
+	}
+	if r = cli(t, "", "session", "--socket", d.sock, "run", id, "-c", "x"); r.code != 0 || r.stdout != "6\n" {
+		t.Fatalf("the session after its fork: %+v", r)
+	}
+	if r = cli(t, "", "session", "--socket", d.sock, "close", fork); r.code != 0 {
+		t.Fatalf("close the fork: %+v", r)
+	}
 	r = cli(t, "", "session", "--socket", d.sock, "run", id, "--timeout", "300ms", "-c", "import time\ntime.sleep(30)")
 	if r.code != exitTimeout || !strings.Contains(r.stderr, "the session's state is lost") {
 		t.Fatalf("a cell asleep past its time: %+v", r)

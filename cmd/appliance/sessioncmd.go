@@ -31,6 +31,7 @@ process, until it is closed or its idle timeout ends it.
 
   sandcell session open [--workspace ID] [--memory MiB]    prints the session's id
   sandcell session run ID -c CODE  (or FILE.py)            runs a cell
+  sandcell session fork ID                                 prints the new session's id
   sandcell session list
   sandcell session close ID
 
@@ -38,7 +39,10 @@ session run prints the cell's stdout and stderr and exits as sandcell run does. 
 cell that reached its time, CPU or memory limit is rolled back (the session's state
 is as it was before it), and it says so on stderr; when even that failed, the state
 is lost ("sandcell: the session's state is lost: ..."), and every later cell is
-refused (exit 126).`,
+refused (exit 126). An idle session is paused to the daemon's disk, and so is every
+session when the daemon stops; its next cell resumes it, and says so on stderr
+(files it held open are closed). fork makes a new session from ID's state, with a
+private copy of ID's workspace.`,
 	}
 	cmd.PersistentFlags().StringVar(&socket, "socket", cmp.Or(os.Getenv("SANDCELL_SOCKET"), defaultSocket()), "the daemon's Unix socket ($SANDCELL_SOCKET)")
 
@@ -103,6 +107,8 @@ refused (exit 126).`,
 			os.Stdout.Write(a.Result.Stdout)
 			os.Stderr.Write(a.Result.Stderr)
 			switch a.State {
+			case wire.SessionRestored:
+				fmt.Fprintln(os.Stderr, "sandcell: the session was paused and is restored from its checkpoint (files it held open are closed)")
 			case wire.SessionRolledBack:
 				fmt.Fprintf(os.Stderr, "sandcell: the cell ended %s and was rolled back: the session's state is as it was before it\n", a.Result.Reason)
 			case wire.SessionLost:
@@ -151,7 +157,20 @@ refused (exit 126).`,
 			return sessionErr(client.New(socket).CloseSession(cmd.Context(), args[0]))
 		},
 	}
-	cmd.AddCommand(open, run, list, closeCmd)
+	fork := &cobra.Command{
+		Use:   "fork ID",
+		Short: "Make a new session from session ID's state, with a copy of its workspace, and print its id",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			v, err := client.New(socket).ForkSession(cmd.Context(), args[0])
+			if err != nil {
+				return sessionErr(err)
+			}
+			fmt.Println(v.ID)
+			return nil
+		},
+	}
+	cmd.AddCommand(open, run, fork, list, closeCmd)
 	return cmd
 }
 
