@@ -204,19 +204,29 @@ func (m *Sessions) resume(ctx context.Context, s *Session) error {
 	}
 	began := time.Now()
 	path := filepath.Join(s.dir, checkpointName)
-	if err := m.o.Prepare(&s.req); err != nil {
+	req := s.req
+	if err := m.o.Prepare(&req); err != nil {
 		return err
 	}
-	err := m.attach(ctx, s, func(req protocol.Request) (*sandbox.Session, error) {
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %v", sandbox.ErrCheckpoint, err)
-		}
-		defer f.Close()
-		return m.opener.ResumeSession(ctx, req, f)
-	})
+	s.mu.Lock()
+	s.req = req
+	s.mu.Unlock()
+	var err error
+	if _, serr := os.Stat(s.req.Workspace); errors.Is(serr, fs.ErrNotExist) {
+		// A named workspace is not held while its session is paused: deleted since.
+		err = fmt.Errorf("its workspace %s was deleted while it was paused: %w", s.Workspace, serr)
+	} else {
+		err = m.attach(ctx, s, func(req protocol.Request) (*sandbox.Session, error) {
+			f, err := os.Open(path)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %v", sandbox.ErrCheckpoint, err)
+			}
+			defer f.Close()
+			return m.opener.ResumeSession(ctx, req, f)
+		})
+	}
 	if errors.Is(err, sandbox.ErrCheckpoint) || errors.Is(err, fs.ErrNotExist) {
-		why := "its checkpoint could not be resumed: " + err.Error()
+		why := "it could not be resumed: " + err.Error()
 		s.mu.Lock()
 		s.paused = false
 		s.lose(why)

@@ -652,6 +652,9 @@ func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools
 	switch a.State {
 	case wire.SessionPreserved:
 		text.WriteString("state: preserved (what this cell defined is kept for the next call)\n")
+	case wire.SessionRestored:
+		text.WriteString("state: restored (the interpreter had been paused to disk, idle or over a daemon restart, " +
+			"and is back as the last cell that ended by itself left it; file objects it held open are closed)\n")
 	case wire.SessionRolledBack:
 		fmt.Fprintf(&text, "state: rolled_back (the cell ended %s: the interpreter is back to its state before "+
 			"this cell; files it wrote stay)\n", a.Result.Reason)
@@ -662,7 +665,8 @@ func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools
 	}
 	text.WriteString(tools.RunText(wire.View{ID: id, State: wire.Done, Result: &a.Result}))
 	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text.String()}}}
-	res.IsError = a.Result.ExitCode != 0 || a.Result.Reason != "exited" || a.State != wire.SessionPreserved
+	res.IsError = a.Result.ExitCode != 0 || a.Result.Reason != "exited" ||
+		a.State != wire.SessionPreserved && a.State != wire.SessionRestored
 	return res, CellResult{Workspace: ws, Cell: a, Fresh: fresh}, nil
 }
 
