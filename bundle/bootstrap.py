@@ -15,8 +15,12 @@
 # MODE "cell": SOURCE is one cell of a session (NAME its name in tracebacks): it runs
 # in the same __main__ as the session's earlier cells, which _sandcell_run, called
 # again on the same instance, keeps; the value of a last expression is shown as the
-# interactive interpreter shows it (sys.displayhook, on stdout). Its one argument is
-# "restored" when the interpreter was restored since the last cell. Ten digits and
+# interactive interpreter shows it (sys.displayhook), which goes on stdout framed by
+# value marks: "\0\x1bsandcell-value MARK\0", the text, "\0\x1bsandcell-end MARK\0",
+# after the cell's own output (the worker's parent takes it out as the cell's value).
+# Its arguments are "restored" (or "") when the interpreter was restored since the
+# last cell, and MARK, random hex of the parent's for this cell ("": the value goes
+# on stdout unframed). Ten digits and
 # the cell's stdin follow the header; the session's first cell sets what a run's
 # program gets (random reseeded, /ws, sys.path), later ones only the environment.
 # Whatever follows the header of another mode is the program's own stdin.
@@ -33,7 +37,8 @@ def _sandcell_init():
     # What the bootstrap calls, as names of its own: a program (a session's cell, and
     # the ones after it) may replace any builtin.
     from builtins import (BaseException, KeyboardInterrupt, MemoryError, SystemExit, bytearray, bytes,  # noqa: F401
-                          compile, enumerate, exec, getattr, id, int, isinstance, issubclass, len, print, range, set,
+                          compile, enumerate, eval, exec, getattr, id, int, isinstance, issubclass, len, memoryview, print,
+                          range, set,
                           str, type)
     import os
     import random
@@ -150,6 +155,7 @@ def _sandcell_init():
                         pass
 
     read_fd = os.read  # the program's channel: a cell may replace os.read
+    write_fd = os.write  # and the value's
 
     def run():
         def read(n):
@@ -185,7 +191,7 @@ def _sandcell_init():
                 data = None
             if data is None:
                 return 0x1FF
-            return cell(src, name, data, g, args[:1] == ["restored"])
+            return cell(src, name, data, g, args[:1] == ["restored"], args[1] if len(args) > 1 else "")
         random.seed()
         os.chdir("/ws")
         if mode == "isolated":
@@ -224,7 +230,32 @@ def _sandcell_init():
 
     cells = []
 
-    def cell(src, name, data, g, restored):
+    def show(value, mark):
+        # The value as sys.displayhook shows it (which also sets builtins._), framed
+        # on fd 1 after everything the cell wrote there.
+        shown, saved = io.StringIO(), sys.stdout
+        sys.stdout = shown
+        try:
+            sys.displayhook(value)
+        finally:
+            sys.stdout = saved
+        text = shown.getvalue()
+        if text.endswith("\n"):
+            text = text[:-1]  # displayhook's own line end: the text is the value's
+        if not text:
+            return
+        for f in (sys.stdout, stdout0):
+            try:
+                if f is not None and not getattr(f, "closed", False):
+                    f.flush()
+            except BaseException:
+                pass
+        b = memoryview(b"\0\x1bsandcell-value " + mark.encode() + b"\0" +
+                       text.encode("utf-8", "surrogateescape") + b"\0\x1bsandcell-end " + mark.encode() + b"\0")
+        while len(b):
+            b = b[write_fd(1, b):]
+
+    def cell(src, name, data, g, restored, mark):
         if restored:
             # The interpreter was restored into a fresh instance: the descriptors of
             # the files and connections it holds are gone, and a number may come
@@ -242,7 +273,7 @@ def _sandcell_init():
         cells.append(name)
         # Its own stdin: the pipe's next bytes are the next cell's.
         sys.stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="surrogateescape")
-        status = program(src, name, "cell", g)
+        status = program(src, name, "cell", g, mark)
         for f in (sys.stdout, sys.stderr, stdout0, stderr0):
             try:
                 if f is not None and not getattr(f, "closed", False):
@@ -251,7 +282,7 @@ def _sandcell_init():
                 pass
         return status
 
-    def program(src, name, mode, g):
+    def program(src, name, mode, g, mark=""):
         if mode == "code" or mode == "cell":
             # Let tracebacks show the program's source lines, which exist only here
             # (those of exit handlers and warnings too).
@@ -264,8 +295,10 @@ def _sandcell_init():
                 tree = compile(src, name, "exec", ast.PyCF_ONLY_AST)
                 last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
                 exec(compile(tree, name, "exec"), g)
-                if last is not None:
+                if last is not None and not mark:
                     exec(compile(ast.Interactive([last]), name, "single"), g)
+                elif last is not None:
+                    show(eval(compile(ast.Expression(last.value), name, "eval"), g), mark)
             else:
                 exec(compile(src, name, "exec"), g)
         except SystemExit as e:

@@ -108,7 +108,7 @@ func BenchmarkSessionCell(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer ss.Close()
-	if _, _, err := ss.Run(context.Background(), protocol.Request{Code: "x = 42", Limits: limits}); err != nil {
+	if _, err := ss.Run(context.Background(), protocol.Request{Code: "x = 42", Limits: limits}); err != nil {
 		b.Fatal(err)
 	}
 	times := make([]time.Duration, 0, b.N)
@@ -118,7 +118,7 @@ func BenchmarkSessionCell(b *testing.B) {
 		time.Sleep(50 * time.Millisecond)
 		b.StartTimer()
 		start := time.Now()
-		res, _, err := ss.Run(context.Background(), protocol.Request{Code: "print(x)", Limits: limits})
+		res, err := ss.Run(context.Background(), protocol.Request{Code: "print(x)", Limits: limits})
 		times = append(times, time.Since(start))
 		if err != nil || res.Reason != protocol.Exited || string(res.Stdout) != "42\n" {
 			b.Fatalf("%v %s %q %v", err, res.Reason, res.Stdout, res.Diagnostics)
@@ -146,14 +146,14 @@ func BenchmarkSessionCheckpoint(b *testing.B) {
 			}
 			defer ss.Close()
 			fill := protocol.Request{Code: "import os\nheld = bytearray(os.urandom(1 << 20)) * " + strconv.Itoa(mib), Limits: limits}
-			if res, _, err := ss.Run(context.Background(), fill); err != nil || res.Reason != protocol.Exited {
+			if res, err := ss.Run(context.Background(), fill); err != nil || res.Reason != protocol.Exited {
 				b.Fatalf("%v %s %s", err, res.Reason, res.Stderr)
 			}
 			times := make([]time.Duration, 0, b.N)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				start := time.Now()
-				res, _, err := ss.Run(context.Background(), protocol.Request{Code: "pass", Limits: limits})
+				res, err := ss.Run(context.Background(), protocol.Request{Code: "pass", Limits: limits})
 				times = append(times, time.Since(start))
 				if err != nil || res.Reason != protocol.Exited {
 					b.Fatalf("%v %s", err, res.Reason)
@@ -183,7 +183,7 @@ func BenchmarkSessionResume(b *testing.B) {
 				b.Fatal(err)
 			}
 			fill := protocol.Request{Code: "import os\nheld = bytearray(os.urandom(1 << 20)) * " + strconv.Itoa(mib), Limits: limits}
-			if res, _, err := ss.Run(context.Background(), fill); err != nil || res.Reason != protocol.Exited {
+			if res, err := ss.Run(context.Background(), fill); err != nil || res.Reason != protocol.Exited {
 				b.Fatalf("%v %s %s", err, res.Reason, res.Stderr)
 			}
 			path := filepath.Join(b.TempDir(), "checkpoint")
@@ -212,10 +212,10 @@ func BenchmarkSessionResume(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				res, _, err := ss.Run(context.Background(), protocol.Request{Code: "len(held)", Limits: limits})
+				res, err := ss.Run(context.Background(), protocol.Request{Code: "len(held)", Limits: limits})
 				resumes = append(resumes, time.Since(start))
-				if err != nil || string(res.Stdout) != strconv.Itoa(mib<<20)+"\n" {
-					b.Fatalf("%v %q %q", err, res.Stdout, res.Stderr)
+				if err != nil || res.Value != strconv.Itoa(mib<<20) {
+					b.Fatalf("%v %q %q", err, res.Value, res.Stderr)
 				}
 			}
 			ss.Close()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -193,6 +194,21 @@ func envBytes(env map[string]string) int {
 	return n
 }
 
+// Cell is how a session's cell ended.
+type Cell struct {
+	// Result is a run's, with the session's contract.
+	protocol.Result
+	// Value is the value of the cell's last expression as sys.displayhook shows it
+	// (its repr, without the line end), apart from the output; "" when the cell
+	// does not end with an expression, when its value is None, or when the cell
+	// ended before it was shown. ValueTruncated says it was cut at the stdout cap.
+	Value          string
+	ValueTruncated bool
+	// RolledBack says the cell did not end by itself and the interpreter is back
+	// to its state before it.
+	RolledBack bool
+}
+
 // interruptGrace is how long a cell's worker has, once interrupted, to restore the
 // session's checkpoint and report before it is killed (and the state lost).
 const interruptGrace = 2 * time.Second
@@ -200,41 +216,44 @@ const interruptGrace = 2 * time.Second
 // Run runs one cell: cell.Code (its name in tracebacks cell.Filename, "<cell>" when
 // empty), with cell.Stdin, cell.Env added to the environment, and cell.Limits's
 // TimeoutMS, CPUMS and stream caps (the memory limit is the session's). The Result
-// is a run's, with the session's contract; a last expression's value is on stdout,
-// as the interactive interpreter shows it. A cell that ends by itself (an exception
+// is a run's, with the session's contract; a last expression's value is the Cell's
+// Value, apart from stdout. A cell that ends by itself (an exception
 // included) keeps what it did. One that does not (its wall clock or CPU limit, a
 // trap, an uncaught MemoryError, a cancel through ctx, or a *Stop cause of ctx's) is
-// rolled back: the interpreter is back to its state before the cell (rolledBack
-// true; files it wrote stay written). When even that fails (the worker does not
+// rolled back: the interpreter is back to its state before the cell (RolledBack;
+// files it wrote stay written). When even that fails (the worker does not
 // answer within interruptGrace, or dies), the session is lost: ErrSessionLost from
 // then on. Output past a stream's cap is cut (the flag set) without ending the cell.
-func (ss *Session) Run(ctx context.Context, cell protocol.Request) (res protocol.Result, rolledBack bool, err error) {
+func (ss *Session) Run(ctx context.Context, cell protocol.Request) (Cell, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.lost != "" {
-		return protocol.Result{}, false, fmt.Errorf("%w: %s", ErrSessionLost, ss.lost)
+		return Cell{}, fmt.Errorf("%w: %s", ErrSessionLost, ss.lost)
 	}
 	if err := CheckProgram(&protocol.Request{Code: cell.Code, Stdin: cell.Stdin, Env: cell.Env}); err != nil {
-		return protocol.Result{}, false, err
+		return Cell{}, err
 	}
 	l := cell.Limits
 	if l.TimeoutMS <= 0 || l.MaxStdoutBytes <= 0 || l.MaxStderrBytes <= 0 {
-		return protocol.Result{}, false, fmt.Errorf("%w: limits are incomplete", ErrBadRequest)
+		return Cell{}, fmt.Errorf("%w: limits are incomplete", ErrBadRequest)
 	}
 	if n := len(cell.Code) + len(cell.Stdin) + len(cell.Filename) + envBytes(cell.Env); n > protocol.MaxCellProgram-4096 {
-		return protocol.Result{}, false, fmt.Errorf("%w: a cell's code, stdin and environment are %d bytes, over %d",
+		return Cell{}, fmt.Errorf("%w: a cell's code, stdin and environment are %d bytes, over %d",
 			ErrBadRequest, n, protocol.MaxCellProgram-4096)
 	}
 	end := make([]byte, 32)
 	rand.Read(end)
+	mark := make([]byte, 16)
+	rand.Read(mark)
 	frame := protocol.Request{Code: cell.Code, Filename: cell.Filename, Stdin: cell.Stdin, Env: cell.Env,
-		Limits: protocol.Limits{CPUMS: l.CPUMS}, CellEnd: end}
+		Limits: protocol.Limits{CPUMS: l.CPUMS}, CellEnd: end, ValueMark: hex.EncodeToString(mark)}
 	began := time.Now()
 	if err := protocol.Send(ss.p.ctl, protocol.Frame{Step: protocol.StepCell, Request: &frame}); err != nil {
 		ss.lose("the worker is gone")
-		return protocol.Result{}, false, fmt.Errorf("%w: the worker is gone", ErrSessionLost)
+		return Cell{}, fmt.Errorf("%w: the worker is gone", ErrSessionLost)
 	}
-	var stdout, stderr cellStream
+	stdout := cellStream{value: valueMarks(frame.ValueMark)}
+	var stderr cellStream
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); stdout.read(ss.p.outR, end, l.MaxStdoutBytes) }()
@@ -286,7 +305,8 @@ func (ss *Session) Run(ctx context.Context, cell protocol.Request) (res protocol
 			got.err = fmt.Errorf("the interrupted cell did not end within %s", interruptGrace)
 		}
 	}
-	res = protocol.Result{ExitCode: -1, Reason: why}
+	res := protocol.Result{ExitCode: -1, Reason: why}
+	rolledBack := false
 	switch {
 	case got.err == nil:
 		res.ExitCode, res.Reason, res.Diagnostics = got.rep.ExitCode, got.rep.Reason, got.rep.Diagnostics
@@ -315,7 +335,11 @@ func (ss *Session) Run(ctx context.Context, cell protocol.Request) (res protocol
 	res.Stdout, res.StdoutTruncated = stdout.buf, stdout.truncated
 	res.Stderr, res.StderrTruncated = stderr.buf, stderr.truncated
 	res.ElapsedMS = float64(time.Since(began).Microseconds()) / 1000
-	return res, rolledBack, nil
+	c := Cell{Result: res, RolledBack: rolledBack}
+	if stdout.value != nil && stdout.value.closed && res.Reason == protocol.Exited && !rolledBack {
+		c.Value, c.ValueTruncated = string(stdout.value.buf), stdout.value.truncated
+	}
+	return c, nil
 }
 
 // lose records why the session's state is gone; ss.mu is held.
@@ -350,29 +374,70 @@ func (ss *Session) Close() error {
 }
 
 // cellStream reads one cell's output from a stream that outlives it, up to the
-// cell's end marker.
+// cell's end marker; on stdout, it takes the cell's value out (see valueMarks).
 type cellStream struct {
 	buf       []byte
 	truncated bool
+	value     *cellValue // nil: no value is looked for
+}
+
+// cellValue is a cell's value as it comes on stdout, between its marks.
+type cellValue struct {
+	begin, end []byte
+	buf        []byte
+	truncated  bool
+	in, closed bool // between the marks; past the end mark
+}
+
+// valueMarks are the marks the bootstrap frames a cell's value with on stdout, for
+// the cell's mark (see bundle/bootstrap.py).
+func valueMarks(mark string) *cellValue {
+	return &cellValue{begin: []byte("\x00\x1bsandcell-value " + mark + "\x00"), end: []byte("\x00\x1bsandcell-end " + mark + "\x00")}
 }
 
 // read copies r into c.buf until end has been read (not kept) or r ends, keeping
 // at most limit bytes (then marking the stream truncated and discarding the rest of
-// the cell's output). The marker may arrive split across reads.
+// the cell's output); a value between c.value's marks goes to c.value, within limit
+// bytes of its own. Markers may arrive split across reads.
 func (c *cellStream) read(r *os.File, end []byte, limit int64) {
-	var tail []byte // the last len(end)-1 bytes seen, which may start the marker
+	longest := len(end)
+	if c.value != nil {
+		longest = max(longest, len(c.value.begin), len(c.value.end))
+	}
+	var tail []byte // the last bytes seen, which may start a marker
 	chunk := make([]byte, 32<<10)
 	for {
 		n, err := r.Read(chunk)
 		if n > 0 {
 			data := append(tail, chunk[:n]...)
-			if i := bytes.Index(data, end); i >= 0 {
-				c.keep(data[:i], limit)
-				return
+			for {
+				sink := c.keep
+				next := -1 // where the next marker of this state begins
+				var marker []byte
+				if c.value != nil && c.value.in {
+					sink = c.value.keep
+					next, marker = bytes.Index(data, c.value.end), c.value.end
+				} else if c.value != nil && !c.value.closed {
+					next, marker = bytes.Index(data, c.value.begin), c.value.begin
+				}
+				if i := bytes.Index(data, end); i >= 0 && (next < 0 || i < next) {
+					sink(data[:i], limit)
+					return
+				}
+				if next < 0 {
+					cut := max(0, len(data)-(longest-1))
+					sink(data[:cut], limit)
+					tail = append([]byte(nil), data[cut:]...)
+					break
+				}
+				sink(data[:next], limit)
+				data = data[next+len(marker):]
+				if c.value.in {
+					c.value.in, c.value.closed = false, true
+				} else {
+					c.value.in = true
+				}
 			}
-			cut := max(0, len(data)-(len(end)-1))
-			c.keep(data[:cut], limit)
-			tail = append([]byte(nil), data[cut:]...)
 		}
 		if err != nil {
 			if err != io.EOF || len(tail) > 0 {
@@ -385,9 +450,20 @@ func (c *cellStream) read(r *os.File, end []byte, limit int64) {
 
 // keep appends b within limit bytes in all.
 func (c *cellStream) keep(b []byte, limit int64) {
-	if room := limit - int64(len(c.buf)); int64(len(b)) > room {
-		b = b[:room]
-		c.truncated = true
+	c.buf, c.truncated = capped(c.buf, b, limit, c.truncated)
+}
+
+// keep appends b to the value within limit bytes in all.
+func (v *cellValue) keep(b []byte, limit int64) {
+	v.buf, v.truncated = capped(v.buf, b, limit, v.truncated)
+}
+
+// capped appends b to buf, at most limit bytes in all; truncated is set once
+// something was left out.
+func capped(buf, b []byte, limit int64, truncated bool) ([]byte, bool) {
+	if room := limit - int64(len(buf)); int64(len(b)) > room {
+		b = b[:max(room, 0)]
+		truncated = true
 	}
-	c.buf = append(c.buf, b...)
+	return append(buf, b...), truncated
 }

@@ -36,16 +36,16 @@ func openSession(t *testing.T) (*sandbox.Session, string) {
 }
 
 // cell runs code as a cell with the default limits, changed by edit.
-func cell(t *testing.T, ss *sandbox.Session, code string, edit func(*protocol.Request)) protocol.Result {
+func cell(t *testing.T, ss *sandbox.Session, code string, edit func(*protocol.Request)) sandbox.Cell {
 	t.Helper()
 	limits, _ := policy.Default().Resolve(protocol.Limits{})
 	c := protocol.Request{Code: code, Limits: limits}
 	if edit != nil {
 		edit(&c)
 	}
-	res, rolledBack, err := ss.Run(context.Background(), c)
-	if err != nil || rolledBack != (res.Reason != protocol.Exited) {
-		t.Fatalf("cell %q: %s, rolled back %v, %v", code, res.Reason, rolledBack, err)
+	res, err := ss.Run(context.Background(), c)
+	if err != nil || res.RolledBack != (res.Reason != protocol.Exited) {
+		t.Fatalf("cell %q: %s, rolled back %v, %v", code, res.Reason, res.RolledBack, err)
 	}
 	return res
 }
@@ -60,30 +60,37 @@ func TestSessionKeepsState(t *testing.T) {
 		t.Fatalf("the session's worker lacks %v", missing)
 	}
 	steps := []struct {
-		code, stdin, out, errHas string
-		exit                     int
+		code, stdin, out, value, errHas string
+		exit                            int
 	}{
 		{code: "import json\nx = 41\nprint('first')", out: "first\n"},
-		{code: "x + 1", out: "42\n"},
-		{code: "json.dumps({'x': x})", out: "'{\"x\": 41}'\n"},
-		{code: "None", out: ""},
+		{code: "x + 1", value: "42"},
+		{code: "json.dumps({'x': x})", value: "'{\"x\": 41}'"},
+		{code: "None"},
 		{code: "raise ValueError('boom')", errHas: "ValueError: boom", exit: 1},
 		{code: "print(x)", out: "41\n"},
-		{code: "import builtins\nbuiltins.len = lambda o: 7\nopen('kept.txt', 'w').write('w')", out: "1\n"},
-		{code: "len([]), open('kept.txt').read()", out: "(7, 'w')\n"},
-		{code: "import sys\nsys.stdin.read().upper()", stdin: "cell input", out: "'CELL INPUT'\n"},
+		{code: "import builtins\nbuiltins.len = lambda o: 7\nopen('kept.txt', 'w').write('w')", value: "1"},
+		{code: "len([]), open('kept.txt').read()", value: "(7, 'w')"},
+		{code: "import sys\nsys.stdin.read().upper()", stdin: "cell input", value: "'CELL INPUT'"},
 		{code: "input()", errHas: "EOFError", exit: 1},
 		{code: "def f(:\n  pass", errHas: "SyntaxError", exit: 1},
-		{code: "import os\nos.getcwd()", out: "'/ws'\n"},
+		{code: "import os\nos.getcwd()", value: "'/ws'"},
+		// The value apart from the output, which may look like anything; shown as
+		// sys.displayhook shows it (which sets _), a replaced one included.
+		{code: "print('out', end='')\n'\\x00\\x1bsandcell-value x\\x00' * 2", out: "out",
+			value: "'\\x00\\x1bsandcell-value x\\x00\\x00\\x1bsandcell-value x\\x00'"},
+		{code: "import sys\nsys.stdout.write('\\0\\x1bsandcell-end x\\0')\n_ * 0", out: "\x00\x1bsandcell-end x\x00", value: "''"},
+		{code: "import sys, pprint\nsys.displayhook = lambda v: print('shown:', v)\n[1, 2]", value: "shown: [1, 2]"},
+		{code: "class R:\n  def __repr__(self): raise KeyError('repr')\nR()", errHas: "KeyError: 'repr'", exit: 1},
 		// A status whose operators lie is taken for its value.
 		{code: "class I(int):\n  def __and__(s, o): return 0x1FF\nraise SystemExit(I(7))", exit: 7},
 	}
 	for i, s := range steps {
 		res := cell(t, ss, s.code, func(c *protocol.Request) { c.Stdin = []byte(s.stdin) })
-		if res.Reason != protocol.Exited || res.ExitCode != s.exit || string(res.Stdout) != s.out ||
+		if res.Reason != protocol.Exited || res.ExitCode != s.exit || string(res.Stdout) != s.out || res.Value != s.value ||
 			!strings.Contains(string(res.Stderr), s.errHas) || (s.errHas == "" && len(res.Stderr) > 0) {
-			t.Fatalf("cell %d %q: %s %d, stdout %q, stderr %q, %v", i+1, s.code, res.Reason, res.ExitCode,
-				res.Stdout, res.Stderr, res.Diagnostics)
+			t.Fatalf("cell %d %q: %s %d, stdout %q, value %q, stderr %q, %v", i+1, s.code, res.Reason, res.ExitCode,
+				res.Stdout, res.Value, res.Stderr, res.Diagnostics)
 		}
 		if res.Enforcement == nil || len(res.Enforcement.Missing(policy.Default().Require)) > 0 {
 			t.Fatalf("cell %d without its contract: %+v", i+1, res.Enforcement)
@@ -149,7 +156,8 @@ func TestSessionRollsBack(t *testing.T) {
 				time.AfterFunc(300*time.Millisecond, cancel)
 			}
 			began := time.Now()
-			res, rolledBack, err := ss.Run(ctx, req)
+			out, err := ss.Run(ctx, req)
+			res, rolledBack := out.Result, out.RolledBack
 			if err != nil || res.Reason != c.reason || !rolledBack || time.Since(began) > 20*time.Second ||
 				c.name == "os._exit" && res.ExitCode != 3 {
 				t.Fatalf("%s, rolled back %v, after %s: %v %v %q", res.Reason, rolledBack, time.Since(began), err, res.Diagnostics, res.Stderr)
@@ -190,15 +198,17 @@ func TestSessionLostIsSaid(t *testing.T) {
 					syscall.Kill(ss.PID(), syscall.SIGKILL)
 				}()
 			}
-			res, rolledBack, err := ss.Run(context.Background(), protocol.Request{Code: c.code, Limits: limits})
+			out, err := ss.Run(context.Background(), protocol.Request{Code: c.code, Limits: limits})
+			res, rolledBack := out.Result, out.RolledBack
 			if c.name == "stdin closed" && err == nil && res.Reason == protocol.Exited {
 				// The cell itself ends; the next is the one that cannot be read.
-				res, rolledBack, err = ss.Run(context.Background(), protocol.Request{Code: "1", Limits: limits})
+				out, err = ss.Run(context.Background(), protocol.Request{Code: "1", Limits: limits})
+				res, rolledBack = out.Result, out.RolledBack
 			}
 			if err != nil || rolledBack || res.Reason != c.reason {
 				t.Fatalf("%s, rolled back %v: %v %v", res.Reason, rolledBack, err, res.Diagnostics)
 			}
-			if _, _, err := ss.Run(context.Background(), protocol.Request{Code: "print(x)", Limits: limits}); !errors.Is(err, sandbox.ErrSessionLost) {
+			if _, err := ss.Run(context.Background(), protocol.Request{Code: "print(x)", Limits: limits}); !errors.Is(err, sandbox.ErrSessionLost) {
 				t.Fatalf("a cell after the session was lost: %v", err)
 			}
 		})
@@ -252,7 +262,7 @@ func TestSessionRollbackLeavesNothing(t *testing.T) {
 		ss, _ := openSession(t)
 		ss.Run(context.Background(), protocol.Request{Code: "import sys\nsys.stdin.read()", Stdin: []byte(planted),
 			Limits: protocol.Limits{TimeoutMS: timeout, MemoryBytes: limits.MemoryBytes, MaxStdoutBytes: limits.MaxStdoutBytes, MaxStderrBytes: limits.MaxStderrBytes}})
-		res, _, err := ss.Run(context.Background(), protocol.Request{Code: "print('own')", Limits: limits})
+		res, err := ss.Run(context.Background(), protocol.Request{Code: "print('own')", Limits: limits})
 		switch {
 		case errors.Is(err, sandbox.ErrSessionLost):
 			lost++
@@ -266,7 +276,7 @@ func TestSessionRollbackLeavesNothing(t *testing.T) {
 	cell(t, ss, "f = open('log.txt', 'w')", nil)
 	c := protocol.Request{Code: "import os\nos.close(f.fileno())\ng = open('important.txt', 'w')\nwhile True: pass", Limits: limits}
 	c.Limits.TimeoutMS = 300
-	if _, rolledBack, err := ss.Run(context.Background(), c); err != nil || !rolledBack {
+	if out, err := ss.Run(context.Background(), c); err != nil || !out.RolledBack {
 		t.Fatalf("the cell past its time was not rolled back: %v", err)
 	}
 	res := cell(t, ss, "try:\n  f.write('log line')\n  print('written')\nexcept ValueError as e:\n  print('closed:', e)", nil)
@@ -309,7 +319,7 @@ func TestSessionSaveAndResume(t *testing.T) {
 		t.Fatalf("saved %d bytes, the file holds %d", n, st.Size())
 	}
 	// The saved session goes on.
-	if res := cell(t, ss, "x['n'] + 1", nil); string(res.Stdout) != "42\n" {
+	if res := cell(t, ss, "x['n'] + 1", nil); res.Value != "42" {
 		t.Fatalf("after its save: %q %q", res.Stdout, res.Stderr)
 	}
 
@@ -332,13 +342,13 @@ func TestSessionSaveAndResume(t *testing.T) {
 	if missing := rs.Enforcement().Missing(policy.Default().Require); len(missing) > 0 {
 		t.Fatalf("the resumed session's worker lacks %v", missing)
 	}
-	if res := cell(t, rs, "json.dumps(x), len(big), big[-1]", nil); string(res.Stdout) != "('{\"n\": 41}', 8388608, 7)\n" {
+	if res := cell(t, rs, "json.dumps(x), len(big), big[-1]", nil); res.Value != "('{\"n\": 41}', 8388608, 7)" {
 		t.Fatalf("resumed: %q %q %v", res.Stdout, res.Stderr, res.Diagnostics)
 	}
 	if res := cell(t, rs, "f.write('x')", nil); res.ExitCode != 1 || !strings.Contains(string(res.Stderr), "closed file") {
 		t.Fatalf("a file left open across the save: exit %d, %q", res.ExitCode, res.Stderr)
 	}
-	if res := cell(t, rs, "open('/ws/after.txt', 'w').write('ok')", nil); string(res.Stdout) != "2\n" {
+	if res := cell(t, rs, "open('/ws/after.txt', 'w').write('ok')", nil); res.Value != "2" {
 		t.Fatalf("a new file after the resume: %q %q", res.Stdout, res.Stderr)
 	}
 

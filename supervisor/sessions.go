@@ -411,20 +411,21 @@ func (s *Session) View() wire.SessionView {
 }
 
 // Cell runs one cell in caller's session id (see sandbox.Session.Run for what cell
-// carries), resuming it first if it is paused, measuring its workspace against the
+// carries and what it answers: the result and the value of the last expression),
+// resuming it first if it is paused, measuring its workspace against the
 // quota as a run's, and says what became of the state. Errors: ErrSessionNotFound,
 // ErrSessionBusy, ErrSessionLost (the state was lost before this cell, or its
 // checkpoint could not be resumed), the cell's own bad input
 // (sandbox.ErrBadRequest wrapped), a resume's other failure (the session stays
 // paused), or admitted's error. admitted is called once the cell holds the session
 // and its worker, before it runs (the audit record that must precede it).
-func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell protocol.Request, admitted func() error) (protocol.Result, wire.SessionState, error) {
+func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell protocol.Request, admitted func() error) (sandbox.Cell, wire.SessionState, error) {
 	s, err := m.Get(id, caller)
 	if err != nil {
-		return protocol.Result{}, "", err
+		return sandbox.Cell{}, "", err
 	}
 	if !s.busy.CompareAndSwap(false, true) {
-		return protocol.Result{}, "", ErrSessionBusy
+		return sandbox.Cell{}, "", ErrSessionBusy
 	}
 	defer s.busy.Store(false)
 	s.mu.Lock()
@@ -432,15 +433,15 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 	s.mu.Unlock()
 	switch {
 	case closed:
-		return protocol.Result{}, "", ErrSessionNotFound
+		return sandbox.Cell{}, "", ErrSessionNotFound
 	case lost != "":
-		return protocol.Result{}, "", fmt.Errorf("%w: %s", ErrSessionLost, lost)
+		return sandbox.Cell{}, "", fmt.Errorf("%w: %s", ErrSessionLost, lost)
 	}
 	var w *workspace.Workspace
 	dir := s.req.Workspace
 	if m.o.Quota.Bytes > 0 && m.o.Quota.Files > 0 {
 		if w, err = workspace.Directory(dir, m.o.Quota); err != nil {
-			return protocol.Result{}, "", err
+			return sandbox.Cell{}, "", err
 		}
 		// A workspace already past its quota would end the cell at once.
 		if over, u, err := w.OverQuota(); err != nil || over {
@@ -448,7 +449,7 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 				err = fmt.Errorf("%w: the session's workspace holds %d bytes in %d names, over its quota of %d bytes and %d names: remove files first",
 					workspace.ErrQuota, u.Bytes, u.Files, m.o.Quota.Bytes, m.o.Quota.Files)
 			}
-			return protocol.Result{}, "", err
+			return sandbox.Cell{}, "", err
 		}
 	}
 	cell.Limits.MaxStdoutBytes = min(cell.Limits.MaxStdoutBytes, MaxCellOutputBytes)
@@ -457,13 +458,13 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 	case m.running <- struct{}{}:
 		defer func() { <-m.running }()
 	case <-ctx.Done():
-		return protocol.Result{}, "", ctx.Err()
+		return sandbox.Cell{}, "", ctx.Err()
 	}
 	if err := m.resume(ctx, s); err != nil {
-		return protocol.Result{}, "", err
+		return sandbox.Cell{}, "", err
 	}
 	if err := admitted(); err != nil {
-		return protocol.Result{}, "", err
+		return sandbox.Cell{}, "", err
 	}
 	if w != nil {
 		var stop context.CancelCauseFunc
@@ -473,32 +474,33 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 		pid.Store(int64(s.ss.PID()))
 		go watchQuota(ctx, w, dir, &pid, m.o.Quota, stop)
 	}
-	res, rolledBack, err := s.ss.Run(ctx, cell)
+	c, err := s.ss.Run(ctx, cell)
+	res := c.Result
 	defer m.budget()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.used = time.Now().UTC()
 	if errors.Is(err, sandbox.ErrSessionLost) {
 		s.lose(err.Error())
-		return protocol.Result{}, "", fmt.Errorf("%w: %s", ErrSessionLost, s.lost)
+		return sandbox.Cell{}, "", fmt.Errorf("%w: %s", ErrSessionLost, s.lost)
 	}
 	if err != nil {
-		return protocol.Result{}, "", err
+		return sandbox.Cell{}, "", err
 	}
 	s.cells++
 	s.memory = max(s.memory, res.PeakMemoryBytes)
 	switch {
-	case rolledBack:
+	case c.RolledBack:
 		s.restored = false
-		return res, wire.SessionRolledBack, nil
+		return c, wire.SessionRolledBack, nil
 	case res.Reason != protocol.Exited:
 		s.lose(fmt.Sprintf("cell %d ended %s and the state could not be restored", s.cells, res.Reason))
-		return res, wire.SessionLost, nil
+		return c, wire.SessionLost, nil
 	case s.restored:
 		s.restored = false
-		return res, wire.SessionRestored, nil
+		return c, wire.SessionRestored, nil
 	}
-	return res, wire.SessionPreserved, nil
+	return c, wire.SessionPreserved, nil
 }
 
 // lose records why s's state is gone and ends its worker; s.mu is held.

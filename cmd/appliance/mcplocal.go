@@ -99,12 +99,13 @@ func (l *localTools) Cell(ctx context.Context, id string, r wire.CellRequest) (w
 	if r.Limits.TimeoutMS > 0 {
 		limits.TimeoutMS = min(limits.TimeoutMS, r.Limits.TimeoutMS)
 	}
-	res, state, err := l.sessions.Cell(ctx, id, l.me, protocol.Request{Code: r.Code, Stdin: []byte(r.Stdin), Limits: limits},
+	out, state, err := l.sessions.Cell(ctx, id, l.me, protocol.Request{Code: r.Code, Stdin: []byte(r.Stdin), Limits: limits},
 		func() error { return nil })
 	if err != nil {
 		return wire.CellAnswer{}, refusal(err)
 	}
-	return wire.CellAnswer{State: state, Result: res, Session: s.View()}, nil
+	return wire.CellAnswer{State: state, Value: out.Value, ValueTruncated: out.ValueTruncated, Result: out.Result,
+		Session: s.View()}, nil
 }
 
 // CloseSession ends session id.

@@ -105,6 +105,9 @@ private copy of ID's workspace.`,
 				return sessionErr(err)
 			}
 			os.Stdout.Write(a.Result.Stdout)
+			if a.Value != "" {
+				fmt.Println(a.Value) // after the output, as the interactive interpreter shows it
+			}
 			os.Stderr.Write(a.Result.Stderr)
 			switch a.State {
 			case wire.SessionRestored:

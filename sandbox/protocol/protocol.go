@@ -85,8 +85,9 @@ import (
 // without it; version 3 warm workers, and the program travels on the guest's stdin;
 // version 4 the steps of the exchange as frames of their own; version 5 sessions:
 // StepSession, StepCell, StepInterrupt, CellEnd, RolledBack; version 6 a session's
-// state saved and resumed: StepSave, StepCheckpoint, Resume).
-const Version = 6
+// state saved and resumed: StepSave, StepCheckpoint, Resume; version 7 a cell's
+// value apart from its output: ValueMark).
+const Version = 7
 
 // Step is a frame's place in the exchange (see the package doc).
 type Step string
@@ -320,6 +321,12 @@ type Request struct {
 	// parent's, which the guest never sees, so the parent knows where the cell's
 	// output ends on streams that outlive it.
 	CellEnd []byte `json:"cell_end,omitempty"`
+	// ValueMark (StepCell) is random hex of the parent's for this cell: the
+	// interpreter writes the value of the cell's last expression to stdout between
+	// marks made of it (see bundle/bootstrap.py), after the cell's own output, and
+	// the parent takes it out as the cell's value. Empty: the value is shown on
+	// stdout as the interactive interpreter shows it.
+	ValueMark string `json:"value_mark,omitempty"`
 	// Resume (StepSession) says a StepCheckpoint follows: the session's state to
 	// restore into its instance before it opens, instead of the snapshot's.
 	Resume bool `json:"resume,omitempty"`

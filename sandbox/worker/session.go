@@ -286,7 +286,7 @@ func CellProgram(c *protocol.Request, restored bool) ([]byte, error) {
 	if restored {
 		flag = "restored"
 	}
-	prog, err := header(append([]string{"cell", c.Code, name, "1", flag}, envFields(c.Env)...))
+	prog, err := header(append([]string{"cell", c.Code, name, "2", flag, c.ValueMark}, envFields(c.Env)...))
 	if err != nil {
 		return nil, err
 	}

@@ -185,7 +185,7 @@ func (s *Server) runCell(c echo.Context) error {
 	}
 	// No record, no cell: the cell is audited once it holds the session, before its
 	// code runs.
-	res, state, err := s.o.Sessions.Cell(ctx, ss.ID, peer.Caller(), cell, func() error {
+	out, state, err := s.o.Sessions.Cell(ctx, ss.ID, peer.Caller(), cell, func() error {
 		if err := s.record(ctx, store.SessionCell, "", detail); err != nil {
 			return fail(wire.CodeAuditDown, "the audit log cannot be written: "+err.Error()).audited()
 		}
@@ -194,10 +194,13 @@ func (s *Server) runCell(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	res := out.Result
 	s.record(ctx, store.SessionCellFinished, "", map[string]any{"session": ss.ID, "code_sha256": sum,
 		"state": state, "reason": res.Reason, "exit_code": res.ExitCode, "elapsed_ms": res.ElapsedMS,
-		"stdout_bytes": len(res.Stdout), "stderr_bytes": len(res.Stderr), "diagnostics": res.Diagnostics})
+		"stdout_bytes": len(res.Stdout), "stderr_bytes": len(res.Stderr), "value_bytes": len(out.Value),
+		"diagnostics": res.Diagnostics})
 	c.Response().Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
 	c.Response().WriteHeader(http.StatusOK)
-	return wire.CellAnswer{State: state, Result: res, Session: ss.View()}.WriteJSON(c.Response())
+	return wire.CellAnswer{State: state, Value: out.Value, ValueTruncated: out.ValueTruncated, Result: res,
+		Session: ss.View()}.WriteJSON(c.Response())
 }

@@ -60,7 +60,7 @@ func TestSessionAPI(t *testing.T) {
 		t.Fatalf("first cell: %d %s", code, b)
 	}
 	code, a, b = d.cell(t, id, `{"code": "x + 1"}`)
-	if code != 200 || a.State != "preserved" || string(a.Result.Stdout) != "42\n" || a.Result.Enforcement == nil {
+	if code != 200 || a.State != "preserved" || a.Value != "42" || len(a.Result.Stdout) != 0 || a.Result.Enforcement == nil {
 		t.Fatalf("second cell: %d %s", code, b)
 	}
 	// Another caller: the session does not exist for it.
@@ -85,7 +85,7 @@ func TestSessionAPI(t *testing.T) {
 	resp, body := d.do(t, "POST", "/v1/sessions/"+id+"/cells", `{"code": "print(x)"}`)
 	wantProblem(t, resp, body, 409, wire.CodeSessionBusy)
 	<-done
-	if code, a, b = d.cell(t, id, `{"code": "x, y"}`); code != 200 || string(a.Result.Stdout) != "(41, 2)\n" {
+	if code, a, b = d.cell(t, id, `{"code": "x, y"}`); code != 200 || a.Value != "(41, 2)" {
 		t.Fatalf("after the busy cell: %d %s", code, b)
 	}
 	// Past its time: rolled back, the state as it was before it.
@@ -93,7 +93,7 @@ func TestSessionAPI(t *testing.T) {
 	if code != 200 || a.State != "rolled_back" || a.Result.Reason != protocol.Timeout || a.Session.State != "ready" {
 		t.Fatalf("a cell past its time: %d %s", code, b)
 	}
-	if code, a, b = d.cell(t, id, `{"code": "x"}`); code != 200 || string(a.Result.Stdout) != "41\n" {
+	if code, a, b = d.cell(t, id, `{"code": "x"}`); code != 200 || a.Value != "41" {
 		t.Fatalf("after the rolled-back cell: %d %s", code, b)
 	}
 	// Asleep past its time, it cannot be interrupted: lost, and said so from then on.
@@ -134,7 +134,7 @@ func TestSessionLimitsAndWorkspace(t *testing.T) {
 	}
 	id := d.openSession(t, `{"workspace": "`+ws+`", "limits": {"memory_mib": 128}}`)
 	code, a, b := d.cell(t, id, `{"code": "open('in.txt').read()"}`)
-	if code != 200 || string(a.Result.Stdout) != "'data'\n" {
+	if code != 200 || a.Value != "'data'" {
 		t.Fatalf("a named workspace's file: %d %s", code, b)
 	}
 	resp, body := d.do(t, "DELETE", "/v1/workspaces/"+ws, "")
@@ -228,10 +228,10 @@ func TestSessionSurvivesRestart(t *testing.T) {
 		}
 		return start(t, setup{dir: dir, sessions: sessions})
 	}
-	want := func(d *daemon, id, code, state, stdout string) wire.CellAnswer {
+	want := func(d *daemon, id, code, state, value string) wire.CellAnswer {
 		t.Helper()
 		status, a, b := d.cell(t, id, code)
-		if status != 200 || string(a.State) != state || string(a.Result.Stdout) != stdout {
+		if status != 200 || string(a.State) != state || a.Value != value {
 			t.Fatalf("cell %q: %d %s", code, status, b)
 		}
 		return a
@@ -254,14 +254,14 @@ func TestSessionSurvivesRestart(t *testing.T) {
 	if v := view(d, id); v.State != "paused" || v.CheckpointBytes < 1<<20 {
 		t.Fatalf("after the restart: %+v", v)
 	}
-	a := want(d, id, `{"code": "x + 1"}`, "restored", "42\n")
+	a := want(d, id, `{"code": "x + 1"}`, "restored", "42")
 	if a.Session.RestoredAt == nil || len(a.Result.Enforcement.ActiveLayers()) == 0 {
 		t.Fatalf("the restored session's answer: %+v", a.Session)
 	}
 	if _, a, b := d.cell(t, id, `{"code": "fh.read()"}`); a.State != "preserved" || !strings.Contains(string(a.Result.Stderr), "closed file") {
 		t.Fatalf("a file held open across the restart: %s", b)
 	}
-	want(d, id, `{"code": "open('/ws/f.txt').read()"}`, "preserved", "'a'\n")
+	want(d, id, `{"code": "open('/ws/f.txt').read()"}`, "preserved", "'a'")
 
 	// A fork: the same state, its own memory and its own copy of the files.
 	resp, b := d.do(t, "POST", "/v1/sessions/"+id+"/fork", "")
@@ -269,14 +269,14 @@ func TestSessionSurvivesRestart(t *testing.T) {
 	if resp.StatusCode != 201 || json.Unmarshal(b, &fork) != nil || fork.ForkedFrom != id || fork.ID == id {
 		t.Fatalf("fork: %d %s", resp.StatusCode, b)
 	}
-	want(d, fork.ID, `{"code": "x = 100\nopen('/ws/f.txt', 'w').write('fork')\nx"}`, "restored", "100\n")
+	want(d, fork.ID, `{"code": "x = 100\nopen('/ws/f.txt', 'w').write('fork')\nx"}`, "restored", "100")
 	// The budget (1 byte) pauses the least recently used idle session: the fork's
 	// cell paused id.
 	if v := view(d, id); v.State != "paused" {
 		t.Fatalf("past the memory budget, the idle session is %s", v.State)
 	}
-	want(d, id, `{"code": "x, open('/ws/f.txt').read()"}`, "restored", "(41, 'a')\n")
-	want(d, fork.ID, `{"code": "x, open('/ws/f.txt').read()"}`, "restored", "(100, 'fork')\n")
+	want(d, id, `{"code": "x, open('/ws/f.txt').read()"}`, "restored", "(41, 'a')")
+	want(d, fork.ID, `{"code": "x, open('/ws/f.txt').read()"}`, "restored", "(100, 'fork')")
 
 	// Idle: paused after pause_after, resumed by the next cell.
 	d = restart(d, func(c *config.Sessions) { c.PauseAfter.Duration = time.Second })
@@ -288,7 +288,7 @@ func TestSessionSurvivesRestart(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	want(d, id, `{"code": "y"}`, "restored", "82\n")
+	want(d, id, `{"code": "y"}`, "restored", "82")
 
 	// Another interpreter: the fork's checkpoint is said to be lost, not resumed.
 	d.stop()
@@ -303,7 +303,7 @@ func TestSessionSurvivesRestart(t *testing.T) {
 	}
 	resp, b = d.do(t, "POST", "/v1/sessions/"+fork.ID+"/cells", `{"code": "x"}`)
 	wantProblem(t, resp, b, 410, wire.CodeSessionLost)
-	want(d, id, `{"code": "x, y"}`, "restored", "(41, 82)\n")
+	want(d, id, `{"code": "x, y"}`, "restored", "(41, 82)")
 
 	// A daemon killed while a session was live leaves its record as it was while
 	// it lived, and no checkpoint: the session comes back lost, and says why. One
@@ -315,7 +315,7 @@ func TestSessionSurvivesRestart(t *testing.T) {
 	other := d.openSession(t, `{}`)
 	want(d, other, `{"code": "z = 1"}`, "preserved", "")
 	d = restart(d, func(c *config.Sessions) { c.MaxPausedBytesPerCaller = 1 << 20 })
-	want(d, other, `{"code": "z"}`, "restored", "1\n") // live under the bound
+	want(d, other, `{"code": "z"}`, "restored", "1") // live under the bound
 	d.stop()
 	err = <-d.ran
 	d.ran <- err

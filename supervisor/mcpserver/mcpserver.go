@@ -664,6 +664,14 @@ func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools
 			"where what earlier cells defined must be defined again (the workspace's files stay)\n", a.Session.Lost)
 	}
 	text.WriteString(tools.RunText(wire.View{ID: id, State: wire.Done, Result: &a.Result}))
+	if a.Value != "" || a.ValueTruncated {
+		// As the interactive interpreter shows a last expression.
+		text.WriteString("--- value")
+		if a.ValueTruncated {
+			text.WriteString(" (stopped at the run's output limit)")
+		}
+		fmt.Fprintf(&text, " ---\n%s\n", tools.Clip([]byte(a.Value), tools.MaxShownOutput))
+	}
 	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text.String()}}}
 	res.IsError = a.Result.ExitCode != 0 || a.Result.Reason != "exited" ||
 		a.State != wire.SessionPreserved && a.State != wire.SessionRestored

@@ -68,7 +68,7 @@ type RunPythonArgs struct {
 
 // RunCellArgs are run_cell's arguments.
 type RunCellArgs struct {
-	Code      string `json:"code" jsonschema:"Python 3.13 source to run in this session's interpreter; a last expression's value is shown as the interactive interpreter shows it"`
+	Code      string `json:"code" jsonschema:"Python 3.13 source to run in this session's interpreter; a last expression's value is shown (apart from the output, under value) as the interactive interpreter shows it"`
 	Stdin     string `json:"stdin,omitempty" jsonschema:"the cell's standard input (text)"`
 	TimeoutMS int64  `json:"timeout_ms,omitempty" jsonschema:"wall-clock limit in milliseconds (default: the daemon's; at most its maximum); a cell past it is rolled back"`
 	// Restart starts a fresh interpreter for this session first: what earlier cells

@@ -200,8 +200,8 @@ type SessionRequest struct {
 
 // CellRequest is the body of POST /v1/sessions/{id}/cells.
 type CellRequest struct {
-	// Code is the cell's Python source; a last expression's value is shown on
-	// stdout as the interactive interpreter shows it.
+	// Code is the cell's Python source; a last expression's value is the
+	// answer's Value, as the interactive interpreter shows it.
 	Code string `json:"code"`
 	// Stdin is the cell's whole standard input, and StdinEncoding as a run's.
 	Stdin         string `json:"stdin,omitempty"`
@@ -259,18 +259,27 @@ type SessionView struct {
 // session's contract), what became of the session's state, and the session as it
 // is now.
 type CellAnswer struct {
-	State   SessionState    `json:"state"`
-	Result  protocol.Result `json:"result"`
-	Session SessionView     `json:"session"`
+	State SessionState `json:"state"`
+	// Value is the value of the cell's last expression as the interactive
+	// interpreter shows it (sys.displayhook: its repr, without the line end),
+	// apart from the output; absent when the cell does not end with an
+	// expression, when its value is None, or when the cell did not end normally.
+	// ValueTruncated says it was cut at the stdout cap.
+	Value          string          `json:"value,omitempty"`
+	ValueTruncated bool            `json:"value_truncated,omitempty"`
+	Result         protocol.Result `json:"result"`
+	Session        SessionView     `json:"session"`
 }
 
 // WriteJSON writes a as JSON to w, streaming the result's output (see
 // protocol.Result.WriteJSON): no copy of the output is made to answer.
 func (a CellAnswer) WriteJSON(w io.Writer) error {
 	head, err := json.Marshal(struct {
-		State   SessionState `json:"state"`
-		Session SessionView  `json:"session"`
-	}{a.State, a.Session})
+		State          SessionState `json:"state"`
+		Value          string       `json:"value,omitempty"`
+		ValueTruncated bool         `json:"value_truncated,omitempty"`
+		Session        SessionView  `json:"session"`
+	}{a.State, a.Value, a.ValueTruncated, a.Session})
 	if err != nil {
 		return err
 	}

@@ -70,7 +70,8 @@ res = await client.callTool({ name: "run_cell", arguments: { code: "rows = [6, 7
 check(!res.isError && text(res).includes("a fresh interpreter") && text(res).includes("state: preserved"), "run_cell first", res);
 res = await client.callTool({ name: "run_cell", arguments: { code: "rows[0] * rows[1]" } });
 check(!res.isError && !text(res).includes("fresh") && text(res).includes("\n42\n"), "run_cell keeps state", res);
-check(res.structuredContent.cell.state === "preserved" && res.structuredContent.workspace === workspace, "run_cell structured", res.structuredContent);
+check(res.structuredContent.cell.state === "preserved" && res.structuredContent.cell.value === "42" &&
+  res.structuredContent.workspace === workspace, "run_cell structured", res.structuredContent);
 res = await client.callTool({ name: "run_cell", arguments: { code: "rows.append(1)\nwhile True: pass", timeout_ms: 300 } });
 check(res.isError && text(res).includes("state: rolled_back") && res.structuredContent.cell.state === "rolled_back", "run_cell rolled back", res);
 res = await client.callTool({ name: "run_cell", arguments: { code: "rows" } });
