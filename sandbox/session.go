@@ -225,6 +225,15 @@ const interruptGrace = 2 * time.Second
 // answer within interruptGrace, or dies), the session is lost: ErrSessionLost from
 // then on. Output past a stream's cap is cut (the flag set) without ending the cell.
 func (ss *Session) Run(ctx context.Context, cell protocol.Request) (Cell, error) {
+	return ss.RunStreaming(ctx, cell, nil)
+}
+
+// RunStreaming is Run, with observe (when not nil) given the cell's output as the
+// worker produces it, stream by stream ("stdout", "stderr"; the value is not
+// output), within the caps, from the goroutines that read it; the Cell holds the
+// output too. An observer that blocks holds the cell's output, and so the cell,
+// within its time limit.
+func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, observe Observer) (Cell, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	if ss.lost != "" {
@@ -252,8 +261,8 @@ func (ss *Session) Run(ctx context.Context, cell protocol.Request) (Cell, error)
 		ss.lose("the worker is gone")
 		return Cell{}, fmt.Errorf("%w: the worker is gone", ErrSessionLost)
 	}
-	stdout := cellStream{value: valueMarks(frame.ValueMark)}
-	var stderr cellStream
+	stdout := cellStream{value: valueMarks(frame.ValueMark), name: "stdout", observe: observe}
+	stderr := cellStream{name: "stderr", observe: observe}
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); stdout.read(ss.p.outR, end, l.MaxStdoutBytes) }()
@@ -379,6 +388,8 @@ type cellStream struct {
 	buf       []byte
 	truncated bool
 	value     *cellValue // nil: no value is looked for
+	name      string     // the stream's, for observe
+	observe   Observer   // given what is kept, as it is; nil: nothing
 }
 
 // cellValue is a cell's value as it comes on stdout, between its marks.
@@ -404,7 +415,7 @@ func (c *cellStream) read(r *os.File, end []byte, limit int64) {
 	if c.value != nil {
 		longest = max(longest, len(c.value.begin), len(c.value.end))
 	}
-	var tail []byte // the last bytes seen, which may start a marker
+	var tail []byte // the last bytes seen, which may begin a marker
 	chunk := make([]byte, 32<<10)
 	for {
 		n, err := r.Read(chunk)
@@ -425,7 +436,9 @@ func (c *cellStream) read(r *os.File, end []byte, limit int64) {
 					return
 				}
 				if next < 0 {
-					cut := max(0, len(data)-(longest-1))
+					// Held back: only what may begin a marker (so output streams as it
+					// comes, a line at a time included).
+					cut := len(data) - heldBack(data, longest-1, end, c.value)
 					sink(data[:cut], limit)
 					tail = append([]byte(nil), data[cut:]...)
 					break
@@ -448,9 +461,25 @@ func (c *cellStream) read(r *os.File, end []byte, limit int64) {
 	}
 }
 
+// heldBack is how many of data's last bytes (at most n) may begin end or one of
+// v's marks: the longest such suffix.
+func heldBack(data []byte, n int, end []byte, v *cellValue) int {
+	for k := min(n, len(data)); k > 0; k-- {
+		suffix := data[len(data)-k:]
+		if bytes.HasPrefix(end, suffix) || v != nil && (bytes.HasPrefix(v.begin, suffix) || bytes.HasPrefix(v.end, suffix)) {
+			return k
+		}
+	}
+	return 0
+}
+
 // keep appends b within limit bytes in all.
 func (c *cellStream) keep(b []byte, limit int64) {
+	n := len(c.buf)
 	c.buf, c.truncated = capped(c.buf, b, limit, c.truncated)
+	if c.observe != nil && len(c.buf) > n {
+		c.observe(c.name, c.buf[n:len(c.buf):len(c.buf)])
+	}
 }
 
 // keep appends b to the value within limit bytes in all.

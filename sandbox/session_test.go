@@ -80,6 +80,9 @@ func TestSessionKeepsState(t *testing.T) {
 		{code: "print('out', end='')\n'\\x00\\x1bsandcell-value x\\x00' * 2", out: "out",
 			value: "'\\x00\\x1bsandcell-value x\\x00\\x00\\x1bsandcell-value x\\x00'"},
 		{code: "import sys\nsys.stdout.write('\\0\\x1bsandcell-end x\\0')\n_ * 0", out: "\x00\x1bsandcell-end x\x00", value: "''"},
+		// Its marks split across the pipe's reads (32 KiB each).
+		{code: "print('a' * 32760, end='')\n7", out: strings.Repeat("a", 32760), value: "7"},
+		{code: "print('a' * 32790, end='')\n8", out: strings.Repeat("a", 32790), value: "8"},
 		{code: "import sys, pprint\nsys.displayhook = lambda v: print('shown:', v)\n[1, 2]", value: "shown: [1, 2]"},
 		{code: "class R:\n  def __repr__(self): raise KeyError('repr')\nR()", errHas: "KeyError: 'repr'", exit: 1},
 		// A status whose operators lie is taken for its value.

@@ -418,8 +418,9 @@ func (s *Session) View() wire.SessionView {
 // checkpoint could not be resumed), the cell's own bad input
 // (sandbox.ErrBadRequest wrapped), a resume's other failure (the session stays
 // paused), or admitted's error. admitted is called once the cell holds the session
-// and its worker, before it runs (the audit record that must precede it).
-func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell protocol.Request, admitted func() error) (sandbox.Cell, wire.SessionState, error) {
+// and its worker, before it runs (the audit record that must precede it); observe,
+// when not nil, is given the output as it comes (see sandbox.Session.RunStreaming).
+func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell protocol.Request, observe sandbox.Observer, admitted func() error) (sandbox.Cell, wire.SessionState, error) {
 	s, err := m.Get(id, caller)
 	if err != nil {
 		return sandbox.Cell{}, "", err
@@ -474,7 +475,7 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 		pid.Store(int64(s.ss.PID()))
 		go watchQuota(ctx, w, dir, &pid, m.o.Quota, stop)
 	}
-	c, err := s.ss.Run(ctx, cell)
+	c, err := s.ss.RunStreaming(ctx, cell, observe)
 	res := c.Result
 	defer m.budget()
 	s.mu.Lock()

@@ -99,7 +99,7 @@ func (l *localTools) Cell(ctx context.Context, id string, r wire.CellRequest) (w
 	if r.Limits.TimeoutMS > 0 {
 		limits.TimeoutMS = min(limits.TimeoutMS, r.Limits.TimeoutMS)
 	}
-	out, state, err := l.sessions.Cell(ctx, id, l.me, protocol.Request{Code: r.Code, Stdin: []byte(r.Stdin), Limits: limits},
+	out, state, err := l.sessions.Cell(ctx, id, l.me, protocol.Request{Code: r.Code, Stdin: []byte(r.Stdin), Limits: limits}, nil,
 		func() error { return nil })
 	if err != nil {
 		return wire.CellAnswer{}, refusal(err)

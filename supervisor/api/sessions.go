@@ -2,9 +2,14 @@ package api
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
+	"strings"
+	"sync"
 
 	"github.com/labstack/echo/v4"
+	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
@@ -183,15 +188,30 @@ func (s *Server) runCell(c echo.Context) error {
 	if s.o.RecordCode {
 		detail["code"] = body.Code
 	}
+	// With Accept: text/event-stream the answer is a stream of the cell's output
+	// as it comes, then the answer (see cellEvents); it starts at the first output,
+	// so a refusal before the cell runs is a problem document as any.
+	var stream *cellEvents
+	var observe sandbox.Observer
+	if acceptsEvents(c.Request()) {
+		stream = &cellEvents{w: c.Response()}
+		observe = stream.output
+	}
 	// No record, no cell: the cell is audited once it holds the session, before its
 	// code runs.
-	out, state, err := s.o.Sessions.Cell(ctx, ss.ID, peer.Caller(), cell, func() error {
+	out, state, err := s.o.Sessions.Cell(ctx, ss.ID, peer.Caller(), cell, observe, func() error {
 		if err := s.record(ctx, store.SessionCell, "", detail); err != nil {
 			return fail(wire.CodeAuditDown, "the audit log cannot be written: "+err.Error()).audited()
 		}
 		return nil
 	})
 	if err != nil {
+		if stream != nil && stream.started() {
+			// Past the status line: the failure is the stream's last event.
+			s.record(ctx, store.SessionCellFinished, "", map[string]any{"session": ss.ID, "code_sha256": sum,
+				"state": wire.SessionLost, "error": err.Error()})
+			return stream.problem(err)
+		}
 		return err
 	}
 	res := out.Result
@@ -199,8 +219,94 @@ func (s *Server) runCell(c echo.Context) error {
 		"state": state, "reason": res.Reason, "exit_code": res.ExitCode, "elapsed_ms": res.ElapsedMS,
 		"stdout_bytes": len(res.Stdout), "stderr_bytes": len(res.Stderr), "value_bytes": len(out.Value),
 		"diagnostics": res.Diagnostics})
+	answer := wire.CellAnswer{State: state, Value: out.Value, ValueTruncated: out.ValueTruncated, Result: res,
+		Session: ss.View()}
+	if stream != nil {
+		return stream.answer(answer)
+	}
 	c.Response().Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
 	c.Response().WriteHeader(http.StatusOK)
-	return wire.CellAnswer{State: state, Value: out.Value, ValueTruncated: out.ValueTruncated, Result: res,
-		Session: ss.View()}.WriteJSON(c.Response())
+	return answer.WriteJSON(c.Response())
+}
+
+// acceptsEvents says the request asks for server-sent events.
+func acceptsEvents(r *http.Request) bool {
+	for _, v := range r.Header.Values("Accept") {
+		for _, part := range strings.Split(v, ",") {
+			if mt, _, _ := strings.Cut(strings.TrimSpace(part), ";"); strings.EqualFold(mt, "text/event-stream") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// cellEvents answers a cell with server-sent events: "stdout" and "stderr" events
+// (as GET /v1/runs/{id}/events's, each chunk's last with an id) as the worker
+// produces the output, then one "answer" event with the cell's answer as the JSON
+// answer would be (its result holding the output too), or one "error" event with a
+// problem document when the session failed after the output began; then the
+// stream ends. A cell cannot be resumed: there is no Last-Event-ID.
+type cellEvents struct {
+	w    *echo.Response
+	mu   sync.Mutex
+	sent bool // the status and headers
+	next int  // the next chunk's id
+	gone bool // the client stopped reading
+}
+
+// start sends the status and headers once; c.mu is held.
+func (c *cellEvents) start() {
+	if c.sent {
+		return
+	}
+	c.sent = true
+	h := c.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	c.w.WriteHeader(http.StatusOK)
+}
+
+func (c *cellEvents) started() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sent
+}
+
+// output is the cell's observer.
+func (c *cellEvents) output(stream string, b []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.start()
+	if c.gone {
+		return
+	}
+	if !writeChunk(c.w, c.next, stream, b) {
+		c.gone = true
+		return
+	}
+	c.next++
+	c.w.Flush()
+}
+
+func (c *cellEvents) answer(a wire.CellAnswer) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.start()
+	fmt.Fprint(c.w, "event: answer\ndata: ")
+	a.WriteJSON(c.w)
+	fmt.Fprint(c.w, "\n\n")
+	c.w.Flush()
+	return nil
+}
+
+func (c *cellEvents) problem(err error) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := problemOf(err)
+	b, _ := json.Marshal(wire.NewProblem(e.status, e.code, e.detail))
+	fmt.Fprintf(c.w, "event: error\ndata: %s\n\n", b)
+	c.w.Flush()
+	return nil
 }

@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -337,4 +338,65 @@ func TestSessionSurvivesRestart(t *testing.T) {
 	if count[store.SessionPaused] < 4 || count[store.SessionResumed] < 4 || count[store.SessionLost] != 3 {
 		t.Fatalf("audit records: %v", count)
 	}
+}
+
+// A cell asked for with Accept: text/event-stream answers with its output as it
+// comes (the first line well before the cell ends), then the answer with the value;
+// a refusal before the cell runs is a problem document as any.
+func TestSessionCellEvents(t *testing.T) {
+	d := start(t, setup{})
+	id := d.openSession(t, `{}`)
+	req, _ := http.NewRequest("POST", "http://sandcell/v1/sessions/"+id+"/cells",
+		strings.NewReader(`{"code": "import time\nprint('a', flush=True)\ntime.sleep(0.5)\nprint('b')\n6 * 7"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	began := time.Now()
+	resp, err := d.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("a streamed cell: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	var got []string
+	var first, last time.Duration
+	var a wire.CellAnswer
+	readEvents(t, resp, func(ev sseEvent) bool {
+		if first == 0 {
+			first = time.Since(began)
+		}
+		switch ev.event {
+		case "stdout", "stderr":
+			var o struct{ Data string }
+			json.Unmarshal([]byte(ev.data), &o)
+			got = append(got, ev.event+":"+o.Data)
+		case "answer":
+			last = time.Since(began)
+			if err := json.Unmarshal([]byte(ev.data), &a); err != nil {
+				t.Fatalf("the answer event: %v %s", err, ev.data)
+			}
+		default:
+			got = append(got, ev.event)
+		}
+		return true
+	})
+	if strings.Join(got, "|") != "stdout:a\n|stdout:b\n" || a.State != wire.SessionPreserved || a.Value != "42" ||
+		string(a.Result.Stdout) != "a\nb\n" {
+		t.Fatalf("events %q, answer %+v", got, a)
+	}
+	if last-first < 300*time.Millisecond {
+		t.Fatalf("the first output came %s before the answer: not as it was produced", last-first)
+	}
+	// A refusal before the cell runs: a problem, not a stream.
+	req, _ = http.NewRequest("POST", "http://sandcell/v1/sessions/nope/cells", strings.NewReader(`{"code": "1"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err = d.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	wantProblem(t, resp, b, 404, wire.CodeNotFound)
 }
