@@ -91,7 +91,15 @@ type Server struct {
 	offered    bool
 	reason     string            // why not offered
 	workspaces map[string]string // owner (see Options.Owner) -> its workspace id
-	cells      map[string]string // MCP session -> its interpreter session's id (run_cell)
+	cells      map[string]cell // MCP session -> its interpreter session (run_cell)
+}
+
+// cell is the interpreter session run_cell opened for an MCP session, and the
+// daemon as that session's caller reaches it (to close it once the MCP session
+// has ended, when the caller is known no longer).
+type cell struct {
+	id string
+	b  Backend
 }
 
 // New returns a server whose tools are not offered until the first Refresh (or
@@ -100,7 +108,7 @@ func New(o Options) *Server {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{o: o, workspaces: map[string]string{}, cells: map[string]string{}, reason: "not checked yet"}
+	s := &Server{o: o, workspaces: map[string]string{}, cells: map[string]cell{}, reason: "not checked yet"}
 	if o.Workspace != "" {
 		s.workspaces[""] = o.Workspace
 	}
@@ -136,24 +144,27 @@ func (s *Server) RunStdio(ctx context.Context) error {
 	out := &lockedWriter{w: os.Stdout}
 	pr, pw := io.Pipe()
 	go filterLines(os.Stdin, pw, out, tools.MaxMessageBytes)
-	defer s.closeCells()
+	defer s.closeCells(nil)
 	return s.mcp.Run(ctx, &mcp.IOTransport{Reader: pr, Writer: out, MaxLineLength: tools.MaxMessageBytes + 1})
 }
 
-// closeCells ends the interpreter sessions run_cell opened over stdio (the one
-// session there is has ended), so they do not hold their places until their idle
-// timeout.
-func (s *Server) closeCells() {
+// closeCells ends the interpreter sessions run_cell opened for MCP sessions that
+// are not live (over stdio at its end, nil: every one), so they hold no place, no
+// memory and no disk until their idle timeout.
+func (s *Server) closeCells(live map[string]bool) {
 	s.mu.Lock()
-	ids := s.cells
-	s.cells = map[string]string{}
-	s.mu.Unlock()
-	for session, id := range ids {
-		if b := s.o.Backend(session); b != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			b.CloseSession(ctx, id)
-			cancel()
+	var ended []cell
+	for session, c := range s.cells {
+		if !live[session] {
+			ended = append(ended, c)
+			delete(s.cells, session)
 		}
+	}
+	s.mu.Unlock()
+	for _, c := range ended {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c.b.CloseSession(ctx, c.id)
+		cancel()
 	}
 }
 
@@ -268,13 +279,16 @@ func (s *Server) Refresh(ctx context.Context) {
 		}
 		s.mcp.RemoveTools(names...)
 	}
+	live := s.Sessions()
 	if s.o.Owner == nil {
-		live := s.Sessions()
 		for id := range s.workspaces {
 			if id != "" && !live[id] {
 				delete(s.workspaces, id)
 			}
 		}
+	}
+	if len(s.cells) > 0 {
+		go s.closeCells(live) // the interpreters of MCP sessions that have ended
 	}
 }
 
@@ -602,7 +616,7 @@ func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools
 	// would open two interpreters and orphan one.
 	s.opening.Lock()
 	s.mu.Lock()
-	id := s.cells[session]
+	id := s.cells[session].id
 	s.mu.Unlock()
 	if id != "" && in.Restart {
 		b.CloseSession(ctx, id)
@@ -617,13 +631,13 @@ func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools
 		}
 		id = v.ID
 		s.mu.Lock()
-		s.cells[session] = id
+		s.cells[session] = cell{id: id, b: b}
 		s.mu.Unlock()
 	}
 	s.opening.Unlock()
 	forget := func() {
 		s.mu.Lock()
-		mine := s.cells[session] == id
+		mine := s.cells[session].id == id
 		if mine {
 			delete(s.cells, session)
 		}
