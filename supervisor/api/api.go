@@ -294,6 +294,11 @@ func (s *Server) Serve(l net.Listener) error {
 	return err
 }
 
+// EndMCPInterpreters ends the interpreter sessions /mcp's run_cell opened: MCP
+// sessions over HTTP end with the daemon, so the daemon must not keep their
+// interpreters (call it before the sessions are paused for the stop).
+func (s *Server) EndMCPInterpreters() { s.mcp.server.CloseCells() }
+
 // Shutdown stops accepting connections and waits for the open ones, at most until
 // ctx ends.
 func (s *Server) Shutdown(ctx context.Context) error {

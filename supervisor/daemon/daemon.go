@@ -638,6 +638,7 @@ func (d *Daemon) shutdown() {
 	done := make(chan struct{})
 	go func() { d.mgr.Shutdown(grace); close(done) }()
 	if d.sess != nil {
+		d.srv.EndMCPInterpreters()
 		d.sess.Shutdown() // each live session is paused to disk, and comes back when the daemon does
 	}
 	if err := d.srv.Shutdown(ctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {

@@ -301,6 +301,11 @@ func (s *Server) Sessions() map[string]bool {
 	return live
 }
 
+// CloseCells ends every interpreter session run_cell opened (a stopping daemon's:
+// its MCP sessions over HTTP do not outlive it, and their interpreters, which it
+// would keep, would only hold their callers' places until their idle timeout).
+func (s *Server) CloseCells() { s.closeCells(nil) }
+
 // Close ends every session (a stopping daemon's; their clients see the end of the
 // connection and may reconnect to the next daemon).
 func (s *Server) Close() {
