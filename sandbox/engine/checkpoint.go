@@ -28,11 +28,11 @@ func (cp *Checkpoint) Size() int { return len(cp.memory) }
 func (cp *Checkpoint) Memory() []byte { return cp.memory }
 
 // Global is one of a Checkpoint's mutable globals: its export name, its type
-// (wasmtime.KindI32, KindI64, KindF32 or KindF64) and its bits (a float's IEEE 754
-// bits, an i32's as uint32).
+// ("i32", "i64", "f32" or "f64", as WebAssembly's text format names them) and its
+// bits (a float's IEEE 754 bits, an i32's as uint32).
 type Global struct {
 	Name string
-	Kind wasmtime.ValKind
+	Type string
 	Bits uint64
 }
 
@@ -40,16 +40,16 @@ type Global struct {
 func (cp *Checkpoint) Globals() []Global {
 	out := make([]Global, len(cp.names))
 	for i, v := range cp.values {
-		out[i] = Global{Name: cp.names[i], Kind: v.Kind()}
+		out[i] = Global{Name: cp.names[i]}
 		switch v.Kind() {
 		case wasmtime.KindI32:
-			out[i].Bits = uint64(uint32(v.I32()))
+			out[i].Type, out[i].Bits = "i32", uint64(uint32(v.I32()))
 		case wasmtime.KindI64:
-			out[i].Bits = uint64(v.I64())
+			out[i].Type, out[i].Bits = "i64", uint64(v.I64())
 		case wasmtime.KindF32:
-			out[i].Bits = uint64(math.Float32bits(v.F32()))
+			out[i].Type, out[i].Bits = "f32", uint64(math.Float32bits(v.F32()))
 		case wasmtime.KindF64:
-			out[i].Bits = math.Float64bits(v.F64())
+			out[i].Type, out[i].Bits = "f64", math.Float64bits(v.F64())
 		}
 	}
 	return out
@@ -65,17 +65,17 @@ func (cp *Checkpoint) Load(memory []byte, globals []Global) error {
 	cp.values = make([]wasmtime.Val, len(globals))
 	for i, g := range globals {
 		cp.names[i] = g.Name
-		switch g.Kind {
-		case wasmtime.KindI32:
+		switch g.Type {
+		case "i32":
 			cp.values[i] = wasmtime.ValI32(int32(uint32(g.Bits)))
-		case wasmtime.KindI64:
+		case "i64":
 			cp.values[i] = wasmtime.ValI64(int64(g.Bits))
-		case wasmtime.KindF32:
+		case "f32":
 			cp.values[i] = wasmtime.ValF32(math.Float32frombits(uint32(g.Bits)))
-		case wasmtime.KindF64:
+		case "f64":
 			cp.values[i] = wasmtime.ValF64(math.Float64frombits(g.Bits))
 		default:
-			return fmt.Errorf("engine: global %s of kind %v", g.Name, g.Kind)
+			return fmt.Errorf("engine: global %s of type %q", g.Name, g.Type)
 		}
 	}
 	return nil

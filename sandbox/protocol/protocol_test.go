@@ -35,12 +35,12 @@ func TestReceiveChecksTheStep(t *testing.T) {
 		frame string
 		want  error
 	}{
-		{`{"version":5,"step":"ack"}`, ErrStep},         // not expected
-		{`{"version":5,"step":"report"}`, ErrStep},      // no report
-		{`{"version":4,"step":"ready"}`, ErrVersion},    // an older worker (no sessions)
-		{`{"version":5,"step":"ready","x":1}`, nil},     // unknown members are ignored
+		{`{"version":7,"step":"ack"}`, ErrStep},         // not expected
+		{`{"version":7,"step":"report"}`, ErrStep},      // no report
+		{`{"version":6,"step":"ready"}`, ErrVersion},    // an older worker (no cell values)
+		{`{"version":7,"step":"ready","x":1}`, nil},     // unknown members are ignored
 		{`{"code":"print(1)","version":3}`, ErrVersion}, // a version-3 request
-		{`{"version":5,"step":"run","request":{}}`, ErrStep},
+		{`{"version":7,"step":"run","request":{}}`, ErrStep},
 	} {
 		var buf bytes.Buffer
 		binary.Write(&buf, binary.BigEndian, uint32(len(c.frame)))
@@ -124,18 +124,51 @@ func TestSessionSteps(t *testing.T) {
 		frame string
 		want  error
 	}{
-		{`{"version":5,"step":"interrupt"}`, ErrStep},
-		{`{"version":5,"step":"interrupt","interrupt":"timeout"}`, nil},
-		{`{"version":5,"step":"cell"}`, ErrStep},
-		{`{"version":5,"step":"cell","request":{"code":"1"}}`, nil},
-		{`{"version":5,"step":"session"}`, ErrStep},
+		{`{"version":7,"step":"interrupt"}`, ErrStep},
+		{`{"version":7,"step":"interrupt","interrupt":"timeout"}`, nil},
+		{`{"version":7,"step":"cell"}`, ErrStep},
+		{`{"version":7,"step":"cell","request":{"code":"1"}}`, nil},
+		{`{"version":7,"step":"session"}`, ErrStep},
+		{`{"version":7,"step":"checkpoint"}`, ErrStep},
+		{`{"version":7,"step":"checkpoint","checkpoint":{"memory_bytes":65536}}`, nil},
 	} {
 		var buf bytes.Buffer
 		binary.Write(&buf, binary.BigEndian, uint32(len(c.frame)))
 		buf.WriteString(c.frame)
-		_, err := Receive(&buf, StepCell, StepInterrupt, StepSession)
+		_, err := Receive(&buf, StepCell, StepInterrupt, StepSession, StepCheckpoint)
 		if c.want == nil && err != nil || c.want != nil && !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.frame, err, c.want)
+		}
+	}
+}
+
+// A checkpoint's header is checked before its body is read: its memory within the
+// limit and whole pages, its extents in order inside it, its globals' types.
+func TestCheckpointCheck(t *testing.T) {
+	ok := Checkpoint{MemoryBytes: 4 * PageBytes, Extents: []Extent{{0, PageBytes}, {2 * PageBytes, 2 * PageBytes}},
+		Globals: []Global{{Name: "__stack_pointer", Type: "i32", Bits: 1 << 20}}}
+	if err := ok.Check(4 * PageBytes); err != nil || ok.BodyBytes() != 3*PageBytes {
+		t.Fatalf("a good checkpoint: %v, %d body bytes", err, ok.BodyBytes())
+	}
+	for name, edit := range map[string]func(*Checkpoint){
+		"over the limit":    func(c *Checkpoint) { c.MemoryBytes = 5 * PageBytes },
+		"not whole pages":   func(c *Checkpoint) { c.MemoryBytes = 4*PageBytes - 1 },
+		"no memory":         func(c *Checkpoint) { c.MemoryBytes = 0 },
+		"out of order":      func(c *Checkpoint) { c.Extents = []Extent{{2 * PageBytes, PageBytes}, {0, PageBytes}} },
+		"touching":          func(c *Checkpoint) { c.Extents = []Extent{{0, PageBytes}, {PageBytes, PageBytes}} },
+		"past the memory":   func(c *Checkpoint) { c.Extents = []Extent{{3 * PageBytes, 2 * PageBytes}} },
+		"negative":          func(c *Checkpoint) { c.Extents = []Extent{{0, -PageBytes}} },
+		"a partial page":    func(c *Checkpoint) { c.Extents = []Extent{{0, 100}} },
+		"an unknown type":   func(c *Checkpoint) { c.Globals[0].Type = "v128" },
+		"an i32 too large":  func(c *Checkpoint) { c.Globals[0].Bits = 1 << 33 },
+		"an overflowed end": func(c *Checkpoint) { c.Extents = []Extent{{PageBytes, 1<<63 - PageBytes}} },
+	} {
+		c := ok
+		c.Extents = append([]Extent(nil), ok.Extents...)
+		c.Globals = append([]Global(nil), ok.Globals...)
+		edit(&c)
+		if err := c.Check(4 * PageBytes); !errors.Is(err, ErrCheckpoint) {
+			t.Errorf("%s: %v", name, err)
 		}
 	}
 }

@@ -6,16 +6,9 @@ import (
 	"hash/crc32"
 	"io"
 
-	"github.com/bytecodealliance/wasmtime-go/v44"
-
 	"github.com/sandcell/sandcell/sandbox/engine"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
-
-// globalTypes names the engine's global kinds as a protocol.Checkpoint does.
-var globalTypes = map[wasmtime.ValKind]string{
-	wasmtime.KindI32: "i32", wasmtime.KindI64: "i64", wasmtime.KindF32: "f32", wasmtime.KindF64: "f64",
-}
 
 // sendCheckpoint writes cp to w as a StepCheckpoint frame and its body: the pages
 // of its memory that are not all zero (an interpreter's memory is mostly zero past
@@ -39,7 +32,7 @@ func sendCheckpoint(w io.Writer, cp *engine.Checkpoint) error {
 	}
 	c.CRC32C = h.Sum32()
 	for _, g := range cp.Globals() {
-		c.Globals = append(c.Globals, protocol.Global{Name: g.Name, Type: globalTypes[g.Kind], Bits: g.Bits})
+		c.Globals = append(c.Globals, protocol.Global(g))
 	}
 	if err := protocol.Send(w, protocol.Frame{Step: protocol.StepCheckpoint, Checkpoint: &c}); err != nil {
 		return err
@@ -72,12 +65,7 @@ func receiveCheckpoint(r io.Reader, maxMemory int64, cp *engine.Checkpoint) erro
 	}
 	globals := make([]engine.Global, len(c.Globals))
 	for i, g := range c.Globals {
-		globals[i] = engine.Global{Name: g.Name, Bits: g.Bits}
-		for k, name := range globalTypes {
-			if name == g.Type {
-				globals[i].Kind = k
-			}
-		}
+		globals[i] = engine.Global(g)
 	}
 	return cp.Load(mem, globals)
 }

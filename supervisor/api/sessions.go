@@ -304,8 +304,7 @@ func (c *cellEvents) answer(a wire.CellAnswer) error {
 func (c *cellEvents) problem(err error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e := problemOf(err)
-	b, _ := json.Marshal(wire.NewProblem(e.status, e.code, e.detail))
+	b, _ := json.Marshal(AsProblem(err))
 	fmt.Fprintf(c.w, "event: error\ndata: %s\n\n", b)
 	c.w.Flush()
 	return nil

@@ -91,7 +91,7 @@ type Server struct {
 	offered    bool
 	reason     string            // why not offered
 	workspaces map[string]string // owner (see Options.Owner) -> its workspace id
-	cells      map[string]cell // MCP session -> its interpreter session (run_cell)
+	cells      map[string]cell   // MCP session -> its interpreter session (run_cell)
 }
 
 // cell is the interpreter session run_cell opened for an MCP session, and the
