@@ -775,11 +775,12 @@ func TestWorkerRefusesFramesItCannotServe(t *testing.T) {
 	for _, c := range []struct {
 		name, frame, want string
 	}{
-		{"version 3", `{"version":3,"code":"print(1)"}`, "version mismatch: this side speaks 5, the frame is 3"},
-		{"version 4", `{"version":4,"step":"run","request":{"code":"print(1)"}}`, "version mismatch: this side speaks 5, the frame is 4"},
-		{"out of turn", `{"version":5,"step":"claim","request":{"code":"print(1)"}}`, `unexpected step: "claim"`},
-		{"no request", `{"version":5,"step":"run"}`, `"run" without its request`},
-		{"a cell first", `{"version":5,"step":"cell","request":{"code":"print(1)"}}`, `unexpected step: "cell"`},
+		{"version 3", `{"version":3,"code":"print(1)"}`, "version mismatch: this side speaks 7, the frame is 3"},
+		{"version 6", `{"version":6,"step":"run","request":{"code":"print(1)"}}`, "version mismatch: this side speaks 7, the frame is 6"},
+		{"out of turn", `{"version":7,"step":"claim","request":{"code":"print(1)"}}`, `unexpected step: "claim"`},
+		{"no request", `{"version":7,"step":"run"}`, `"run" without its request`},
+		{"a cell first", `{"version":7,"step":"cell","request":{"code":"print(1)"}}`, `unexpected step: "cell"`},
+		{"a save first", `{"version":7,"step":"save"}`, `unexpected step: "save"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)

@@ -68,6 +68,7 @@ func TestSessionAPI(t *testing.T) {
 	for _, m := range []struct{ method, path, body string }{
 		{"GET", "/v1/sessions/" + id, ""}, {"DELETE", "/v1/sessions/" + id, ""},
 		{"POST", "/v1/sessions/" + id + "/cells", `{"code": "print(x)"}`},
+		{"POST", "/v1/sessions/" + id + "/fork", ""},
 	} {
 		if status, body := tcpDo(t, tcp, aliceSecret, m.method, m.path, m.body); status != 404 || body["code"] != wire.CodeNotFound {
 			t.Fatalf("another caller's %s: %d %v", m.method, status, body)
