@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -137,7 +136,10 @@ type Sessions struct {
 
 	mu       sync.Mutex
 	live     map[string]*Session // every session, live or not
+	reserved map[Caller]int64    // bytes of checkpoints being written, by caller (see pause)
 	stopping bool
+	stopped  atomic.Bool    // stopping, read without mu
+	closing  sync.WaitGroup // workers being ended in the background (see detach)
 	stop     chan struct{}
 	running  chan struct{} // a place per cell running (see SessionOptions.Running)
 }
@@ -161,6 +163,8 @@ type Session struct {
 	mu      sync.Mutex
 	ss      *sandbox.Session // nil while paused
 	release func()           // gives its named workspace back; nil when not held
+	closing *sync.WaitGroup  // its Sessions': a worker ended in the background is counted
+	running bool             // a cell is running in its worker
 	cells   int
 	used    time.Time
 	lost    string
@@ -187,8 +191,8 @@ func NewSessions(opener SessionOpener, o SessionOptions) (*Sessions, error) {
 	if o.Running <= 0 {
 		o.Running = o.Max
 	}
-	return &Sessions{opener: opener, o: o, live: map[string]*Session{}, stop: make(chan struct{}),
-		running: make(chan struct{}, o.Running)}, nil
+	return &Sessions{opener: opener, o: o, live: map[string]*Session{}, reserved: map[Caller]int64{},
+		stop: make(chan struct{}), running: make(chan struct{}, o.Running)}, nil
 }
 
 // Start takes back the sessions WorkDir holds (those the daemon paused when it
@@ -252,7 +256,7 @@ func (m *Sessions) reserve(caller Caller, req protocol.Request, wsID string) (*S
 		return nil, fmt.Errorf("%w (%d per caller, %d in all)", ErrSessionLimit, m.o.MaxPerCaller, m.o.Max)
 	}
 	s := &Session{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Caller: caller, Workspace: wsID,
-		Created: time.Now().UTC(), Limits: req.Limits, req: req}
+		Created: time.Now().UTC(), Limits: req.Limits, req: req, closing: &m.closing}
 	s.used = s.Created
 	s.busy.Store(true) // opening: no cell, no close, until it is open
 	m.live[s.ID] = s   // reserves its place
@@ -278,15 +282,13 @@ func (m *Sessions) give(s *Session, private bool, from *string) error {
 	} else {
 		s.private, err = os.MkdirTemp("", "sandcell-session-")
 	}
-	if err == nil && from != nil {
-		if err = copyWorkspace(s.private, *from); errors.Is(err, fs.ErrInvalid) {
-			return fmt.Errorf("%w: the workspace cannot be copied for the fork: %v", workspace.ErrUnsafe, err)
-		}
-	}
 	if err != nil {
 		return fmt.Errorf("cannot create the session's workspace: %w", err)
 	}
 	s.req.Workspace = s.private
+	if from != nil {
+		return copyWorkspace(s.private, *from, m.o.Quota)
+	}
 	return nil
 }
 
@@ -336,8 +338,9 @@ func (m *Sessions) attach(ctx context.Context, s *Session, start func(protocol.R
 
 // detach ends s's worker and gives its workspace back; s.mu is held.
 func (s *Session) detach() {
-	if s.ss != nil {
-		go s.ss.Close()
+	if ss := s.ss; ss != nil {
+		s.closing.Add(1)
+		go func() { defer s.closing.Done(); ss.Close() }()
 		s.ss = nil
 	}
 	if s.release != nil {
@@ -425,6 +428,9 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 	if err != nil {
 		return sandbox.Cell{}, "", err
 	}
+	if m.stopped.Load() {
+		return sandbox.Cell{}, "", ErrStopping
+	}
 	if !s.busy.CompareAndSwap(false, true) {
 		return sandbox.Cell{}, "", ErrSessionBusy
 	}
@@ -461,9 +467,26 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 	case <-ctx.Done():
 		return sandbox.Cell{}, "", ctx.Err()
 	}
+	if m.stopped.Load() {
+		return sandbox.Cell{}, "", ErrStopping
+	}
 	if err := m.resume(ctx, s); err != nil {
 		return sandbox.Cell{}, "", err
 	}
+	// From here the cell runs, unless the daemon began to stop meanwhile: then the
+	// session is left to Shutdown, which pauses it (see Shutdown).
+	s.mu.Lock()
+	if m.stopped.Load() {
+		s.mu.Unlock()
+		return sandbox.Cell{}, "", ErrStopping
+	}
+	s.running = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.running = false
+		s.mu.Unlock()
+	}()
 	if err := admitted(); err != nil {
 		return sandbox.Cell{}, "", err
 	}
@@ -633,8 +656,14 @@ func (m *Sessions) budget() {
 	}
 }
 
-// Shutdown refuses new sessions and pauses the live ones (a running cell is
-// killed with its worker first: that session is lost); with no WorkDir they end.
+// shutdownWait bounds how long Shutdown waits for a session held for anything but
+// a running cell (opening, resuming, pausing, forking) to be let go.
+const shutdownWait = 10 * time.Second
+
+// Shutdown refuses new sessions and cells, and pauses the live sessions (with no
+// WorkDir they end). A session whose cell is running is ended with its worker
+// (the cell's answer says the state is lost); one held for anything else is
+// waited for, within shutdownWait, and then paused, or left as it is.
 func (m *Sessions) Shutdown() {
 	m.mu.Lock()
 	if m.stopping {
@@ -642,24 +671,57 @@ func (m *Sessions) Shutdown() {
 		return
 	}
 	m.stopping = true
+	m.stopped.Store(true)
 	close(m.stop)
 	m.mu.Unlock()
+	deadline := time.Now().Add(shutdownWait)
 	var wg sync.WaitGroup
-	for _, s := range m.all() {
-		if m.o.WorkDir == "" {
-			s.mu.Lock()
-			s.detach()
-			s.mu.Unlock()
-			m.remove(s)
-			continue
-		}
-		if !s.busy.CompareAndSwap(false, true) {
-			// A cell is running: it is killed, and its answer says the state is lost.
-			s.mu.Lock()
-			if s.ss != nil {
-				s.ss.Close()
+	handled := map[*Session]bool{}
+	// Until every session has been seen: one that was opening (or being forked)
+	// when the stop began is in the next pass (no new one opens from now on).
+	for {
+		var todo []*Session
+		for _, s := range m.all() {
+			if !handled[s] {
+				todo = append(todo, s)
+				handled[s] = true
 			}
-			s.lost = cmp.Or(s.lost, "the daemon stopped while a cell ran")
+		}
+		if len(todo) == 0 {
+			break
+		}
+		m.shutdownEach(todo, deadline, &wg)
+	}
+	wg.Wait()
+	m.closing.Wait()
+}
+
+// shutdownEach is Shutdown's work on sessions, within deadline; pauses are added to
+// wg.
+func (m *Sessions) shutdownEach(sessions []*Session, deadline time.Time, wg *sync.WaitGroup) {
+	for _, s := range sessions {
+		held := false
+		for !held {
+			if held = s.busy.CompareAndSwap(false, true); held {
+				break
+			}
+			s.mu.Lock()
+			running := s.running
+			s.mu.Unlock()
+			if running || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if !held {
+			s.mu.Lock()
+			if s.running {
+				// A cell is running: it is ended, and its answer says the state is lost.
+				s.lost = cmp.Or(s.lost, "the daemon stopped while a cell ran")
+				if s.ss != nil {
+					s.ss.Close()
+				}
+			}
 			s.mu.Unlock()
 			m.persist(s)
 			continue
@@ -667,20 +729,26 @@ func (m *Sessions) Shutdown() {
 		s.mu.Lock()
 		live := s.ss != nil
 		s.mu.Unlock()
-		if !live { // paused already, or lost: its record says so
-			continue
+		switch {
+		case m.o.WorkDir == "":
+			s.mu.Lock()
+			s.detach()
+			s.mu.Unlock()
+			m.remove(s)
+		case live:
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := m.pause(s, "the daemon stopped"); err != nil {
+					s.mu.Lock()
+					s.lose("the daemon stopped and could not pause it: " + err.Error())
+					s.mu.Unlock()
+					m.persist(s)
+					m.event(s, SessionLost, map[string]any{"why": s.lost})
+				}
+			}()
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := m.pause(s, "the daemon stopped"); err != nil {
-				s.mu.Lock()
-				s.lose("the daemon stopped and could not pause it: " + err.Error())
-				s.mu.Unlock()
-				m.persist(s)
-				m.event(s, SessionLost, map[string]any{"why": s.lost})
-			}
-		}()
+		// Paused already, or lost: its record says so. It stays held: nothing more
+		// happens to it in this daemon.
 	}
-	wg.Wait()
 }

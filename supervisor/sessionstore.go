@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -85,7 +86,7 @@ func (m *Sessions) load() {
 		}
 		s := &Session{ID: r.ID, Caller: r.Caller, Workspace: r.Workspace, ForkedFrom: r.ForkedFrom, Created: r.Created,
 			Limits: r.Request.Limits, req: r.Request, dir: dir, cells: r.Cells, used: r.Used, memory: r.Memory,
-			lost: r.Lost, paused: r.Paused, saved: r.Saved}
+			lost: r.Lost, paused: r.Paused, saved: r.Saved, closing: &m.closing}
 		if r.Workspace == "" {
 			s.private = filepath.Join(dir, "ws")
 		}
@@ -124,10 +125,17 @@ func (m *Sessions) pause(s *Session, why string) error {
 	if s.dir == "" || ss == nil {
 		return errors.New("the session cannot be paused here")
 	}
-	var room int64 = math.MaxInt64 // no bound
+	// The room is reserved before the checkpoint is written, so that pauses of
+	// one caller at once (the daemon's stop pauses all) pass the bound no more than
+	// one does: the checkpoint is at most the interpreter's memory and a header.
+	room := int64(math.MaxInt64) // no bound
 	if m.o.MaxPausedBytesPerCaller > 0 {
-		room = m.o.MaxPausedBytesPerCaller
-		for _, o := range m.all() {
+		s.mu.Lock()
+		need := cmp.Or(s.memory, s.Limits.MemoryBytes) + 4<<20
+		s.mu.Unlock()
+		m.mu.Lock()
+		room = m.o.MaxPausedBytesPerCaller - m.reserved[s.Caller]
+		for _, o := range m.live {
 			if o != s && o.Caller == s.Caller {
 				o.mu.Lock()
 				if o.paused {
@@ -136,6 +144,16 @@ func (m *Sessions) pause(s *Session, why string) error {
 				o.mu.Unlock()
 			}
 		}
+		room = max(min(room, need), 0)
+		m.reserved[s.Caller] += room
+		m.mu.Unlock()
+		defer func() {
+			m.mu.Lock()
+			if m.reserved[s.Caller] -= room; m.reserved[s.Caller] == 0 {
+				delete(m.reserved, s.Caller)
+			}
+			m.mu.Unlock()
+		}()
 	}
 	began := time.Now()
 	path := filepath.Join(s.dir, checkpointName)
@@ -143,7 +161,7 @@ func (m *Sessions) pause(s *Session, why string) error {
 	if err != nil {
 		return err
 	}
-	w := &boundedWriter{f: f, room: max(room, 0)}
+	w := &boundedWriter{f: f, room: room}
 	n, err := ss.Save(w)
 	if err == nil {
 		err = f.Sync()
@@ -212,9 +230,10 @@ func (m *Sessions) resume(ctx context.Context, s *Session) error {
 	s.req = req
 	s.mu.Unlock()
 	var err error
+	gone := false // what the session needs is gone: it cannot come back
 	if _, serr := os.Stat(s.req.Workspace); errors.Is(serr, fs.ErrNotExist) {
 		// A named workspace is not held while its session is paused: deleted since.
-		err = fmt.Errorf("its workspace %s was deleted while it was paused: %w", s.Workspace, serr)
+		err, gone = fmt.Errorf("its workspace %s was deleted while it was paused", s.Workspace), true
 	} else {
 		err = m.attach(ctx, s, func(req protocol.Request) (*sandbox.Session, error) {
 			f, err := os.Open(path)
@@ -225,7 +244,7 @@ func (m *Sessions) resume(ctx context.Context, s *Session) error {
 			return m.opener.ResumeSession(ctx, req, f)
 		})
 	}
-	if errors.Is(err, sandbox.ErrCheckpoint) || errors.Is(err, fs.ErrNotExist) {
+	if gone || errors.Is(err, sandbox.ErrCheckpoint) {
 		why := "it could not be resumed: " + err.Error()
 		s.mu.Lock()
 		s.paused = false
@@ -264,6 +283,9 @@ func (m *Sessions) Fork(ctx context.Context, id string, caller Caller) (*Session
 	}
 	if m.o.WorkDir == "" {
 		return nil, errors.New("supervisor: sessions cannot be forked here (no state directory)")
+	}
+	if m.stopped.Load() {
+		return nil, ErrStopping
 	}
 	if !src.busy.CompareAndSwap(false, true) {
 		return nil, ErrSessionBusy
@@ -331,13 +353,31 @@ func (m *Sessions) Fork(ctx context.Context, id string, caller Caller) (*Session
 	return s, nil
 }
 
-// copyWorkspace copies the regular files and directories of from into to (which
-// exists), never leaving from (os.Root): a symbolic link is an error.
-func copyWorkspace(to, from string) error {
-	root, err := os.OpenRoot(from)
+// copyWorkspace copies the workspace directory from into to (see
+// workspace.CopyTo: regular files and directories only, nothing followed), within
+// q. Errors: workspace.ErrNotFound (from is gone), workspace.ErrQuota (from is past
+// q: its session's cells are refused until files are removed, and a copy would be
+// too), workspace.ErrUnsafe (a name that is not copied).
+func copyWorkspace(to, from string, q workspace.Quota) error {
+	if _, err := os.Stat(from); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: the session's workspace was deleted", workspace.ErrNotFound)
+	}
+	w, err := workspace.Directory(from, q)
 	if err != nil {
 		return err
 	}
-	defer root.Close()
-	return os.CopyFS(to, root.FS())
+	if q.Bytes > 0 && q.Files > 0 {
+		over, u, err := w.OverQuota()
+		if err != nil {
+			return err
+		}
+		if over {
+			return fmt.Errorf("%w: the session's workspace holds %d bytes in %d names, over its quota of %d bytes and %d names: remove files before forking it",
+				workspace.ErrQuota, u.Bytes, u.Files, q.Bytes, q.Files)
+		}
+	}
+	if err := w.CopyTo(to); err != nil {
+		return fmt.Errorf("cannot copy the session's workspace for the fork: %w", err)
+	}
+	return nil
 }

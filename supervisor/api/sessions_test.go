@@ -401,3 +401,119 @@ func TestSessionCellEvents(t *testing.T) {
 	resp.Body.Close()
 	wantProblem(t, resp, b, 404, wire.CodeNotFound)
 }
+
+// The daemon's stop keeps what is safe: a cell sent to a paused session while it
+// stops is refused (503) or runs, and either way the session comes back with its
+// state; pauses at once stay within the caller's disk bound (the others are lost,
+// and say why).
+func TestSessionStopKeepsPaused(t *testing.T) {
+	dir := t.TempDir()
+	sessions := func(c *config.Sessions) { c.MemoryBudget = 1; c.MaxPerCaller = 4; c.MaxPausedBytesPerCaller = 30 << 20 }
+	d := start(t, setup{dir: dir, sessions: sessions})
+	small := d.openSession(t, `{}`)
+	if status, _, b := d.cell(t, small, `{"code": "x = 41"}`); status != 200 {
+		t.Fatalf("small: %d %s", status, b)
+	}
+	big := d.openSession(t, `{"limits": {"memory_mib": 512}}`)
+	if status, a, b := d.cell(t, big, `{"code": "b = bytearray(b'\\x01') * (200 << 20)", "limits": {"timeout_ms": 60000}}`); status != 200 || a.Result.Reason != protocol.Exited {
+		t.Fatalf("big: %d %s", status, b)
+	}
+	if v := d.sessionView(t, small); v.State != "paused" {
+		t.Fatalf("small past the budget: %+v", v)
+	}
+	d.stop() // big's pause (200 MB) takes a while: small's cells come meanwhile
+	for i := 0; i < 100; i++ {
+		req, _ := http.NewRequest("POST", "http://sandcell/v1/sessions/"+small+"/cells", strings.NewReader(`{"code": "x + 1"}`))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := d.client.Do(req)
+		if err != nil {
+			break // the daemon has stopped listening
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 503 && resp.StatusCode != 200 {
+			t.Fatalf("a cell while the daemon stops: %d %s", resp.StatusCode, b)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	err := <-d.ran
+	d.ran <- err
+	d = start(t, setup{dir: dir})
+	if v := d.sessionView(t, small); v.State != "paused" {
+		t.Fatalf("small after the stop: %+v", v)
+	}
+	if status, a, b := d.cell(t, small, `{"code": "x + 1"}`); status != 200 || a.Value != "42" || a.State != wire.SessionRestored {
+		t.Fatalf("small after the restart: %d %s", status, b)
+	}
+	// big was past the caller's 30 MiB: lost at the stop, and it says why.
+	if v := d.sessionView(t, big); v.State != "lost" || !strings.Contains(v.Lost, "could not pause") {
+		t.Fatalf("big after the stop: %+v", v)
+	}
+}
+
+// sessionView is GET /v1/sessions/{id}.
+func (d *daemon) sessionView(t *testing.T, id string) wire.SessionView {
+	t.Helper()
+	resp, b := d.do(t, "GET", "/v1/sessions/"+id, "")
+	var v wire.SessionView
+	if resp.StatusCode != 200 || json.Unmarshal(b, &v) != nil {
+		t.Fatalf("session %s: %d %s", id, resp.StatusCode, b)
+	}
+	return v
+}
+
+// Pauses at once (the daemon's stop pauses every session) stay within the caller's
+// disk bound; the sessions past it are lost at the stop, and say so.
+func TestSessionPausesWithinTheBound(t *testing.T) {
+	dir := t.TempDir()
+	d := start(t, setup{dir: dir, sessions: func(c *config.Sessions) { c.MaxPerCaller = 3; c.MaxPausedBytesPerCaller = 30 << 20 }})
+	var ids []string
+	for i := 0; i < 3; i++ {
+		id := d.openSession(t, `{}`)
+		if status, _, b := d.cell(t, id, `{"code": "import os\nb = os.urandom(10 << 20)"}`); status != 200 {
+			t.Fatalf("cell: %d %s", status, b)
+		}
+		ids = append(ids, id)
+	}
+	d.stop()
+	err := <-d.ran
+	d.ran <- err
+	d = start(t, setup{dir: dir})
+	var paused int64
+	for _, id := range ids {
+		switch v := d.sessionView(t, id); v.State {
+		case "paused":
+			paused += v.CheckpointBytes
+		case "lost":
+			if !strings.Contains(v.Lost, "could not pause") {
+				t.Errorf("%s: %s", id, v.Lost)
+			}
+		default:
+			t.Errorf("%s after the stop: %+v", id, v)
+		}
+	}
+	if paused == 0 || paused > 30<<20 {
+		t.Fatalf("%d bytes paused against a bound of %d", paused, 30<<20)
+	}
+}
+
+// A fork copies regular files and directories only: a symbolic link the guest made
+// (wherever it leads) refuses the fork, 409, and nothing of it is made; a workspace
+// past its quota is 507.
+func TestSessionForkRefuses(t *testing.T) {
+	d := start(t, setup{})
+	id := d.openSession(t, `{}`)
+	if status, a, b := d.cell(t, id, `{"code": "import os\nos.mkdir('/ws/d')\nopen('/ws/d/f', 'w').write('x')\nos.symlink('../' * 20 + 'etc/passwd', '/ws/d/l')"}`); status != 200 || a.Result.ExitCode != 0 {
+		t.Fatalf("the guest's link: %d %s", status, b)
+	}
+	resp, b := d.do(t, "POST", "/v1/sessions/"+id+"/fork", "")
+	wantProblem(t, resp, b, 409, wire.CodeUnsafeFile)
+	if status, _, b := d.cell(t, id, `{"code": "import os\nos.remove('/ws/d/l')\nopen('/ws/big', 'wb').write(b'x' * (3 << 20))"}`); status != 200 {
+		t.Fatalf("past the quota: %d %s", status, b)
+	}
+	resp, b = d.do(t, "POST", "/v1/sessions/"+id+"/fork", "")
+	wantProblem(t, resp, b, 507, wire.CodeQuota)
+	if status, _, b := d.cell(t, id, `{"code": "import os\nos.remove('/ws/big')"}`); status != 507 {
+		t.Fatalf("a cell past the quota: %d %s", status, b)
+	}
+}

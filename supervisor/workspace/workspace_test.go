@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func newWorkspace(t *testing.T, q Quota) (*Store, *Workspace) {
@@ -423,5 +426,63 @@ func TestReplacedFileKeepsItsModeAndDirectory(t *testing.T) {
 	}
 	if _, err := Directory(filepath.Join(dir, "private.env"), Quota{Bytes: 1, Files: 1}); err == nil {
 		t.Fatal("a file served as a directory")
+	}
+}
+
+// A copy holds the workspace's files and directories, refuses every other kind of
+// name (a symbolic link, wherever it leads; a FIFO; a file with another hard link)
+// without following it, and stops at the quota.
+func TestCopyTo(t *testing.T) {
+	src := t.TempDir()
+	os.MkdirAll(filepath.Join(src, "a", "b"), 0o755)
+	os.WriteFile(filepath.Join(src, "a", "b", "f.txt"), []byte("hello"), 0o640)
+	os.WriteFile(filepath.Join(src, "top"), []byte("x"), 0o600)
+	w, err := Directory(src, Quota{Bytes: 100, Files: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst := t.TempDir()
+	if err := w.CopyTo(dst); err != nil {
+		t.Fatalf("copy: %v", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "a", "b", "f.txt")); err != nil || string(b) != "hello" {
+		t.Fatalf("the copied file: %q %v", b, err)
+	}
+	if st, _ := os.Stat(filepath.Join(dst, "a", "b", "f.txt")); st.Mode().Perm() != 0o640 {
+		t.Fatalf("the copy's mode: %v", st.Mode())
+	}
+	for name, mk := range map[string]func(dir string) error{
+		"a symbolic link out": func(dir string) error { return os.Symlink("../../../../etc/passwd", filepath.Join(dir, "l")) },
+		"a symbolic link in":  func(dir string) error { return os.Symlink("top", filepath.Join(dir, "l")) },
+		"a FIFO":              func(dir string) error { return unix.Mkfifo(filepath.Join(dir, "p"), 0o600) },
+		"a hard link":         func(dir string) error { return os.Link(filepath.Join(dir, "top"), filepath.Join(dir, "h")) },
+	} {
+		s := t.TempDir()
+		os.WriteFile(filepath.Join(s, "top"), []byte("x"), 0o600)
+		if err := mk(s); err != nil {
+			t.Fatal(err)
+		}
+		w, _ := Directory(s, Quota{Bytes: 100, Files: 10})
+		d := t.TempDir()
+		if err := w.CopyTo(d); !errors.Is(err, ErrUnsafe) {
+			t.Errorf("%s: %v", name, err)
+		}
+		if entries, _ := os.ReadDir(d); len(entries) > 1 {
+			t.Errorf("%s: copied %v", name, entries)
+		}
+		filepath.WalkDir(d, func(p string, e fs.DirEntry, _ error) error {
+			if e != nil && e.Type()&fs.ModeSymlink != 0 {
+				t.Errorf("%s: a link in the copy: %s", name, p)
+			}
+			return nil
+		})
+	}
+	big, _ := Directory(src, Quota{Bytes: 5, Files: 10})
+	if err := big.CopyTo(t.TempDir()); !errors.Is(err, ErrQuota) {
+		t.Errorf("past the bytes: %v", err)
+	}
+	many, _ := Directory(src, Quota{Bytes: 100, Files: 3})
+	if err := many.CopyTo(t.TempDir()); !errors.Is(err, ErrQuota) {
+		t.Errorf("past the names: %v", err)
 	}
 }
