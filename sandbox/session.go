@@ -231,8 +231,8 @@ func (ss *Session) Run(ctx context.Context, cell protocol.Request) (Cell, error)
 // RunStreaming is Run, with observe (when not nil) given the cell's output as the
 // worker produces it, stream by stream ("stdout", "stderr"; the value is not
 // output), within the caps, from the goroutines that read it; the Cell holds the
-// output too. An observer that blocks holds the cell's output, and so the cell,
-// within its time limit.
+// output too. An observer that blocks holds the cell's output, and so the cell:
+// it must give up on a reader that stops (the API's does after 2 s).
 func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, observe Observer) (Cell, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()

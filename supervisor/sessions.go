@@ -135,8 +135,8 @@ type Sessions struct {
 	hooks  SessionHooks
 
 	mu       sync.Mutex
-	live     map[string]*Session // every session, live or not
-	reserved map[Caller]int64    // bytes of checkpoints being written, by caller (see pause)
+	live     map[string]*Session    // every session, live or not
+	pausing  map[Caller]*sync.Mutex // one pause at a time per caller (see pause)
 	stopping bool
 	stopped  atomic.Bool    // stopping, read without mu
 	closing  sync.WaitGroup // workers being ended in the background (see detach)
@@ -191,7 +191,7 @@ func NewSessions(opener SessionOpener, o SessionOptions) (*Sessions, error) {
 	if o.Running <= 0 {
 		o.Running = o.Max
 	}
-	return &Sessions{opener: opener, o: o, live: map[string]*Session{}, reserved: map[Caller]int64{},
+	return &Sessions{opener: opener, o: o, live: map[string]*Session{}, pausing: map[Caller]*sync.Mutex{},
 		stop: make(chan struct{}), running: make(chan struct{}, o.Running)}, nil
 }
 
@@ -466,6 +466,8 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 		defer func() { <-m.running }()
 	case <-ctx.Done():
 		return sandbox.Cell{}, "", ctx.Err()
+	case <-m.stop:
+		return sandbox.Cell{}, "", ErrStopping
 	}
 	if m.stopped.Load() {
 		return sandbox.Cell{}, "", ErrStopping
@@ -482,12 +484,10 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 	}
 	s.running = true
 	s.mu.Unlock()
-	defer func() {
+	if err := admitted(); err != nil {
 		s.mu.Lock()
 		s.running = false
 		s.mu.Unlock()
-	}()
-	if err := admitted(); err != nil {
 		return sandbox.Cell{}, "", err
 	}
 	if w != nil {
@@ -503,7 +503,14 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 	defer m.budget()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// No longer running: from here the stop pauses the session, or it has
+	// already ended it (lost, said below) while the cell ran.
+	s.running = false
 	s.used = time.Now().UTC()
+	if s.lost != "" && err == nil {
+		s.cells++
+		return c, wire.SessionLost, nil
+	}
 	if errors.Is(err, sandbox.ErrSessionLost) {
 		s.lose(err.Error())
 		return sandbox.Cell{}, "", fmt.Errorf("%w: %s", ErrSessionLost, s.lost)
@@ -663,7 +670,8 @@ const shutdownWait = 10 * time.Second
 // Shutdown refuses new sessions and cells, and pauses the live sessions (with no
 // WorkDir they end). A session whose cell is running is ended with its worker
 // (the cell's answer says the state is lost); one held for anything else is
-// waited for, within shutdownWait, and then paused, or left as it is.
+// waited for, within shutdownWait, and then paused, or ended with its worker
+// (lost, and said). Every worker has ended when it returns.
 func (m *Sessions) Shutdown() {
 	m.mu.Lock()
 	if m.stopping {
@@ -699,35 +707,40 @@ func (m *Sessions) Shutdown() {
 // shutdownEach is Shutdown's work on sessions, within deadline; pauses are added to
 // wg.
 func (m *Sessions) shutdownEach(sessions []*Session, deadline time.Time, wg *sync.WaitGroup) {
+	// Running cells first, all at once: they end with their workers (their answers
+	// say the state is lost), and the cells queued behind them hear the stop.
+	for _, s := range sessions {
+		s.mu.Lock()
+		if s.running && s.ss != nil {
+			s.lost = cmp.Or(s.lost, "the daemon stopped while a cell ran")
+			ss := s.ss
+			m.closing.Add(1)
+			go func() { defer m.closing.Done(); ss.Close() }()
+		}
+		s.mu.Unlock()
+	}
 	for _, s := range sessions {
 		held := false
-		for !held {
-			if held = s.busy.CompareAndSwap(false, true); held {
-				break
+		for !held && time.Now().Before(deadline) {
+			if held = s.busy.CompareAndSwap(false, true); !held {
+				time.Sleep(10 * time.Millisecond)
 			}
-			s.mu.Lock()
-			running := s.running
-			s.mu.Unlock()
-			if running || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
 		}
 		if !held {
+			// Held past the deadline (a resume, a fork that does not end): its worker
+			// ends with the daemon, and it says so.
 			s.mu.Lock()
-			if s.running {
-				// A cell is running: it is ended, and its answer says the state is lost.
-				s.lost = cmp.Or(s.lost, "the daemon stopped while a cell ran")
-				if s.ss != nil {
-					s.ss.Close()
-				}
+			if ss := s.ss; ss != nil {
+				s.lost = cmp.Or(s.lost, "the daemon stopped while it was busy")
+				m.closing.Add(1)
+				go func() { defer m.closing.Done(); ss.Close() }()
 			}
 			s.mu.Unlock()
 			m.persist(s)
 			continue
 		}
 		s.mu.Lock()
-		live := s.ss != nil
+		live := s.ss != nil && s.lost == ""
 		s.mu.Unlock()
 		switch {
 		case m.o.WorkDir == "":
@@ -747,8 +760,13 @@ func (m *Sessions) shutdownEach(sessions []*Session, deadline time.Time, wg *syn
 					m.event(s, SessionLost, map[string]any{"why": s.lost})
 				}
 			}()
+		default:
+			// Paused already, or lost: its record says so. It stays held: nothing
+			// more happens to it in this daemon.
+			s.mu.Lock()
+			s.detach()
+			s.mu.Unlock()
+			m.persist(s)
 		}
-		// Paused already, or lost: its record says so. It stays held: nothing more
-		// happens to it in this daemon.
 	}
 }

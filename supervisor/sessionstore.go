@@ -1,7 +1,6 @@
 package supervisor
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/google/renameio/v2"
@@ -125,17 +125,22 @@ func (m *Sessions) pause(s *Session, why string) error {
 	if s.dir == "" || ss == nil {
 		return errors.New("the session cannot be paused here")
 	}
-	// The room is reserved before the checkpoint is written, so that pauses of
-	// one caller at once (the daemon's stop pauses all) pass the bound no more than
-	// one does: the checkpoint is at most the interpreter's memory and a header.
+	// One pause at a time per caller when its paused sessions are bounded (the
+	// daemon's stop pauses all at once): each then counts what the others really
+	// wrote.
 	room := int64(math.MaxInt64) // no bound
 	if m.o.MaxPausedBytesPerCaller > 0 {
-		s.mu.Lock()
-		need := cmp.Or(s.memory, s.Limits.MemoryBytes) + 4<<20
-		s.mu.Unlock()
 		m.mu.Lock()
-		room = m.o.MaxPausedBytesPerCaller - m.reserved[s.Caller]
-		for _, o := range m.live {
+		one := m.pausing[s.Caller]
+		if one == nil {
+			one = &sync.Mutex{}
+			m.pausing[s.Caller] = one
+		}
+		m.mu.Unlock()
+		one.Lock()
+		defer one.Unlock()
+		room = m.o.MaxPausedBytesPerCaller
+		for _, o := range m.all() {
 			if o != s && o.Caller == s.Caller {
 				o.mu.Lock()
 				if o.paused {
@@ -144,16 +149,7 @@ func (m *Sessions) pause(s *Session, why string) error {
 				o.mu.Unlock()
 			}
 		}
-		room = max(min(room, need), 0)
-		m.reserved[s.Caller] += room
-		m.mu.Unlock()
-		defer func() {
-			m.mu.Lock()
-			if m.reserved[s.Caller] -= room; m.reserved[s.Caller] == 0 {
-				delete(m.reserved, s.Caller)
-			}
-			m.mu.Unlock()
-		}()
+		room = max(room, 0)
 	}
 	began := time.Now()
 	path := filepath.Join(s.dir, checkpointName)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/sandcell/sandcell/sandbox"
@@ -274,6 +275,12 @@ func (c *cellEvents) started() bool {
 	return c.sent
 }
 
+// cellEventWait bounds each write of a cell's events: a client that stops reading
+// loses its stream (the rest of the output is in the answer it no longer reads)
+// rather than holding the worker's output, and so the cell, its session and its
+// place.
+const cellEventWait = 2 * time.Second
+
 // output is the cell's observer.
 func (c *cellEvents) output(stream string, b []byte) {
 	c.mu.Lock()
@@ -282,18 +289,19 @@ func (c *cellEvents) output(stream string, b []byte) {
 	if c.gone {
 		return
 	}
-	if !writeChunk(c.w, c.next, stream, b) {
+	http.NewResponseController(c.w).SetWriteDeadline(time.Now().Add(cellEventWait))
+	if !writeChunk(c.w, c.next, stream, b) || http.NewResponseController(c.w).Flush() != nil {
 		c.gone = true
 		return
 	}
 	c.next++
-	c.w.Flush()
 }
 
 func (c *cellEvents) answer(a wire.CellAnswer) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.start()
+	http.NewResponseController(c.w).SetWriteDeadline(time.Now().Add(cellEventWait))
 	fmt.Fprint(c.w, "event: answer\ndata: ")
 	a.WriteJSON(c.w)
 	fmt.Fprint(c.w, "\n\n")
@@ -305,6 +313,7 @@ func (c *cellEvents) problem(err error) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b, _ := json.Marshal(AsProblem(err))
+	http.NewResponseController(c.w).SetWriteDeadline(time.Now().Add(cellEventWait))
 	fmt.Fprintf(c.w, "event: error\ndata: %s\n\n", b)
 	c.w.Flush()
 	return nil

@@ -2,7 +2,9 @@ package api_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -466,7 +468,7 @@ func (d *daemon) sessionView(t *testing.T, id string) wire.SessionView {
 // disk bound; the sessions past it are lost at the stop, and say so.
 func TestSessionPausesWithinTheBound(t *testing.T) {
 	dir := t.TempDir()
-	d := start(t, setup{dir: dir, sessions: func(c *config.Sessions) { c.MaxPerCaller = 3; c.MaxPausedBytesPerCaller = 30 << 20 }})
+	d := start(t, setup{dir: dir, sessions: func(c *config.Sessions) { c.MaxPerCaller = 3; c.MaxPausedBytesPerCaller = 50 << 20 }})
 	var ids []string
 	for i := 0; i < 3; i++ {
 		id := d.openSession(t, `{}`)
@@ -480,10 +482,12 @@ func TestSessionPausesWithinTheBound(t *testing.T) {
 	d.ran <- err
 	d = start(t, setup{dir: dir})
 	var paused int64
+	n := 0
 	for _, id := range ids {
 		switch v := d.sessionView(t, id); v.State {
 		case "paused":
 			paused += v.CheckpointBytes
+			n++
 		case "lost":
 			if !strings.Contains(v.Lost, "could not pause") {
 				t.Errorf("%s: %s", id, v.Lost)
@@ -492,8 +496,86 @@ func TestSessionPausesWithinTheBound(t *testing.T) {
 			t.Errorf("%s after the stop: %+v", id, v)
 		}
 	}
-	if paused == 0 || paused > 30<<20 {
-		t.Fatalf("%d bytes paused against a bound of %d", paused, 30<<20)
+	// Each checkpoint is about 22 MB: two fit within 50 MiB, the third does not.
+	if n != 2 || paused > 50<<20 {
+		t.Fatalf("%d sessions, %d bytes, paused against a bound of %d", n, paused, 50<<20)
+	}
+}
+
+// At the stop, cells waiting for a place hear it (503), the running cell ends with
+// its worker (lost, said), and the sessions behind it are paused with their state,
+// soon.
+func TestSessionStopWithCellsQueued(t *testing.T) {
+	dir := t.TempDir()
+	d := start(t, setup{dir: dir, concurrency: 1, sessions: func(c *config.Sessions) { c.MaxPerCaller = 8 }})
+	long := d.openSession(t, `{}`)
+	var queued []string
+	for i := 0; i < 4; i++ {
+		id := d.openSession(t, `{}`)
+		if status, _, b := d.cell(t, id, `{"code": "x = 41"}`); status != 200 {
+			t.Fatalf("cell: %d %s", status, b)
+		}
+		queued = append(queued, id)
+	}
+	go func() {
+		req, _ := http.NewRequest("POST", "http://sandcell/v1/sessions/"+long+"/cells",
+			strings.NewReader(`{"code": "import time\ntime.sleep(15)", "limits": {"timeout_ms": 20000}}`))
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err := d.client.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	for _, id := range queued {
+		go func() {
+			req, _ := http.NewRequest("POST", "http://sandcell/v1/sessions/"+id+"/cells", strings.NewReader(`{"code": "x + 1"}`))
+			req.Header.Set("Content-Type", "application/json")
+			if resp, err := d.client.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond)
+	began := time.Now()
+	d.stop()
+	err := <-d.ran
+	d.ran <- err
+	if took := time.Since(began); took > 8*time.Second {
+		t.Errorf("the stop took %s", took)
+	}
+	d = start(t, setup{dir: dir})
+	for _, id := range queued {
+		if status, a, b := d.cell(t, id, `{"code": "x + 1"}`); status != 200 || a.Value != "42" {
+			t.Fatalf("a session whose cell waited at the stop: %d %s", status, b)
+		}
+	}
+	if v := d.sessionView(t, long); v.State != "lost" || !strings.Contains(v.Lost, "stopped while a cell ran") {
+		t.Fatalf("the session whose cell ran at the stop: %+v", v)
+	}
+}
+
+// A client that stops reading its cell's event stream loses the stream, not the
+// session: the cell ends within its limit and the session takes the next cell.
+func TestSessionCellEventsUnread(t *testing.T) {
+	d := start(t, setup{})
+	id := d.openSession(t, `{}`)
+	conn, err := net.Dial("unix", d.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"code": "import sys\nfor i in range(200000):\n    sys.stdout.write('x' * 99 + '\\n')\n", "limits": {"timeout_ms": 2000}}`
+	fmt.Fprintf(conn, "POST /v1/sessions/%s/cells HTTP/1.1\r\nHost: sandcell\r\nAccept: text/event-stream\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", id, len(body), body)
+	deadline := time.Now().Add(15 * time.Second)
+	for d.sessionView(t, id).State == "busy" || d.sessionView(t, id).Cells == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the session of an unread stream: %+v", d.sessionView(t, id))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if status, a, b := d.cell(t, id, `{"code": "6 * 7"}`); status != 200 || a.Value != "42" {
+		t.Fatalf("the next cell: %d %s", status, b)
 	}
 }
 
