@@ -136,19 +136,8 @@ func BenchmarkSessionCell(b *testing.B) {
 func BenchmarkSessionCheckpoint(b *testing.B) {
 	for _, mib := range []int{50, 500} {
 		b.Run(strconv.Itoa(mib)+"MiB", func(b *testing.B) {
-			limits := policy.Default().Default
-			limits.MemoryBytes = 1 << 30
-			req := protocol.Request{Workspace: b.TempDir(), Limits: limits, Hardening: policy.Default().Hardening(limits),
-				ModulePath: bundletest.Module(b, false), LibDir: bundletest.LibDir(b)}
-			ss, err := sandbox.NewSpawner().OpenSession(context.Background(), req)
-			if err != nil {
-				b.Fatal(err)
-			}
+			ss, limits, _ := heldSession(b, sandbox.NewSpawner(), mib)
 			defer ss.Close()
-			fill := protocol.Request{Code: "import os\nheld = bytearray(os.urandom(1 << 20)) * " + strconv.Itoa(mib), Limits: limits}
-			if res, err := ss.Run(context.Background(), fill); err != nil || res.Reason != protocol.Exited {
-				b.Fatalf("%v %s %s", err, res.Reason, res.Stderr)
-			}
 			times := make([]time.Duration, 0, b.N)
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -165,6 +154,27 @@ func BenchmarkSessionCheckpoint(b *testing.B) {
 	}
 }
 
+// heldSession opens a session of sp (every layer, a 1 GiB memory limit) whose
+// interpreter holds mib MiB of random bytes as `held`, and returns it with its
+// limits and request.
+func heldSession(b *testing.B, sp *sandbox.Spawner, mib int) (*sandbox.Session, protocol.Limits, protocol.Request) {
+	b.Helper()
+	limits := policy.Default().Default
+	limits.MemoryBytes = 1 << 30
+	req := protocol.Request{Workspace: b.TempDir(), Limits: limits, Hardening: policy.Default().Hardening(limits),
+		ModulePath: bundletest.Module(b, false), LibDir: bundletest.LibDir(b)}
+	ss, err := sp.OpenSession(context.Background(), req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fill := protocol.Request{Code: "import os\nheld = bytearray(os.urandom(1 << 20)) * " + strconv.Itoa(mib), Limits: limits}
+	if res, err := ss.Run(context.Background(), fill); err != nil || res.Reason != protocol.Exited {
+		ss.Close()
+		b.Fatalf("%v %s %s", err, res.Reason, res.Stderr)
+	}
+	return ss, limits, req
+}
+
 // BenchmarkSessionResume times a session's trip through disk with 50 MiB and 500
 // MiB in its interpreter: Save to a checkpoint file (synced, as the daemon pauses
 // it), then ResumeSession from that file in a fresh worker and its first cell
@@ -173,19 +183,8 @@ func BenchmarkSessionCheckpoint(b *testing.B) {
 func BenchmarkSessionResume(b *testing.B) {
 	for _, mib := range []int{50, 500} {
 		b.Run(strconv.Itoa(mib)+"MiB", func(b *testing.B) {
-			limits := policy.Default().Default
-			limits.MemoryBytes = 1 << 30
-			req := protocol.Request{Workspace: b.TempDir(), Limits: limits, Hardening: policy.Default().Hardening(limits),
-				ModulePath: bundletest.Module(b, false), LibDir: bundletest.LibDir(b)}
 			sp := sandbox.NewSpawner()
-			ss, err := sp.OpenSession(context.Background(), req)
-			if err != nil {
-				b.Fatal(err)
-			}
-			fill := protocol.Request{Code: "import os\nheld = bytearray(os.urandom(1 << 20)) * " + strconv.Itoa(mib), Limits: limits}
-			if res, err := ss.Run(context.Background(), fill); err != nil || res.Reason != protocol.Exited {
-				b.Fatalf("%v %s %s", err, res.Reason, res.Stderr)
-			}
+			ss, limits, req := heldSession(b, sp, mib)
 			path := filepath.Join(b.TempDir(), "checkpoint")
 			var saves, resumes []time.Duration
 			var size int64

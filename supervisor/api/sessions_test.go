@@ -240,22 +240,13 @@ func TestSessionSurvivesRestart(t *testing.T) {
 		}
 		return a
 	}
-	view := func(d *daemon, id string) wire.SessionView {
-		t.Helper()
-		resp, b := d.do(t, "GET", "/v1/sessions/"+id, "")
-		var v wire.SessionView
-		if resp.StatusCode != 200 || json.Unmarshal(b, &v) != nil {
-			t.Fatalf("session %s: %d %s", id, resp.StatusCode, b)
-		}
-		return v
-	}
 
 	d := start(t, setup{dir: dir})
 	id := d.openSession(t, `{}`)
 	want(d, id, `{"code": "x = 41\nopen('/ws/f.txt', 'w').write('a')\nfh = open('/ws/f.txt')"}`, "preserved", "")
 
 	d = restart(d, func(c *config.Sessions) { c.MemoryBudget = 1 })
-	if v := view(d, id); v.State != "paused" || v.CheckpointBytes < 1<<20 {
+	if v := d.sessionView(t, id); v.State != "paused" || v.CheckpointBytes < 1<<20 {
 		t.Fatalf("after the restart: %+v", v)
 	}
 	a := want(d, id, `{"code": "x + 1"}`, "restored", "42")
@@ -276,7 +267,7 @@ func TestSessionSurvivesRestart(t *testing.T) {
 	want(d, fork.ID, `{"code": "x = 100\nopen('/ws/f.txt', 'w').write('fork')\nx"}`, "restored", "100")
 	// The budget (1 byte) pauses the least recently used idle session: the fork's
 	// cell paused id.
-	if v := view(d, id); v.State != "paused" {
+	if v := d.sessionView(t, id); v.State != "paused" {
 		t.Fatalf("past the memory budget, the idle session is %s", v.State)
 	}
 	want(d, id, `{"code": "x, open('/ws/f.txt').read()"}`, "restored", "(41, 'a')")
@@ -286,9 +277,9 @@ func TestSessionSurvivesRestart(t *testing.T) {
 	d = restart(d, func(c *config.Sessions) { c.PauseAfter.Duration = time.Second })
 	want(d, id, `{"code": "y = x * 2"}`, "restored", "")
 	deadline := time.Now().Add(10 * time.Second)
-	for view(d, id).State != "paused" {
+	for d.sessionView(t, id).State != "paused" {
 		if time.Now().After(deadline) {
-			t.Fatalf("an idle session was not paused: %+v", view(d, id))
+			t.Fatalf("an idle session was not paused: %+v", d.sessionView(t, id))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -302,7 +293,7 @@ func TestSessionSurvivesRestart(t *testing.T) {
 	b, _ = os.ReadFile(rec)
 	os.WriteFile(rec, []byte(strings.Replace(string(b), `"interpreter":"`, `"interpreter":"other-`, 1)), 0o600)
 	d = start(t, setup{dir: dir})
-	if v := view(d, fork.ID); v.State != "lost" || !strings.Contains(v.Lost, "another interpreter") {
+	if v := d.sessionView(t, fork.ID); v.State != "lost" || !strings.Contains(v.Lost, "another interpreter") {
 		t.Fatalf("a checkpoint of another interpreter: %+v", v)
 	}
 	resp, b = d.do(t, "POST", "/v1/sessions/"+fork.ID+"/cells", `{"code": "x"}`)
@@ -326,10 +317,10 @@ func TestSessionSurvivesRestart(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, "state", "sessions", id, "session.json"), live, 0o600)
 	os.Remove(filepath.Join(dir, "state", "sessions", id, "checkpoint"))
 	d = start(t, setup{dir: dir})
-	if v := view(d, id); v.State != "lost" || !strings.Contains(v.Lost, "killed") {
+	if v := d.sessionView(t, id); v.State != "lost" || !strings.Contains(v.Lost, "killed") {
 		t.Fatalf("a session live when its daemon was killed: %+v", v)
 	}
-	if v := view(d, other); v.State != "lost" || !strings.Contains(v.Lost, "could not pause") {
+	if v := d.sessionView(t, other); v.State != "lost" || !strings.Contains(v.Lost, "could not pause") {
 		t.Fatalf("a session past its caller's disk bound at the stop: %+v", v)
 	}
 
