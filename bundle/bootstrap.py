@@ -53,6 +53,17 @@ def _sandcell_init():
 
     # -S skips site, which is what defines exit() and quit(); scripts use them.
     builtins.exit = builtins.quit = sys.exit
+    # site would also have put site-packages on sys.path: the site layer, read-only
+    # like the standard library (bundle/interpreter/build-site.sh). Last, as site puts
+    # it; an isolated program leaves it out (see run()).
+    SITE = "/usr/local/lib/python3.13/site-packages"
+    sys.path.append(SITE)
+    # The guest has no executable file (WASI starts no processes): CPython says so
+    # with an empty sys.executable, which platform.libc_ver() and others understand,
+    # where a path that does not exist here made them fail. sys.orig_argv keeps the
+    # name the interpreter was started by.
+    argv0 = sys.executable
+    sys.executable = sys._base_executable = ""
     # The first use of the compiler, the evaluation loop and the common codecs costs
     # (pages of code and memory touched once): pay it in the snapshot.
     warm = compile("def f(a):\n    return '%d' % (a * 7)\nprint(f(6), end='')", "<warm-up>", "exec")
@@ -197,24 +208,24 @@ def _sandcell_init():
         if mode == "isolated":
             # -I already left the script's directory out; keep only the library's
             # entries, whatever else may have put one there.
-            sys.path[:] = [p for p in sys.path if p.startswith("/usr/local/lib/")]
+            sys.path[:] = [p for p in sys.path if p.startswith("/usr/local/lib/") and p != SITE]
             sys.argv[:] = [name] + args
-            sys.orig_argv[:] = [sys.executable, "-I", "-S", "-c", src] + args
+            sys.orig_argv[:] = [argv0, "-I", "-S", "-c", src] + args
             g["__file__"] = name
             mode = "code"
         elif mode == "code":
             if name == "<string>":
                 sys.argv[:] = ["-c"] + args
-                sys.orig_argv[:] = [sys.executable, "-I", "-S", "-c", src] + args
+                sys.orig_argv[:] = [argv0, "-I", "-S", "-c", src] + args
             else:
                 sys.argv[:] = [name] + args
-                sys.orig_argv[:] = [sys.executable, "-I", "-S", name] + args
+                sys.orig_argv[:] = [argv0, "-I", "-S", name] + args
                 g["__file__"] = name
             sys.path.insert(0, "")
         else:
             name = src
             sys.argv[:] = [name] + args
-            sys.orig_argv[:] = [sys.executable, "-I", "-S", name] + args
+            sys.orig_argv[:] = [argv0, "-I", "-S", name] + args
             g["__file__"] = name
             sys.path.insert(0, os.path.dirname(name))
             try:
@@ -223,7 +234,7 @@ def _sandcell_init():
             except OSError as e:
                 # As CPython's own start-up says it, with its status.
                 print("%s: can't open file %r: [Errno %d] %s" % (
-                    os.path.basename(sys.executable), name, e.errno, e.strerror), file=sys.stderr)
+                    os.path.basename(argv0), name, e.errno, e.strerror), file=sys.stderr)
                 return end(2, g)
             opened.clear()
         return end(program(src, name, mode, g), g)
@@ -268,7 +279,7 @@ def _sandcell_init():
             random.seed()
             os.chdir("/ws")
             sys.argv[:] = [""]
-            sys.orig_argv[:] = [sys.executable, "-I", "-S"]
+            sys.orig_argv[:] = [argv0, "-I", "-S"]
             sys.path.insert(0, "")
         cells.append(name)
         # Its own stdin: the pipe's next bytes are the next cell's.

@@ -10,6 +10,10 @@
 //	python.wasm                  the interpreter, checked against Pinned.Wasm
 //	lib/python313.zip            the standard library, checked against Pinned.Stdlib
 //	lib/python3.13/lib-dynload/  empty: CPython's landmark for its exec_prefix
+//	lib/python3.13/site-packages/  the site layer's libraries (unpacked site.zip)
+//	lib/zoneinfo/                the site layer's IANA time zone database
+//	site.zip                     the site layer, checked against Pinned.Site; the
+//	                             unpacked files are checked against it
 //	MANIFEST                     JSON: the Interpreter the directory was installed from
 //	BUILDINFO, LICENSE.*         how it was built; the licences of what it contains
 //	python-<key>.cwasm(.json)    the snapshot precompiled for one engine configuration
@@ -18,7 +22,8 @@
 // python.wasm is a WASI reactor. What workers run is its snapshot (snapshot.go):
 // python.wasm initialised once with bootstrap.py and a hash seed, its memory and
 // globals written back into the module, then precompiled. Workers see lib/ read-only
-// at /usr/local/lib, where the interpreter looks for its library. The .cwasm cache
+// at /usr/local/lib, where the interpreter looks for its library, and its zoneinfo
+// at /usr/share/zoneinfo, where zoneinfo, dateutil and pytz look. The .cwasm cache
 // key covers the wasmtime version, the engine configuration, the target, the
 // python.wasm hash and what the snapshot also depends on (Key). This package does
 // not import wasmtime: the engine is passed in as a Compiler.
@@ -64,6 +69,13 @@ type Interpreter struct {
 	Sources []Source `json:"sources"`
 	// Licenses names the licence of each part; the texts ship as LICENSE.* files.
 	Licenses []string `json:"licenses"`
+	// Site is the site layer: the pure-Python libraries a run finds on sys.path
+	// (site-packages) and the IANA time zone database, one stored zip
+	// (bundle/interpreter/build-site.sh) installed unpacked into LibDir.
+	Site Artifact `json:"site"`
+	// SitePackages are the Debian packages the site layer is made of (its
+	// site-recipe.sh pins them); their copyright files ship as LICENSE.<package>.
+	SitePackages []Source `json:"site_packages"`
 }
 
 // Pinned is the interpreter this build accepts: CPython 3.13.5 for wasm32-wasip1 at
@@ -90,7 +102,16 @@ func Pinned() Interpreter {
 			{"bzip2_1.0.8.orig.tar.gz", "ab5a03176ee106d3f0fa90e381da478ddae405918153cca248e682cd0c4a2269"},
 			{"xz-utils_5.8.1.orig.tar.xz", "0b54f79df85912504de0b14aec7971e3f964491af1812d83447005807513cd9e"},
 		},
-		Licenses: []string{"PSF-2.0 (CPython)", "Zlib (zlib)", "blessing (SQLite, public domain)", "bzip2-1.0.6 (bzip2)", "0BSD (liblzma)"},
+		Licenses: []string{"PSF-2.0 (CPython)", "Zlib (zlib)", "blessing (SQLite, public domain)", "bzip2-1.0.6 (bzip2)", "0BSD (liblzma)",
+			"site layer, as each package's Debian copyright file (LICENSE.<package>) states: public domain (tzdata), " +
+				"BSD-3-Clause (dateutil, xlrd, babel and its locale data, isodate), MIT (pytz, six, openpyxl, et_xmlfile, petl, tabulate, " +
+				"agate, leather, slugify, pytimeparse), Apache-2.0 (parsedatetime), Artistic-1.0-Perl OR GPL-1.0-or-later (text_unidecode)"},
+		Site: Artifact{
+			Name:   "site.zip",
+			Size:   siteSize,
+			SHA256: siteSHA256,
+		},
+		SitePackages: sitePackages(),
 	}
 }
 
@@ -105,6 +126,13 @@ const (
 	// searching upwards from the executable's directory.
 	GuestExecutable = "/usr/local/bin/python"
 	dynloadDir      = "python3.13/lib-dynload"
+	// SitePackagesDir, within LibDir, holds the site layer's libraries: the guest
+	// finds them last on sys.path, at /usr/local/lib/python3.13/site-packages (an
+	// isolated program, the daemon's own, does not).
+	SitePackagesDir = "python3.13/site-packages"
+	// ZoneDir, within LibDir, holds the site layer's IANA time zone database; the
+	// guest sees it at protocol.GuestZoneDir too.
+	ZoneDir = protocol.LibZoneDir
 )
 
 // Errors returned by this package; match them with errors.Is.
@@ -153,12 +181,22 @@ func Install(src, dir string) error {
 	if err != nil {
 		return err
 	}
+	site, err := readVerified(Pinned().Site, filepath.Join(src, Pinned().Site.Name))
+	if err != nil {
+		return err
+	}
 	manifest, err := json.MarshalIndent(Pinned(), "", "  ")
 	if err != nil {
 		return fmt.Errorf("bundle: encode manifest: %w", err)
 	}
 	if err := os.MkdirAll(filepath.Join(dir, LibDir, dynloadDir), 0o755); err != nil {
 		return fmt.Errorf("bundle: create %s: %w", dir, err)
+	}
+	if err := writeAtomic(filepath.Join(dir, Pinned().Site.Name), site, 0o644); err != nil {
+		return err
+	}
+	if err := unpackSite(site, filepath.Join(dir, LibDir)); err != nil {
+		return err
 	}
 	if err := writeAtomic(filepath.Join(dir, Pinned().Wasm.Name), wasm, 0o644); err != nil {
 		return err
@@ -215,19 +253,28 @@ func Open(dir string) (*Bundle, error) {
 	if err := dec.Decode(&m); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrManifest, err)
 	}
-	if m.Version != Pinned().Version || m.Wasm != Pinned().Wasm || m.Stdlib != Pinned().Stdlib {
+	if m.Version != Pinned().Version || m.Wasm != Pinned().Wasm || m.Stdlib != Pinned().Stdlib || m.Site != Pinned().Site {
 		return nil, fmt.Errorf("%w: it names CPython %s python.wasm sha256 %s, this build pins CPython %s sha256 %s",
 			ErrManifest, m.Version, m.Wasm.SHA256, Pinned().Version, Pinned().Wasm.SHA256)
 	}
 	return &Bundle{Dir: dir}, nil
 }
 
-// Verify checks the bundle's python.wasm and standard library against Pinned.
+// Verify checks the bundle's python.wasm, standard library and site layer against
+// Pinned: site.zip's bytes, then the unpacked layer against site.zip, file by file
+// (the same names, the same bytes, nothing else; errors wrap ErrMismatch).
 func (b *Bundle) Verify() error {
 	if err := Pinned().Wasm.Verify(b.WasmPath()); err != nil {
 		return err
 	}
-	return Pinned().Stdlib.Verify(filepath.Join(b.LibPath(), Pinned().Stdlib.Name))
+	if err := Pinned().Stdlib.Verify(filepath.Join(b.LibPath(), Pinned().Stdlib.Name)); err != nil {
+		return err
+	}
+	site, err := readVerified(Pinned().Site, filepath.Join(b.Dir, Pinned().Site.Name))
+	if err != nil {
+		return err
+	}
+	return verifySite(site, b.LibPath())
 }
 
 // WasmPath is the path of python.wasm.

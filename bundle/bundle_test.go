@@ -21,7 +21,8 @@ import (
 )
 
 func TestPinnedInterpreter(t *testing.T) {
-	if len(bundle.Pinned().Wasm.SHA256) != 64 || len(bundle.Pinned().Stdlib.SHA256) != 64 || len(bundle.Pinned().Sources) != 5 {
+	if len(bundle.Pinned().Wasm.SHA256) != 64 || len(bundle.Pinned().Stdlib.SHA256) != 64 || len(bundle.Pinned().Sources) != 5 ||
+		len(bundle.Pinned().Site.SHA256) != 64 {
 		t.Fatalf("incomplete pin: %+v", bundle.Pinned())
 	}
 	b := bundletest.Open(t)
@@ -63,12 +64,83 @@ func installCopy(t *testing.T) string {
 	build := t.TempDir()
 	copyFile(t, src.WasmPath(), filepath.Join(build, bundle.Pinned().Wasm.Name))
 	copyFile(t, filepath.Join(src.LibPath(), bundle.Pinned().Stdlib.Name), filepath.Join(build, bundle.Pinned().Stdlib.Name))
+	copyFile(t, filepath.Join(src.Dir, bundle.Pinned().Site.Name), filepath.Join(build, bundle.Pinned().Site.Name))
 	os.WriteFile(filepath.Join(build, "BUILDINFO"), []byte("test\n"), 0o644)
 	dir := t.TempDir()
 	if err := bundle.Install(build, dir); err != nil {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// The site layer's recipe and Pinned name the same packages with the same hashes.
+func TestSitePackagesFollowTheRecipe(t *testing.T) {
+	raw, err := os.ReadFile("interpreter/site-recipe.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recipe []string
+	for _, line := range strings.Split(string(raw), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && strings.HasSuffix(f[0], ".deb") {
+			recipe = append(recipe, filepath.Base(f[0])+" "+f[1])
+		}
+	}
+	var pinned []string
+	for _, s := range bundle.Pinned().SitePackages {
+		pinned = append(pinned, s.Name+" "+s.SHA256)
+	}
+	if len(recipe) == 0 || strings.Join(recipe, "\n") != strings.Join(pinned, "\n") {
+		t.Fatalf("site-recipe.sh pins\n%s\nbundle pins\n%s", strings.Join(recipe, "\n"), strings.Join(pinned, "\n"))
+	}
+}
+
+// An unpacked site layer that differs from site.zip in any way fails Verify: a file
+// changed, one added, one removed, one replaced by a link.
+func TestSiteLayerVerified(t *testing.T) {
+	lib := func(dir string) string { return filepath.Join(dir, bundle.LibDir) }
+	paris := filepath.Join(bundle.ZoneDir, "Europe", "Paris")
+	for name, damage := range map[string]func(dir string) error{
+		"changed": func(dir string) error { return os.WriteFile(filepath.Join(lib(dir), paris), []byte("TZif"), 0o644) },
+		"added": func(dir string) error {
+			return os.WriteFile(filepath.Join(lib(dir), bundle.SitePackagesDir, "evil.py"), []byte("x"), 0o644)
+		},
+		"removed": func(dir string) error { return os.Remove(filepath.Join(lib(dir), paris)) },
+		"linked": func(dir string) error {
+			p := filepath.Join(lib(dir), paris)
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+			return os.Symlink("/etc/passwd", p)
+		},
+		"not unpacked": func(dir string) error { return os.RemoveAll(filepath.Join(lib(dir), bundle.ZoneDir)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := installCopy(t)
+			b, err := bundle.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := damage(dir); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Verify(); !errors.Is(err, bundle.ErrMismatch) {
+				t.Fatalf("Verify of a site layer %s: %v", name, err)
+			}
+			// Installing again repairs it.
+			build := t.TempDir()
+			for _, f := range []string{bundle.Pinned().Wasm.Name, bundle.Pinned().Site.Name} {
+				copyFile(t, filepath.Join(dir, f), filepath.Join(build, f))
+			}
+			copyFile(t, filepath.Join(lib(dir), bundle.Pinned().Stdlib.Name), filepath.Join(build, bundle.Pinned().Stdlib.Name))
+			os.WriteFile(filepath.Join(build, "BUILDINFO"), []byte("test\n"), 0o644)
+			if err := bundle.Install(build, dir); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Verify(); err != nil {
+				t.Fatalf("after a new install: %v", err)
+			}
+		})
+	}
 }
 
 func TestInstallAndOpen(t *testing.T) {

@@ -4,8 +4,35 @@ package bundle
 // them exactly (`make interpreter-verify` checks); change them only together with the
 // recipe.
 const (
-	wasmSize     = 11043739
-	wasmSHA256   = "080c98d3aaaad22bacd9269635fc49fc7b6b8815f2aebec59629bcbd4efce7bd"
+	wasmSize     = 11045985
+	wasmSHA256   = "777722852342962c13fd641d8bebb5b42128e196f75c0a9a59255c5c01eb8484"
 	stdlibSize   = 10634439
 	stdlibSHA256 = "fcf8a3fe23e2774733f7ff177e8697c1b26dc7a1537bc605109c3141d641711d"
+	siteSize     = 41756301
+	siteSHA256   = "03c34d18a7b6e6bac718b8e32b879fefe34353ab1167dd4b499a16e9ef9f0360"
 )
+
+// sitePackages are the Debian packages of the site layer, as
+// bundle/interpreter/site-recipe.sh pins them (a test checks the two agree).
+func sitePackages() []Source {
+	return []Source{
+		{"tzdata_2026c-0+deb13u1_all.deb", "813b9bbbe14ccda2b24617b8bade0ade4d745957e75921766c153d249886bd4c"},
+		{"python3-dateutil_2.9.0-4_all.deb", "c86f3b7e878e8035b0850cd4e0d0ee014a4b5ee4a8fb7386d8998e100452d06c"},
+		{"python3-pytz_2025.2-3_all.deb", "a5aa854697849a1e59737373795114587e2325f1d3f9c9a87092254ca88e58fd"},
+		{"python3-six_1.17.0-1_all.deb", "cd1caa92b2860d1de83311cb77f9fab1ee66034ef997cc436d41a1707458666d"},
+		{"python3-openpyxl_3.1.5+dfsg-2_all.deb", "9ff31ab90dc94cc47671b21182310dd8873af6eee959887d33adc23f87e2a610"},
+		{"python3-et-xmlfile_2.0.0-1_all.deb", "48c1e79b67785c57e6ecc4c1583da875e9fb765ccc796efadceba931802edd92"},
+		{"python3-xlrd_2.0.1-2_all.deb", "6594f62723d500ac50c0d82bea02a1c38f3a66178ca121700b63c5744a270009"},
+		{"python3-petl_1.7.15-2_all.deb", "de4443c04b9e2151bbb0cd7661f05ae878ae9407613ac1b874dad7dcc8c7f3e2"},
+		{"python3-tabulate_0.9.0-1_all.deb", "0b491dffc27d551319b7c35aeb0cefe4356154911bf4dae2708b1991feac3f28"},
+		{"python3-agate_1.9.1-1_all.deb", "0b744267215b894ec52603200d0ec44aa888d1248094e564f5e392f0df8ef7ae"},
+		{"python3-babel_2.17.0-1_all.deb", "348523917260fe1d9a15d19c9ca6ac0751ec2d5385f9c1a26c9bc27a966ba9e1"},
+		{"python-babel-localedata_2.17.0-1_all.deb", "10fd7335fc0f568d046da0af7a6faaf3b57ede60bc77e9ded26ed4550e7d30c1"},
+		{"python3-isodate_0.7.0-1_all.deb", "d5057f458babdf68125528cb6db1d1ae2a89703da18e0ca664dd084e5bfcb2bc"},
+		{"python3-leather_0.4.0-1_all.deb", "48b4bfcf35a84965685fff8d0982827a4ce8555dcbdb5f37dfc71da5df0ce268"},
+		{"python3-parsedatetime_2.6-3_all.deb", "5088e530036ea3db97788b243b6e6b181ddf67fd221d9968695215b453f090bd"},
+		{"python3-pytimeparse_1.1.5-4_all.deb", "829cab41e56dc1811b8fdb4faad596c2a4bb0c6f79c147abaf430ca2dc0410d0"},
+		{"python3-slugify_8.0.4-4_all.deb", "a758f45573cd717424876fcbf071bea0c535f3c2d8e78670f5a92367767a350d"},
+		{"python3-text-unidecode_1.3-1_all.deb", "bc72c16d08076a62c577e4ace02c31dd655d9ddfa2a13ff4aa016b3546ac5101"},
+	}
+}

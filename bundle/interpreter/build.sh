@@ -1,6 +1,7 @@
 #!/bin/sh
-# Builds the interpreter (python.wasm, python313.zip) reproducibly from the pinned
-# recipe in a debootstrapped Debian trixie root, and copies the outputs to OUTDIR.
+# Builds the interpreter (python.wasm, python313.zip) and its site layer (site.zip)
+# reproducibly from the pinned recipes (recipe.sh, site-recipe.sh) in a debootstrapped
+# Debian trixie root, and copies the outputs to OUTDIR.
 #
 #   build.sh WASIRUN OUTDIR          reuse the cached root and cached outputs
 #   build.sh WASIRUN OUTDIR --fresh  build in a new root, nothing reused (verification)
@@ -14,19 +15,25 @@ wasirun=$1
 outdir=$2
 fresh=${3:-}
 . "$here/recipe.sh"
+. "$here/site-recipe.sh"
 cache=${SANDCELL_BUILD_CACHE:-/var/cache/sandcell-build}
 mkdir -p "$cache/src"
 
-# Sources: fetched once from the Debian archive, always checked against the recipe.
-echo "$SOURCES" | while read -r path sum; do
-  [ -n "$path" ] || continue
-  f="$cache/src/$(basename "$path")"
-  if ! echo "$sum  $f" | sha256sum -c --status 2>/dev/null; then
-    curl -fsS -o "$f.part" "$MIRROR/pool/main/$path"
-    mv "$f.part" "$f"
-  fi
-  echo "$sum  $f" | sha256sum -c --quiet || { echo "interpreter: $path does not match the recipe" >&2; exit 1; }
-done
+# fetch URL-PREFIX LIST: each "path sha256" of LIST, fetched once from the Debian
+# archive into the cache, always checked against the recipe.
+fetch() {
+  echo "$2" | while read -r path sum; do
+    [ -n "$path" ] || continue
+    f="$cache/src/$(basename "$path")"
+    if ! echo "$sum  $f" | sha256sum -c --status 2>/dev/null; then
+      curl -fsS -o "$f.part" "$1/$path" || { echo "interpreter: cannot fetch $1/$path" >&2; exit 1; }
+      mv "$f.part" "$f"
+    fi
+    echo "$sum  $f" | sha256sum -c --quiet || { echo "interpreter: $path does not match the recipe" >&2; exit 1; }
+  done
+}
+fetch "$MIRROR/pool/main" "$SOURCES"
+fetch "$MIRROR" "$SITE_DEBS"
 
 # licenses DIR: the licence texts of everything linked into python.wasm, from the
 # recipe's source tarballs (the file inside each is the first LICENSE, LICENSE.md or
@@ -43,12 +50,20 @@ licenses() {
 
 rootkey=$(printf '%s\n%s\n%s\n' "$SUITE" "$MIRROR" "$PACKAGES" | sha256sum | cut -c1-16)
 key=$(cat "$here/recipe.sh" "$here/build-inside.sh" "$here/sandcell.c" "$here/reactor.mk" | sha256sum | cut -c1-16)
-if [ -z "$fresh" ] && [ -f "$cache/out-$key/python.wasm" ]; then
-  echo "interpreter: cached build $key"
+sitekey=$(cat "$here/site-recipe.sh" "$here/build-site.sh" | sha256sum | cut -c1-16)
+
+# finish: OUTDIR gets the interpreter's and the site layer's outputs and the licence
+# texts.
+finish() {
   rm -rf "$outdir"
   mkdir -p "$outdir"
-  cp "$cache/out-$key"/* "$outdir/"
+  cp "$1"/* "$2"/* "$outdir/"
   licenses "$outdir"
+  sha256sum "$outdir/python.wasm" "$outdir/python313.zip" "$outdir/site.zip"
+}
+if [ -z "$fresh" ] && [ -f "$cache/out-$key/python.wasm" ] && [ -f "$cache/site-$sitekey/site.zip" ]; then
+  echo "interpreter: cached build $key, site layer $sitekey"
+  finish "$cache/out-$key" "$cache/site-$sitekey"
   exit 0
 fi
 
@@ -83,29 +98,53 @@ if [ ! -f "$root/.ready" ]; then
   touch "$root/.ready"
 fi
 
-mkdir -p "$root/src" "$root/usr/local/bin"
-rm -f "$root"/src/*
-echo "$SOURCES" | while read -r path _; do
-  if [ -n "$path" ]; then cp "$cache/src/$(basename "$path")" "$root/src/"; fi
-done
-cp "$wasirun" "$root/usr/local/bin/wasirun"
-cp "$here/build-inside.sh" "$here/sandcell.c" "$here/reactor.mk" "$root/"
-
 log=$cache/build-$(basename "$root").log
 mountpoint -q "$root/dev" || mount --bind /dev "$root/dev"
 mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
-echo "interpreter: building (about 10 minutes on 2 cores; log in $log)"
-chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root SOURCE_DATE_EPOCH="$SOURCE_DATE_EPOCH" \
-  sh /build-inside.sh >"$log" 2>&1 || { tail -40 "$log"; exit 1; }
+inside() {
+  chroot "$root" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/root SOURCE_DATE_EPOCH="$SOURCE_DATE_EPOCH" \
+    sh "$1" >>"$log" 2>&1 || { tail -40 "$log"; exit 1; }
+}
+: >"$log"
 
-if [ -z "$fresh" ]; then
-  # Into the cache atomically: a half-copied entry would be reused forever.
-  rm -rf "$cache/out-$key.tmp"
-  cp -r "$root/out" "$cache/out-$key.tmp"
-  mv "$cache/out-$key.tmp" "$cache/out-$key"
+# cached NAME DIR: copies the root's /NAME into the cache as DIR, atomically (a
+# half-copied entry would be reused forever); not for a fresh build.
+cached() {
+  if [ -z "$fresh" ]; then
+    rm -rf "$2.tmp"
+    cp -r "$root/$1" "$2.tmp"
+    mv "$2.tmp" "$2"
+  fi
+}
+
+if [ -n "$fresh" ] || [ ! -f "$cache/out-$key/python.wasm" ]; then
+  mkdir -p "$root/src" "$root/usr/local/bin"
+  rm -f "$root"/src/*
+  echo "$SOURCES" | while read -r path _; do
+    if [ -n "$path" ]; then cp "$cache/src/$(basename "$path")" "$root/src/"; fi
+  done
+  cp "$wasirun" "$root/usr/local/bin/wasirun"
+  cp "$here/build-inside.sh" "$here/sandcell.c" "$here/reactor.mk" "$root/"
+  echo "interpreter: building (about 10 minutes on 2 cores; log in $log)"
+  inside /build-inside.sh
+  cached out "$cache/out-$key"
+  interp=$root/out
+else
+  interp=$cache/out-$key
 fi
-rm -rf "$outdir"
-mkdir -p "$outdir"
-cp "$root/out"/* "$outdir/"
-licenses "$outdir"
-sha256sum "$outdir/python.wasm" "$outdir/python313.zip"
+
+if [ -n "$fresh" ] || [ ! -f "$cache/site-$sitekey/site.zip" ]; then
+  rm -rf "$root/src-site"
+  mkdir -p "$root/src-site"
+  echo "$SITE_DEBS" | while read -r path _; do
+    if [ -n "$path" ]; then cp "$cache/src/$(basename "$path")" "$root/src-site/"; fi
+  done
+  cp "$here/build-site.sh" "$root/"
+  echo "interpreter: building the site layer (log in $log)"
+  inside /build-site.sh
+  cached out-site "$cache/site-$sitekey"
+  site=$root/out-site
+else
+  site=$cache/site-$sitekey
+fi
+finish "$interp" "$site"

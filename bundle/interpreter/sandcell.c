@@ -16,12 +16,245 @@
  * come with its program.
  */
 #include <Python.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <sqlite3.h>
+#include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <wasi/api.h>
 #include <wasi/libc.h>
 
 static PyObject *run_function;
+
+/* SQLite's locks.
+ *
+ * WASI has no fcntl locks, so SQLite's WASI build locks with a directory beside the
+ * database (DB.lock, its unix-dotfile VFS), held while any connection holds any
+ * lock. Two connections of one program then exclude each other even for reading: a
+ * second connection to a file another has written to (an open transaction) gets
+ * "database is locked", where on POSIX it reads the last committed state.
+ *
+ * SQLite's "unix" VFS shares each file's lock among the connections of a process (as
+ * POSIX locks belong to the process) and asks the system only for the process's own
+ * lock, through fcntl(F_SETLK, F_GETLK). Here that fcntl is answered with the same
+ * DB.lock directory: made when the process's first byte range of the file is locked,
+ * removed when its last is unlocked. So within a program connections lock as on
+ * POSIX (readers beside one writer), and between programs (two runs on one
+ * workspace, the SQL tool) the lock is the directory it always was: one program at a
+ * time, and a holder stopped in a transaction leaves it behind as before. */
+
+/* A descriptor SQLite opened, with the path it opened it by (absolute: SQLite's
+ * xFullPathname). */
+struct db_fd {
+    int fd;
+    char *path;
+};
+
+/* A file the process holds locks on: its identity, its lock directory and the byte
+ * ranges locked ([start, end), end INT64_MAX for "to the end"). */
+struct db_lock {
+    dev_t dev;
+    ino_t ino;
+    char *dir;
+    int n;
+    int64_t start[16], end[16];
+};
+
+/* wasi-libc defines struct flock but not the commands and lock types: these are the
+ * values SQLite's os_unix.c gives them on WASI, which it passes here. */
+#ifndef F_RDLCK
+#define F_RDLCK 0
+#define F_WRLCK 1
+#define F_UNLCK 2
+#if __LONG_MAX == 0x7fffffffL
+#define F_GETLK 12
+#define F_SETLK 13
+#else
+#define F_GETLK 5
+#define F_SETLK 6
+#endif
+#endif
+
+static struct db_fd db_fds[256];
+static struct db_lock db_locks[16];
+static int (*sys_open)(const char *, int, int);
+static int (*sys_close)(int);
+static int (*sys_fcntl)(int, int, ...);
+
+static int db_open(const char *path, int flags, int mode) {
+    int fd = sys_open(path, flags, mode);
+    if (fd < 0) return fd;
+    for (size_t i = 0; i < sizeof db_fds / sizeof db_fds[0]; i++) {
+        if (db_fds[i].path == NULL) {
+            char *p = strdup(path);
+            if (p == NULL) break;
+            db_fds[i].fd = fd;
+            db_fds[i].path = p;
+            return fd;
+        }
+    }
+    /* Without its path the descriptor could not be locked: refuse it. */
+    sys_close(fd);
+    errno = EMFILE;
+    return -1;
+}
+
+static int db_close(int fd) {
+    for (size_t i = 0; i < sizeof db_fds / sizeof db_fds[0]; i++) {
+        if (db_fds[i].path != NULL && db_fds[i].fd == fd) {
+            free(db_fds[i].path);
+            db_fds[i].path = NULL;
+        }
+    }
+    return sys_close(fd);
+}
+
+static const char *db_path(int fd) {
+    for (size_t i = 0; i < sizeof db_fds / sizeof db_fds[0]; i++) {
+        if (db_fds[i].path != NULL && db_fds[i].fd == fd) return db_fds[i].path;
+    }
+    return NULL;
+}
+
+/* db_lock_of returns the lock entry of fd's file, or NULL (then errno is set); with
+ * create, a free entry is taken for a file that has none. */
+static struct db_lock *db_lock_of(int fd, int create) {
+    struct stat st;
+    if (fstat(fd, &st) != 0) return NULL;
+    struct db_lock *free_entry = NULL;
+    for (size_t i = 0; i < sizeof db_locks / sizeof db_locks[0]; i++) {
+        struct db_lock *l = &db_locks[i];
+        if (l->dir != NULL && l->dev == st.st_dev && l->ino == st.st_ino) return l;
+        if (l->dir == NULL && free_entry == NULL) free_entry = l;
+    }
+    if (!create) return NULL;
+    const char *path = db_path(fd);
+    if (path == NULL || free_entry == NULL) {
+        errno = ENOLCK;
+        return NULL;
+    }
+    size_t len = strlen(path);
+    char *dir = malloc(len + 6);
+    if (dir == NULL) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    memcpy(dir, path, len);
+    memcpy(dir + len, ".lock", 6);
+    free_entry->dev = st.st_dev;
+    free_entry->ino = st.st_ino;
+    free_entry->dir = dir;
+    free_entry->n = 0;
+    return free_entry;
+}
+
+/* db_unlock_range removes [start, end) from l's ranges, splitting one that spans it. */
+static int db_unlock_range(struct db_lock *l, int64_t start, int64_t end) {
+    for (int i = 0; i < l->n; i++) {
+        if (l->end[i] <= start || l->start[i] >= end) continue;
+        if (l->start[i] < start && l->end[i] > end) {
+            if (l->n == 16) return -1;
+            l->start[l->n] = end;
+            l->end[l->n] = l->end[i];
+            l->n++;
+            l->end[i] = start;
+        } else if (l->start[i] < start) {
+            l->end[i] = start;
+        } else if (l->end[i] > end) {
+            l->start[i] = end;
+        } else {
+            l->start[i] = l->start[l->n - 1];
+            l->end[i] = l->end[l->n - 1];
+            l->n--;
+            i--;
+        }
+    }
+    return 0;
+}
+
+static int db_fcntl(int fd, int cmd, ...) {
+    va_list ap;
+    va_start(ap, cmd);
+    if (cmd != F_SETLK && cmd != F_GETLK) {
+        int arg = va_arg(ap, int);
+        va_end(ap);
+        return sys_fcntl(fd, cmd, arg);
+    }
+    struct flock *fl = va_arg(ap, struct flock *);
+    va_end(ap);
+    if (fl->l_whence != SEEK_SET || fl->l_start < 0 || fl->l_len < 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    int64_t start = fl->l_start, end = fl->l_len == 0 ? INT64_MAX : fl->l_start + fl->l_len;
+    struct db_lock *l = db_lock_of(fd, cmd == F_SETLK && fl->l_type != F_UNLCK);
+    if (cmd == F_GETLK) {
+        /* Conflicting locks are another process's: the directory, when this
+         * process does not hold it. */
+        struct stat st;
+        if (l == NULL || l->n == 0) {
+            const char *path = db_path(fd);
+            char buf[4096];
+            if (path != NULL && snprintf(buf, sizeof buf, "%s.lock", path) < (int)sizeof buf &&
+                stat(buf, &st) == 0) {
+                fl->l_type = F_WRLCK;
+                fl->l_pid = 0;
+                return 0;
+            }
+        }
+        fl->l_type = F_UNLCK;
+        return 0;
+    }
+    if (fl->l_type == F_UNLCK) {
+        if (l == NULL || l->n == 0) return 0;
+        if (db_unlock_range(l, start, end) != 0) {
+            errno = ENOLCK;
+            return -1;
+        }
+        if (l->n == 0) {
+            rmdir(l->dir);
+            free(l->dir);
+            l->dir = NULL;
+        }
+        return 0;
+    }
+    if (l == NULL) return -1;
+    if (l->n == 0 && mkdir(l->dir, 0777) != 0) {
+        int e = errno;
+        free(l->dir);
+        l->dir = NULL;
+        errno = (e == EEXIST) ? EAGAIN : e;
+        return -1;
+    }
+    if (db_unlock_range(l, start, end) != 0 || l->n == 16) {
+        errno = ENOLCK;
+        return -1;
+    }
+    l->start[l->n] = start;
+    l->end[l->n] = end;
+    l->n++;
+    return 0;
+}
+
+/* sqlite_locks makes "unix", with the locks above, SQLite's default VFS. */
+static int sqlite_locks(void) {
+    sqlite3_vfs *vfs = sqlite3_vfs_find("unix");
+    if (vfs == NULL || vfs->iVersion < 3) return -1;
+    sys_open = (int (*)(const char *, int, int))vfs->xGetSystemCall(vfs, "open");
+    sys_close = (int (*)(int))vfs->xGetSystemCall(vfs, "close");
+    sys_fcntl = (int (*)(int, int, ...))vfs->xGetSystemCall(vfs, "fcntl");
+    if (!sys_open || !sys_close || !sys_fcntl) return -1;
+    if (vfs->xSetSystemCall(vfs, "open", (sqlite3_syscall_ptr)db_open) != SQLITE_OK ||
+        vfs->xSetSystemCall(vfs, "close", (sqlite3_syscall_ptr)db_close) != SQLITE_OK ||
+        vfs->xSetSystemCall(vfs, "fcntl", (sqlite3_syscall_ptr)db_fcntl) != SQLITE_OK)
+        return -1;
+    return sqlite3_vfs_register(vfs, 1) == SQLITE_OK ? 0 : -1;
+}
 
 /* args: WASI argv, read directly (a reactor's libc never reads it). */
 static char **args(size_t *argc) {
@@ -42,6 +275,7 @@ int sandcell_init(void) {
     char *end;
     unsigned long seed = strtoul(argv[1], &end, 10);
     if (*end != '\0' || seed > 4294967295UL) return 2;
+    if (sqlite_locks() != 0) return 9;
 
     /* As `python -I -S` configures itself (Py_BytesMain with those flags): the
      * Python configuration, isolated, no site; UTF-8 mode as the locale decides. */

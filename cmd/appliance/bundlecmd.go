@@ -83,7 +83,7 @@ variant without its .cwasm is compiled into the cache directory when first neede
 			if err := b.Verify(); err != nil {
 				return err
 			}
-			fmt.Printf("%s: CPython %s python.wasm and %s ok\n", b.Dir, bundle.Pinned().Version, bundle.Pinned().Stdlib.Name)
+			fmt.Printf("%s: CPython %s python.wasm, %s and the site layer (%s) ok\n", b.Dir, bundle.Pinned().Version, bundle.Pinned().Stdlib.Name, bundle.Pinned().Site.Name)
 			if snapshot {
 				var sums [2][32]byte
 				for i := range sums {

@@ -49,3 +49,12 @@ func StatusBytes(status []byte, field string) int64 {
 	}
 	return 0
 }
+
+// GuestZoneDir is where the guest sees the IANA time zone database (read-only), where
+// zoneinfo, dateutil and pytz look for it; the worker preopens the library's
+// LibZoneDir there.
+const GuestZoneDir = "/usr/share/zoneinfo"
+
+// LibZoneDir is the directory within the interpreter's library (the bundle's lib)
+// that holds the time zone database.
+const LibZoneDir = "zoneinfo"

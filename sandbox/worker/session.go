@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"time"
 
@@ -295,14 +296,16 @@ func CellProgram(c *protocol.Request, restored bool) ([]byte, error) {
 }
 
 // guestSpec is the engine's Spec for req's guest in env: the workspace (or the
-// worker's root holding it) and the library preopened, req's limits.
+// worker's root holding it), the library and its time zone database preopened, req's
+// limits.
 func guestSpec(req *protocol.Request, env *Env) engine.Spec {
 	preopens := []engine.Preopen{{Host: env.Workspace, Guest: GuestWorkdir}}
 	if env.GuestRoot != "" {
 		preopens = []engine.Preopen{{Host: env.GuestRoot, Guest: "/"}}
 	}
 	return engine.Spec{
-		Preopens:     append(preopens, engine.Preopen{Host: env.Library, Guest: protocol.GuestLibDir, ReadOnly: true}),
+		Preopens: append(preopens, engine.Preopen{Host: env.Library, Guest: protocol.GuestLibDir, ReadOnly: true},
+			engine.Preopen{Host: filepath.Join(env.Library, protocol.LibZoneDir), Guest: protocol.GuestZoneDir, ReadOnly: true}),
 		MemoryBytes:  req.Limits.MemoryBytes,
 		CPU:          msDuration(req.Limits.CPUMS),
 		Fuel:         req.Limits.Fuel,
