@@ -11,9 +11,9 @@
 //	lib/python313.zip            the standard library, checked against Pinned.Stdlib
 //	lib/python3.13/lib-dynload/  empty: CPython's landmark for its exec_prefix
 //	lib/python3.13/site-packages/  the site layer's libraries (unpacked site.zip)
-//	lib/zoneinfo/                the site layer's IANA time zone database
-//	site.zip                     the site layer, checked against Pinned.Site; the
-//	                             unpacked files are checked against it
+//	lib/zoneinfo/                the site layer's IANA time zone database (site.zip,
+//	                             checked against Pinned.Site, unpacked; the files are
+//	                             checked against Pinned.SiteTree)
 //	MANIFEST                     JSON: the Interpreter the directory was installed from
 //	BUILDINFO, LICENSE.*         how it was built; the licences of what it contains
 //	python-<key>.cwasm(.json)    the snapshot precompiled for one engine configuration
@@ -73,6 +73,10 @@ type Interpreter struct {
 	// (site-packages) and the IANA time zone database, one stored zip
 	// (bundle/interpreter/build-site.sh) installed unpacked into LibDir.
 	Site Artifact `json:"site"`
+	// SiteTree is the digest of the site layer unpacked: the SHA-256 of its files'
+	// list, sorted by name, one line each of "NAME SIZE SHA256\n" (NAME relative to
+	// LibDir, SHA256 in hex).
+	SiteTree string `json:"site_tree"`
 	// SitePackages are the Debian packages the site layer is made of (its
 	// site-recipe.sh pins them); their copyright files ship as LICENSE.<package>.
 	SitePackages []Source `json:"site_packages"`
@@ -111,6 +115,7 @@ func Pinned() Interpreter {
 			Size:   siteSize,
 			SHA256: siteSHA256,
 		},
+		SiteTree:     siteTreeSHA256,
 		SitePackages: sitePackages(),
 	}
 }
@@ -168,10 +173,12 @@ func (a Artifact) Verify(path string) error {
 	return nil
 }
 
-// Install verifies the interpreter build in src (python.wasm, python313.zip, and the
-// BUILDINFO and LICENSE.* files beside them) against Pinned and installs it with its
-// MANIFEST into dir, creating dir if needed. Files are replaced atomically. Nothing
-// is written when an artifact does not match.
+// Install verifies the interpreter build in src (python.wasm, python313.zip, site.zip,
+// and the BUILDINFO and LICENSE.* files beside them) against Pinned and installs it
+// with its MANIFEST into dir, creating dir if needed: site.zip unpacked into LibDir
+// (each of its directories replaced whole, once the unpacked files match
+// Pinned.SiteTree), the other files replaced atomically. Nothing is written when an
+// artifact does not match.
 func Install(src, dir string) error {
 	wasm, err := readVerified(Pinned().Wasm, filepath.Join(src, Pinned().Wasm.Name))
 	if err != nil {
@@ -191,9 +198,6 @@ func Install(src, dir string) error {
 	}
 	if err := os.MkdirAll(filepath.Join(dir, LibDir, dynloadDir), 0o755); err != nil {
 		return fmt.Errorf("bundle: create %s: %w", dir, err)
-	}
-	if err := writeAtomic(filepath.Join(dir, Pinned().Site.Name), site, 0o644); err != nil {
-		return err
 	}
 	if err := unpackSite(site, filepath.Join(dir, LibDir)); err != nil {
 		return err
@@ -253,16 +257,16 @@ func Open(dir string) (*Bundle, error) {
 	if err := dec.Decode(&m); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrManifest, err)
 	}
-	if m.Version != Pinned().Version || m.Wasm != Pinned().Wasm || m.Stdlib != Pinned().Stdlib || m.Site != Pinned().Site {
-		return nil, fmt.Errorf("%w: it names CPython %s python.wasm sha256 %s, this build pins CPython %s sha256 %s",
-			ErrManifest, m.Version, m.Wasm.SHA256, Pinned().Version, Pinned().Wasm.SHA256)
+	if m.Version != Pinned().Version || m.Wasm != Pinned().Wasm || m.Stdlib != Pinned().Stdlib || m.Site != Pinned().Site || m.SiteTree != Pinned().SiteTree {
+		return nil, fmt.Errorf("%w: it names CPython %s python.wasm sha256 %s, site layer %s, this build pins CPython %s sha256 %s, site layer %s (reinstall the bundle)",
+			ErrManifest, m.Version, m.Wasm.SHA256, m.SiteTree, Pinned().Version, Pinned().Wasm.SHA256, Pinned().SiteTree)
 	}
 	return &Bundle{Dir: dir}, nil
 }
 
 // Verify checks the bundle's python.wasm, standard library and site layer against
-// Pinned: site.zip's bytes, then the unpacked layer against site.zip, file by file
-// (the same names, the same bytes, nothing else; errors wrap ErrMismatch).
+// Pinned (the site layer's files by their digest: the same names, the same bytes,
+// nothing else). A difference wraps ErrMismatch.
 func (b *Bundle) Verify() error {
 	if err := Pinned().Wasm.Verify(b.WasmPath()); err != nil {
 		return err
@@ -270,11 +274,7 @@ func (b *Bundle) Verify() error {
 	if err := Pinned().Stdlib.Verify(filepath.Join(b.LibPath(), Pinned().Stdlib.Name)); err != nil {
 		return err
 	}
-	site, err := readVerified(Pinned().Site, filepath.Join(b.Dir, Pinned().Site.Name))
-	if err != nil {
-		return err
-	}
-	return verifySite(site, b.LibPath())
+	return verifySite(b.LibPath())
 }
 
 // WasmPath is the path of python.wasm.

@@ -60,12 +60,7 @@ func TestVerifyNamesExpectedAndActual(t *testing.T) {
 // installCopy installs the test bundle's interpreter into a new directory.
 func installCopy(t *testing.T) string {
 	t.Helper()
-	src := bundletest.Open(t)
-	build := t.TempDir()
-	copyFile(t, src.WasmPath(), filepath.Join(build, bundle.Pinned().Wasm.Name))
-	copyFile(t, filepath.Join(src.LibPath(), bundle.Pinned().Stdlib.Name), filepath.Join(build, bundle.Pinned().Stdlib.Name))
-	copyFile(t, filepath.Join(src.Dir, bundle.Pinned().Site.Name), filepath.Join(build, bundle.Pinned().Site.Name))
-	os.WriteFile(filepath.Join(build, "BUILDINFO"), []byte("test\n"), 0o644)
+	build := buildCopy(t)
 	dir := t.TempDir()
 	if err := bundle.Install(build, dir); err != nil {
 		t.Fatal(err)
@@ -127,13 +122,7 @@ func TestSiteLayerVerified(t *testing.T) {
 				t.Fatalf("Verify of a site layer %s: %v", name, err)
 			}
 			// Installing again repairs it.
-			build := t.TempDir()
-			for _, f := range []string{bundle.Pinned().Wasm.Name, bundle.Pinned().Site.Name} {
-				copyFile(t, filepath.Join(dir, f), filepath.Join(build, f))
-			}
-			copyFile(t, filepath.Join(lib(dir), bundle.Pinned().Stdlib.Name), filepath.Join(build, bundle.Pinned().Stdlib.Name))
-			os.WriteFile(filepath.Join(build, "BUILDINFO"), []byte("test\n"), 0o644)
-			if err := bundle.Install(build, dir); err != nil {
+			if err := bundle.Install(buildCopy(t), dir); err != nil {
 				t.Fatal(err)
 			}
 			if err := b.Verify(); err != nil {
@@ -141,6 +130,18 @@ func TestSiteLayerVerified(t *testing.T) {
 			}
 		})
 	}
+}
+
+// buildCopy copies the interpreter build's artifacts into a new directory, with a
+// BUILDINFO: what Install takes.
+func buildCopy(t *testing.T) string {
+	t.Helper()
+	src, build := bundletest.BuildDir(t), t.TempDir()
+	for _, a := range []bundle.Artifact{bundle.Pinned().Wasm, bundle.Pinned().Stdlib, bundle.Pinned().Site} {
+		copyFile(t, filepath.Join(src, a.Name), filepath.Join(build, a.Name))
+	}
+	os.WriteFile(filepath.Join(build, "BUILDINFO"), []byte("test\n"), 0o644)
+	return build
 }
 
 func TestInstallAndOpen(t *testing.T) {

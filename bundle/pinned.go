@@ -10,6 +10,8 @@ const (
 	stdlibSHA256 = "fcf8a3fe23e2774733f7ff177e8697c1b26dc7a1537bc605109c3141d641711d"
 	siteSize     = 41756301
 	siteSHA256   = "03c34d18a7b6e6bac718b8e32b879fefe34353ab1167dd4b499a16e9ef9f0360"
+	// The digest of site.zip unpacked (Interpreter.SiteTree).
+	siteTreeSHA256 = "ca2b9dde9ec3d18ca1f4251527d358d4be8710eed37e8f83eb7b4da328fd52b7"
 )
 
 // sitePackages are the Debian packages of the site layer, as

@@ -3,6 +3,8 @@ package bundle
 import (
 	"archive/zip"
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +12,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 )
 
@@ -63,6 +66,12 @@ func unpackSite(site []byte, lib string) error {
 			return fmt.Errorf("bundle: unpack %s: %w", name, err)
 		}
 	}
+	// The zip's bytes are pinned, and so is what they unpack to.
+	if sum, err := siteDigest(tmp); err != nil {
+		return err
+	} else if sum != Pinned().SiteTree {
+		return fmt.Errorf("%w: %s unpacks to digest %s, expected %s", ErrMismatch, Pinned().Site.Name, sum, Pinned().SiteTree)
+	}
 	for _, r := range siteRoots {
 		dst := filepath.Join(lib, filepath.FromSlash(r))
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
@@ -95,74 +104,59 @@ func writeEntry(f *zip.File, p string) error {
 	return err
 }
 
-// verifySite checks that the site layer unpacked in lib is site (site.zip's bytes,
-// verified): every file of the zip is there with the same bytes, and siteRoots hold
-// nothing else (no other file, no link). A difference wraps ErrMismatch.
-func verifySite(site []byte, lib string) error {
-	files, err := siteFiles(site)
-	if err != nil {
-		return err
-	}
-	seen := 0
+// siteDigest is the digest of the site layer unpacked in lib: the SHA-256 of its
+// files' list, sorted by name, one line each of name, size and SHA-256 (hex); Verify
+// compares it with Pinned's SiteTree. A link or any other file that is not regular is
+// an error wrapping ErrMismatch; a layer not unpacked one wrapping fs.ErrNotExist.
+func siteDigest(lib string) (string, error) {
+	var lines []string
 	for _, r := range siteRoots {
 		root := filepath.Join(lib, filepath.FromSlash(r))
 		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
+			if err != nil || d.IsDir() {
 				return err
-			}
-			if d.IsDir() {
-				return nil
 			}
 			rel, _ := filepath.Rel(lib, p)
-			name := filepath.ToSlash(rel)
-			f := files[name]
-			if f == nil || !d.Type().IsRegular() {
-				return fmt.Errorf("%w: the site layer holds %s, which %s does not", ErrMismatch, name, Pinned().Site.Name)
+			if !d.Type().IsRegular() {
+				return fmt.Errorf("%w: the site layer's %s is not a regular file", ErrMismatch, filepath.ToSlash(rel))
 			}
-			same, err := sameContent(f, p)
+			f, err := os.Open(p)
 			if err != nil {
-				return err
+				return fmt.Errorf("bundle: %w", err)
 			}
-			if !same {
-				return fmt.Errorf("%w: the site layer's %s differs from %s", ErrMismatch, name, Pinned().Site.Name)
+			defer f.Close()
+			h := sha256.New()
+			n, err := io.Copy(h, f)
+			if err != nil {
+				return fmt.Errorf("bundle: read %s: %w", p, err)
 			}
-			seen++
+			lines = append(lines, fmt.Sprintf("%s %d %x\n", filepath.ToSlash(rel), n, h.Sum(nil)))
 			return nil
 		})
-		if errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("%w: the site layer is not unpacked in %s (reinstall the bundle): %v", ErrMismatch, lib, err)
-		}
 		if err != nil {
-			return err
+			return "", err
 		}
 	}
-	if seen != len(files) {
-		return fmt.Errorf("%w: the site layer lacks %d of %s's %d files", ErrMismatch, len(files)-seen, Pinned().Site.Name, len(files))
+	sort.Strings(lines)
+	h := sha256.New()
+	for _, l := range lines {
+		h.Write([]byte(l))
 	}
-	return nil
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// sameContent reports whether the file at p holds f's bytes.
-func sameContent(f *zip.File, p string) (bool, error) {
-	st, err := os.Stat(p)
+// verifySite checks that the site layer unpacked in lib is the pinned one (its
+// digest is Pinned's SiteTree). A difference wraps ErrMismatch.
+func verifySite(lib string) error {
+	sum, err := siteDigest(lib)
+	if errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("%w: the site layer is not unpacked in %s (reinstall the bundle): %v", ErrMismatch, lib, err)
+	}
 	if err != nil {
-		return false, fmt.Errorf("bundle: %w", err)
+		return err
 	}
-	if uint64(st.Size()) != f.UncompressedSize64 {
-		return false, nil
+	if sum != Pinned().SiteTree {
+		return fmt.Errorf("%w: the site layer in %s: digest %s, expected %s", ErrMismatch, lib, sum, Pinned().SiteTree)
 	}
-	want, err := f.Open()
-	if err != nil {
-		return false, fmt.Errorf("%w: %s: %v", ErrMismatch, f.Name, err)
-	}
-	defer want.Close()
-	wb, err := io.ReadAll(want)
-	if err != nil {
-		return false, fmt.Errorf("%w: %s: %v", ErrMismatch, f.Name, err)
-	}
-	got, err := os.ReadFile(p)
-	if err != nil {
-		return false, fmt.Errorf("bundle: %w", err)
-	}
-	return bytes.Equal(wb, got), nil
+	return nil
 }

@@ -39,6 +39,29 @@ func Dir(t testing.TB) string {
 	}
 }
 
+// BuildDir returns the directory of the interpreter build the bundle is installed
+// from (python.wasm, python313.zip, site.zip: what bundle.Install takes):
+// build/interpreter at the root of the source tree, which `make interpreter` fills.
+func BuildDir(t testing.TB) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for d := wd; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			b := filepath.Join(d, "build", "interpreter")
+			if _, err := os.Stat(filepath.Join(b, bundle.Pinned().Site.Name)); err != nil {
+				t.Fatalf("the interpreter build is not in %s (run `make interpreter`): %v", b, err)
+			}
+			return b
+		}
+		if filepath.Dir(d) == d {
+			t.Fatalf("no go.mod above %s", wd)
+		}
+	}
+}
+
 // Open returns the opened, verified bundle.
 func Open(t testing.TB) *bundle.Bundle {
 	t.Helper()
