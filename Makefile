@@ -15,7 +15,7 @@ BUNDLE   := build/bundle
 export SANDCELL_BUNDLE_DIR := $(CURDIR)/$(BUNDLE)
 export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 
-.PHONY: help prereqs build interpreter interpreter-verify bundle demo mcp-client test test-short bench check clean stage deb rpm lint-packages test-packages image-root image test-image
+.PHONY: help prereqs build interpreter interpreter-verify bundle demo mcp-client test test-short bench fuzz check clean stage deb rpm lint-packages test-packages image-root image test-image
 
 # Packages: the version comes from `git describe` (a v* tag), else 0.1.0 with the
 # commit count and hash; SOURCE_DATE_EPOCH (the last commit's time) dates everything.
@@ -106,6 +106,22 @@ bench: bundle ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_W
 	go test -run '^$$' -bench . -benchtime 10x -count 1 ./sandbox/engine
 	go test -run '^$$' -bench 'BenchmarkColdRun|BenchmarkWarmRun|BenchmarkSession' -benchtime 20x -count 1 ./sandbox
 	go run ./bench -sandcell $(BIN)
+
+# Go's native fuzzing of every decoder of untrusted input, each target for FUZZTIME
+# (one target per go test: -fuzz takes one). Seeds are in the tests and in each
+# package's testdata/fuzz; an input that fails is written there, and so becomes a
+# regression test of every `go test`. It prints each target's executions.
+FUZZTIME ?= 1m
+FUZZ_TARGETS := FuzzDecode:./supervisor/api FuzzLoadTokens:./supervisor/api FuzzLoad:./supervisor/config \
+  FuzzLookup:./supervisor/workspace FuzzReceive:./sandbox/protocol FuzzReadCheckpointHeader:./sandbox \
+  FuzzParse:./sandbox/engine/wasmimage
+fuzz: ## Fuzz every decoder of untrusted input, FUZZTIME each (default 1m; CI: 10s)
+	@out=$$(mktemp) && trap 'rm -f "$$out"' EXIT && for t in $(FUZZ_TARGETS); do \
+	  name=$${t%%:*} pkg=$${t#*:}; \
+	  if ! go test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg >"$$out" 2>&1; then \
+	    cat "$$out"; echo "fuzz: $$name failed (the input is in $$pkg/testdata/fuzz/$$name)"; exit 1; fi; \
+	  printf '%-26s %-28s %s\n' "$$name" "$$pkg" "$$(grep -o 'elapsed: [^,]*, execs: [0-9]*' "$$out" | tail -1)"; \
+	done
 
 check: ## vet, staticcheck, gofmt, go mod tidy, import rules and package docs, the race detector on the packages that need no bundle
 	go vet ./...
