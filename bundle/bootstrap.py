@@ -50,6 +50,9 @@ def _sandcell_init():
     import decimal, enum, fractions, functools, gc, hashlib, heapq, io, itertools  # noqa: E401
     import json, linecache, math, operator, pathlib, re, sqlite3, statistics  # noqa: E401
     import string, struct, textwrap, time, traceback, typing, zlib  # noqa: E401
+    # SQLite's lock tables (bundle/interpreter/sandcell.c), forgotten when the
+    # interpreter is restored: its memory holds them as they were.
+    from _sandcell import forget_locks
 
     # -S skips site, which is what defines exit() and quit(); scripts use them.
     builtins.exit = builtins.quit = sys.exit
@@ -270,8 +273,11 @@ def _sandcell_init():
         if restored:
             # The interpreter was restored into a fresh instance: the descriptors of
             # the files and connections it holds are gone, and a number may come
-            # back as another file. Closed, they say so instead.
+            # back as another file. Closed, they say so instead. The SQLite locks
+            # its memory lists are forgotten first: closing a connection must not
+            # remove a lock directory that may now be another program's.
             try:
+                forget_locks()
                 close_files()
             except BaseException:
                 pass

@@ -208,6 +208,9 @@ func Install(src, dir string) error {
 	if err := writeAtomic(filepath.Join(dir, LibDir, Pinned().Stdlib.Name), stdlib, 0o644); err != nil {
 		return err
 	}
+	if err := pruneLib(filepath.Join(dir, LibDir)); err != nil {
+		return err
+	}
 	extras, _ := filepath.Glob(filepath.Join(src, "LICENSE.*"))
 	for _, p := range append(extras, filepath.Join(src, "BUILDINFO")) {
 		b, err := os.ReadFile(p)

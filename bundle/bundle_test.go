@@ -108,6 +108,13 @@ func TestSiteLayerVerified(t *testing.T) {
 			return os.Symlink("/etc/passwd", p)
 		},
 		"not unpacked": func(dir string) error { return os.RemoveAll(filepath.Join(lib(dir), bundle.ZoneDir)) },
+		"empty directory added": func(dir string) error {
+			return os.Mkdir(filepath.Join(lib(dir), bundle.SitePackagesDir, "numpy"), 0o755)
+		},
+		"module beside it": func(dir string) error {
+			return os.WriteFile(filepath.Join(lib(dir), "python3.13", "numpy.py"), []byte("x"), 0o644)
+		},
+		"writable by others": func(dir string) error { return os.Chmod(filepath.Join(lib(dir), paris), 0o646) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := installCopy(t)

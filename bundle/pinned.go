@@ -4,14 +4,14 @@ package bundle
 // them exactly (`make interpreter-verify` checks); change them only together with the
 // recipe.
 const (
-	wasmSize     = 11045985
-	wasmSHA256   = "777722852342962c13fd641d8bebb5b42128e196f75c0a9a59255c5c01eb8484"
+	wasmSize     = 11046788
+	wasmSHA256   = "d3046253297de40e5a27989f534e5f37b19e2b8241ccfbe80ed642c5fea345c2"
 	stdlibSize   = 10634439
 	stdlibSHA256 = "fcf8a3fe23e2774733f7ff177e8697c1b26dc7a1537bc605109c3141d641711d"
-	siteSize     = 41756301
-	siteSHA256   = "03c34d18a7b6e6bac718b8e32b879fefe34353ab1167dd4b499a16e9ef9f0360"
+	siteSize     = 41945013
+	siteSHA256   = "1607f3dbf064d1258f3a801c99594a0f06370634ab955c9412e60228e0165f0a"
 	// The digest of site.zip unpacked (Interpreter.SiteTree).
-	siteTreeSHA256 = "ca2b9dde9ec3d18ca1f4251527d358d4be8710eed37e8f83eb7b4da328fd52b7"
+	siteTreeSHA256 = "5af6844922505b5cef9fb99e2b8b52ee2b5c86c1f3353ff0ea6a95c96b79874a"
 )
 
 // sitePackages are the Debian packages of the site layer, as
@@ -19,6 +19,7 @@ const (
 func sitePackages() []Source {
 	return []Source{
 		{"tzdata_2026c-0+deb13u1_all.deb", "813b9bbbe14ccda2b24617b8bade0ade4d745957e75921766c153d249886bd4c"},
+		{"tzdata-legacy_2026c-0+deb13u1_all.deb", "2779c2f5e9582fb501c592ec44d1d4421e0add97d25631926673be817a221028"},
 		{"python3-dateutil_2.9.0-4_all.deb", "c86f3b7e878e8035b0850cd4e0d0ee014a4b5ee4a8fb7386d8998e100452d06c"},
 		{"python3-pytz_2025.2-3_all.deb", "a5aa854697849a1e59737373795114587e2325f1d3f9c9a87092254ca88e58fd"},
 		{"python3-six_1.17.0-1_all.deb", "cd1caa92b2860d1de83311cb77f9fab1ee66034ef997cc436d41a1707458666d"},

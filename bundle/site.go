@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -45,12 +46,21 @@ func siteFiles(site []byte) (map[string]*zip.File, error) {
 
 // unpackSite writes the site layer site (site.zip's bytes, verified) into lib,
 // replacing each of siteRoots whole: the files are written into a new directory
-// beside them, which then takes their place (a crash in between leaves the old
-// layer, or no layer, which Verify then reports; never a mixture).
+// beside them and checked against Pinned's SiteTree, then each root takes its old
+// one's place (a crash in between can leave one root old and one new, or one
+// missing, which Verify reports until Install runs again). What a crashed Install
+// left in lib is removed first.
 func unpackSite(site []byte, lib string) error {
 	files, err := siteFiles(site)
 	if err != nil {
 		return err
+	}
+	if old, _ := filepath.Glob(filepath.Join(lib, ".site-*")); len(old) > 0 {
+		for _, p := range old {
+			if err := os.RemoveAll(p); err != nil {
+				return fmt.Errorf("bundle: %w", err)
+			}
+		}
 	}
 	tmp, err := os.MkdirTemp(lib, ".site-")
 	if err != nil {
@@ -104,21 +114,32 @@ func writeEntry(f *zip.File, p string) error {
 	return err
 }
 
-// siteDigest is the digest of the site layer unpacked in lib: the SHA-256 of its
-// files' list, sorted by name, one line each of name, size and SHA-256 (hex); Verify
-// compares it with Pinned's SiteTree. A link or any other file that is not regular is
-// an error wrapping ErrMismatch; a layer not unpacked one wrapping fs.ErrNotExist.
+// siteDigest is the digest of the site layer unpacked in lib: the SHA-256 of the list
+// of its directories ("NAME/") and files ("NAME SIZE SHA256", hex), sorted, one line
+// each; Verify compares it with Pinned's SiteTree. A link or any other file that is
+// neither regular nor a directory, or one its group or others may write, is an error
+// wrapping ErrMismatch; a layer not unpacked one wrapping fs.ErrNotExist.
 func siteDigest(lib string) (string, error) {
 	var lines []string
 	for _, r := range siteRoots {
 		root := filepath.Join(lib, filepath.FromSlash(r))
 		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err != nil || d.IsDir() {
+			if err != nil {
 				return err
 			}
 			rel, _ := filepath.Rel(lib, p)
-			if !d.Type().IsRegular() {
-				return fmt.Errorf("%w: the site layer's %s is not a regular file", ErrMismatch, filepath.ToSlash(rel))
+			name := filepath.ToSlash(rel)
+			if !d.IsDir() && !d.Type().IsRegular() {
+				return fmt.Errorf("%w: the site layer's %s is not a regular file", ErrMismatch, name)
+			}
+			if fi, err := d.Info(); err != nil {
+				return fmt.Errorf("bundle: %w", err)
+			} else if fi.Mode().Perm()&0o022 != 0 {
+				return fmt.Errorf("%w: the site layer's %s is writable by its group or others", ErrMismatch, name)
+			}
+			if d.IsDir() {
+				lines = append(lines, name+"/\n")
+				return nil
 			}
 			f, err := os.Open(p)
 			if err != nil {
@@ -130,7 +151,7 @@ func siteDigest(lib string) (string, error) {
 			if err != nil {
 				return fmt.Errorf("bundle: read %s: %w", p, err)
 			}
-			lines = append(lines, fmt.Sprintf("%s %d %x\n", filepath.ToSlash(rel), n, h.Sum(nil)))
+			lines = append(lines, fmt.Sprintf("%s %d %x\n", name, n, h.Sum(nil)))
 			return nil
 		})
 		if err != nil {
@@ -145,9 +166,69 @@ func siteDigest(lib string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
+// libEntries are the only entries of the library directory (LibDir) and of its
+// python3.13: anything else there would be on the guest's sys.path (python3.13 is on
+// it) or beside what is.
+var libEntries = map[string][]string{
+	".":          {"python313.zip", "python3.13", ZoneDir},
+	"python3.13": {"lib-dynload", "site-packages"},
+}
+
+// pruneLib removes from lib what libEntries do not name, and lib-dynload's contents:
+// Install leaves the library exactly the pinned one.
+func pruneLib(lib string) error {
+	for dir, want := range libEntries {
+		ents, err := os.ReadDir(filepath.Join(lib, dir))
+		if err != nil {
+			return fmt.Errorf("bundle: %w", err)
+		}
+		for _, e := range ents {
+			if !slices.Contains(want, e.Name()) {
+				if err := os.RemoveAll(filepath.Join(lib, dir, e.Name())); err != nil {
+					return fmt.Errorf("bundle: %w", err)
+				}
+			}
+		}
+	}
+	ents, err := os.ReadDir(filepath.Join(lib, dynloadDir))
+	if err != nil {
+		return fmt.Errorf("bundle: %w", err)
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(lib, dynloadDir, e.Name())); err != nil {
+			return fmt.Errorf("bundle: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkLib checks that lib holds libEntries and nothing else, and that lib-dynload is
+// empty. A difference wraps ErrMismatch.
+func checkLib(lib string) error {
+	for dir, want := range libEntries {
+		ents, err := os.ReadDir(filepath.Join(lib, dir))
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrMismatch, err)
+		}
+		for _, e := range ents {
+			if !slices.Contains(want, e.Name()) {
+				return fmt.Errorf("%w: the library holds %s, which the pinned one does not", ErrMismatch, filepath.Join(dir, e.Name()))
+			}
+		}
+	}
+	if ents, err := os.ReadDir(filepath.Join(lib, dynloadDir)); err != nil || len(ents) > 0 {
+		return fmt.Errorf("%w: %s is not an empty directory (%v)", ErrMismatch, dynloadDir, err)
+	}
+	return nil
+}
+
 // verifySite checks that the site layer unpacked in lib is the pinned one (its
-// digest is Pinned's SiteTree). A difference wraps ErrMismatch.
+// digest is Pinned's SiteTree) and that lib holds nothing else (checkLib). A
+// difference wraps ErrMismatch.
 func verifySite(lib string) error {
+	if err := checkLib(lib); err != nil {
+		return err
+	}
 	sum, err := siteDigest(lib)
 	if errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("%w: the site layer is not unpacked in %s (reinstall the bundle): %v", ErrMismatch, lib, err)

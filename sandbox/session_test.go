@@ -372,3 +372,59 @@ func TestSessionSaveAndResume(t *testing.T) {
 		t.Fatalf("a checkpoint over the memory limit: %v", err)
 	}
 }
+
+// A session whose interpreter is restored (rolled back after a cell past its limit,
+// or resumed from a checkpoint in another worker) while a connection of its held a
+// SQLite lock neither removes the lock directory, which may by then be another
+// program's, nor takes itself for its holder: another program's lock keeps its new
+// connections out.
+func TestSessionSQLiteLockAcrossRestore(t *testing.T) {
+	const hold = "import os, sqlite3\nc = sqlite3.connect('/ws/s.db', isolation_level=None)\n" +
+		"c.execute('create table if not exists t(x)')\nc.execute('begin immediate')\nc.execute('insert into t values (1)')"
+	// As the SQL tool's recovery would, then as another program taking the lock.
+	const other = "os.rmdir('/ws/s.db.lock')\nos.mkdir('/ws/s.db.lock')\n"
+	const try = "d = sqlite3.connect('/ws/s.db', isolation_level=None, timeout=0.1)\ntry:\n" +
+		"    d.execute('insert into t values (2)')\n    print('wrote')\nexcept sqlite3.OperationalError as e:\n    print(e)\n" +
+		"print(os.path.isdir('/ws/s.db.lock'))"
+
+	// Rolled back: the cell past its time ends with the lock held.
+	ss, _ := openSession(t)
+	cell(t, ss, hold, nil)
+	if res := cell(t, ss, "c.execute('insert into t values (3)')\nwhile True: pass", func(c *protocol.Request) { c.Limits.TimeoutMS = 300 }); !res.RolledBack {
+		t.Fatalf("the looping cell was not rolled back: %s", res.Reason)
+	}
+	if res := cell(t, ss, other+try, nil); string(res.Stdout) != "database is locked\nTrue\n" {
+		t.Fatalf("after a rollback: %q %q", res.Stdout, res.Stderr)
+	}
+
+	// Resumed in another worker.
+	ss, ws := openSession(t)
+	cell(t, ss, hold, nil)
+	path := filepath.Join(t.TempDir(), "checkpoint")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ss.Save(f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	ss.Close()
+	limits, _ := policy.Default().Resolve(protocol.Limits{})
+	req := protocol.Request{Workspace: ws, Limits: limits, Hardening: policy.Default().Hardening(limits),
+		ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t)}
+	f, _ = os.Open(path)
+	rs, err := sandbox.NewSpawner().ResumeSession(context.Background(), req, f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	if res := cell(t, rs, other+try, nil); string(res.Stdout) != "database is locked\nTrue\n" {
+		t.Fatalf("after a resume: %q %q", res.Stdout, res.Stderr)
+	}
+	// Once the other program is done, the session writes.
+	if res := cell(t, rs, "os.rmdir('/ws/s.db.lock')\n"+try, nil); string(res.Stdout) != "wrote\nFalse\n" {
+		t.Fatalf("after the other program: %q %q", res.Stdout, res.Stderr)
+	}
+}

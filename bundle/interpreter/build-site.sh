@@ -25,9 +25,11 @@ done
 
 # The libraries, links followed: babel's locale data is a link into /usr/share.
 cp -rL "$X/usr/lib/python3/dist-packages/." "$SP/"
-# The zone data, links made copies; "localtime" (a link to the host's /etc/localtime)
-# is left out: the guest's local time is UTC.
-( cd "$X/usr/share/zoneinfo" && find . ! -name localtime \( -type f -o -type l \) | while read -r f; do
+# The zone data (tzdata-legacy's backward names, US/Eastern and the like, included),
+# links made copies; "localtime" (a link to the host's /etc/localtime) is left out (the
+# guest's local time is UTC), and so are the right/ and posix/ trees (the zones again,
+# with and without leap seconds), which zoneinfo does not list.
+( cd "$X/usr/share/zoneinfo" && find . \( -path ./right -o -path ./posix \) -prune -o ! -name localtime \( -type f -o -type l \) -print | while read -r f; do
     mkdir -p "$L/zoneinfo/$(dirname "$f")"; cp -L "$f" "$L/zoneinfo/$f"; done )
 
 # What WASI lacks, made optional where a library assumed it: xlrd imports mmap (which

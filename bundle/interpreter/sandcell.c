@@ -52,6 +52,8 @@ static PyObject *run_function;
  * xFullPathname). */
 struct db_fd {
     int fd;
+    dev_t dev;
+    ino_t ino;
     char *path;
 };
 
@@ -81,7 +83,7 @@ struct db_lock {
 #endif
 
 static struct db_fd db_fds[256];
-static struct db_lock db_locks[16];
+static struct db_lock db_locks[128];
 static int (*sys_open)(const char *, int, int);
 static int (*sys_close)(int);
 static int (*sys_fcntl)(int, int, ...);
@@ -91,9 +93,15 @@ static int db_open(const char *path, int flags, int mode) {
     if (fd < 0) return fd;
     for (size_t i = 0; i < sizeof db_fds / sizeof db_fds[0]; i++) {
         if (db_fds[i].path == NULL) {
+            struct stat st;
             char *p = strdup(path);
-            if (p == NULL) break;
+            if (p == NULL || fstat(fd, &st) != 0) {
+                free(p);
+                break;
+            }
             db_fds[i].fd = fd;
+            db_fds[i].dev = st.st_dev;
+            db_fds[i].ino = st.st_ino;
             db_fds[i].path = p;
             return fd;
         }
@@ -241,6 +249,49 @@ static int db_fcntl(int fd, int cmd, ...) {
     return 0;
 }
 
+/* db_forget is called when the interpreter was restored (a session rolled back
+ * after a cell past its limits, or resumed from a checkpoint in another worker): its
+ * memory holds the tables as they were before, not as they are. Descriptors this
+ * instance does not have (a resumed one has none of its files) are dropped, and every
+ * lock is forgotten without removing its directory, which may by now be another
+ * program's (one that was this program's stays behind, as a stopped program's does).
+ * The files themselves the bootstrap closes next. */
+static void db_forget(void) {
+    for (size_t i = 0; i < sizeof db_fds / sizeof db_fds[0]; i++) {
+        struct stat st;
+        if (db_fds[i].path == NULL) continue;
+        if (fstat(db_fds[i].fd, &st) != 0 || st.st_dev != db_fds[i].dev || st.st_ino != db_fds[i].ino) {
+            free(db_fds[i].path);
+            db_fds[i].path = NULL;
+        }
+    }
+    for (size_t j = 0; j < sizeof db_locks / sizeof db_locks[0]; j++) {
+        free(db_locks[j].dir);
+        db_locks[j].dir = NULL;
+        db_locks[j].n = 0;
+    }
+}
+
+/* _sandcell, a built-in module for the bootstrap: forget_locks() is db_forget. */
+static PyObject *forget_locks(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    db_forget();
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef sandcell_methods[] = {
+    {"forget_locks", forget_locks, METH_NOARGS, "Forget the SQLite locks a restored interpreter's memory lists."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef sandcell_module = {
+    PyModuleDef_HEAD_INIT, "_sandcell", "Sandcell's entry points for its bootstrap.", -1, sandcell_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+static PyObject *init_sandcell_module(void) { return PyModule_Create(&sandcell_module); }
+
 /* sqlite_locks makes "unix", with the locks above, SQLite's default VFS. */
 static int sqlite_locks(void) {
     sqlite3_vfs *vfs = sqlite3_vfs_find("unix");
@@ -285,6 +336,7 @@ int sandcell_init(void) {
     pre.use_environment = 0;
     PyStatus st = Py_PreInitialize(&pre);
     if (PyStatus_Exception(st)) return 3;
+    if (PyImport_AppendInittab("_sandcell", init_sandcell_module) != 0) return 3;
     PyConfig config;
     PyConfig_InitPythonConfig(&config);
     config.isolated = 1;    /* -I */

@@ -11,6 +11,7 @@
 # Path under $MIRROR, then SHA-256 (from the suite's Packages index).
 SITE_DEBS="
 pool/main/t/tzdata/tzdata_2026c-0+deb13u1_all.deb 813b9bbbe14ccda2b24617b8bade0ade4d745957e75921766c153d249886bd4c
+pool/main/t/tzdata/tzdata-legacy_2026c-0+deb13u1_all.deb 2779c2f5e9582fb501c592ec44d1d4421e0add97d25631926673be817a221028
 pool/main/p/python-dateutil/python3-dateutil_2.9.0-4_all.deb c86f3b7e878e8035b0850cd4e0d0ee014a4b5ee4a8fb7386d8998e100452d06c
 pool/main/p/python-tz/python3-pytz_2025.2-3_all.deb a5aa854697849a1e59737373795114587e2325f1d3f9c9a87092254ca88e58fd
 pool/main/s/six/python3-six_1.17.0-1_all.deb cd1caa92b2860d1de83311cb77f9fab1ee66034ef997cc436d41a1707458666d

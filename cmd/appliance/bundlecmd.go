@@ -23,7 +23,7 @@ func newBundleCmd() *cobra.Command {
 
 	install := &cobra.Command{
 		Use:   "install BUILD_DIR",
-		Short: "Verify an interpreter build (python.wasm, python313.zip) against the pinned hashes and install it",
+		Short: "Verify an interpreter build (python.wasm, python313.zip, site.zip) against the pinned hashes and install it",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := bundle.Install(args[0], dir); err != nil {

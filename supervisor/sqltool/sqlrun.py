@@ -165,12 +165,11 @@ def param(p):
 
 def recover():
     """Undoes what a worker stopped while it held the database leaves behind: SQLite's
-    lock here is a directory (the unix-dotfile VFS: WASI has no fcntl locks), which
-    outlives its holder, and a hot rollback journal. The journal is played back
-    through the unix-none VFS: under unix-dotfile a connection holding the lock
-    directory takes it for another's RESERVED lock and never finds a journal hot
-    (dotlockCheckReservedLock). The daemon asks for this only while nothing else
-    uses the workspace, so no live holder can own the lock, and none needs taking."""
+    lock between programs here is a directory, DB.lock (WASI has no fcntl locks; see
+    bundle/interpreter/sandcell.c), which outlives its holder, and a hot rollback
+    journal. The journal is played back through the unix-none VFS, which takes no
+    lock: the daemon asks for this only while nothing else uses the workspace, so no
+    live holder can own the lock, and none needs taking."""
     lock, journal = req["db"] + ".lock", req["db"] + "-journal"
     found = {"lock_removed": False, "journal_rolled_back": False}
     try:

@@ -63,8 +63,9 @@ type Request struct {
 }
 
 // Recovered says what a Recover request undid: the database's lock directory
-// (SQLite's unix-dotfile lock, which outlives a stopped holder) and a hot rollback
-// journal, played back (the file returns to its last committed state).
+// (DB.lock, SQLite's lock between programs in the guest, which outlives a stopped
+// holder) and a hot rollback journal, played back (the file returns to its last
+// committed state).
 type Recovered struct {
 	LockRemoved       bool `json:"lock_removed"`
 	JournalRolledBack bool `json:"journal_rolled_back"`
