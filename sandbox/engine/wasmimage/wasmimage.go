@@ -135,6 +135,11 @@ func Parse(wasm []byte) (*Module, error) {
 				if flags == 1 {
 					m.MaxPages = int64(sr.u32())
 				}
+				// A 32-bit memory has at most 65536 pages (4 GiB); a maximum below
+				// the minimum is invalid (found by FuzzParse).
+				if m.MinPages > 65536 || m.MaxPages > 65536 || (m.MaxPages >= 0 && m.MaxPages < m.MinPages) {
+					return nil, fmt.Errorf("wasmimage: memory limits of %d to %d pages", m.MinPages, m.MaxPages)
+				}
 			}
 		case secGlobal:
 			for i, n := uint32(0), sr.u32(); i < n && sr.err == nil; i++ {

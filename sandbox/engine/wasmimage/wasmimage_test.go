@@ -114,6 +114,12 @@ func FuzzParse(f *testing.F) {
 		if err != nil {
 			return
 		}
+		if m.MinPages > 65536 || m.MaxPages > 65536 {
+			t.Fatalf("accepted memory limits of %d to %d pages", m.MinPages, m.MaxPages)
+		}
+		if m.MinPages > 1024 {
+			return // a valid module, but too large a memory to write back here
+		}
 		vals := map[uint32]uint64{}
 		for _, g := range m.Globals() {
 			vals[g.Index] = 1
