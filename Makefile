@@ -71,7 +71,7 @@ interpreter-verify: build build/wasirun ## Rebuild the interpreter in a fresh ro
 	bundle/interpreter/build.sh build/wasirun build/interpreter-verify --fresh
 	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && $(BIN) bundle install --dir "$$d" build/interpreter-verify && \
 	  $(BIN) bundle verify --dir "$$d" --all=false --snapshot
-	@echo "interpreter-verify: a fresh build reproduced the pinned python.wasm and python313.zip, and its snapshot is reproducible"
+	@echo "interpreter-verify: a fresh build reproduced the pinned python.wasm, python313.zip and site.zip, and its snapshot is reproducible"
 
 bundle: build interpreter ## Install the verified interpreter into build/bundle and precompile its .cwasm files
 	$(BIN) bundle verify >/dev/null 2>&1 || { \

@@ -271,11 +271,12 @@ def _sandcell_init():
 
     def cell(src, name, data, g, restored, mark):
         if restored:
-            # The interpreter was restored into a fresh instance: the descriptors of
-            # the files and connections it holds are gone, and a number may come
-            # back as another file. Closed, they say so instead. The SQLite locks
-            # its memory lists are forgotten first: closing a connection must not
-            # remove a lock directory that may now be another program's.
+            # The interpreter was restored (rolled back after a cell, or resumed into
+            # a fresh instance, where the descriptors of the files and connections it
+            # holds are gone, and a number may come back as another file). Closed,
+            # they say so instead. The SQLite locks its memory lists are forgotten
+            # first: closing a connection must not remove a lock directory that may
+            # now be another program's.
             try:
                 forget_locks()
                 close_files()

@@ -73,9 +73,9 @@ type Interpreter struct {
 	// (site-packages) and the IANA time zone database, one stored zip
 	// (bundle/interpreter/build-site.sh) installed unpacked into LibDir.
 	Site Artifact `json:"site"`
-	// SiteTree is the digest of the site layer unpacked: the SHA-256 of its files'
-	// list, sorted by name, one line each of "NAME SIZE SHA256\n" (NAME relative to
-	// LibDir, SHA256 in hex).
+	// SiteTree is the digest of the site layer unpacked: the SHA-256 of the sorted
+	// list of its directories ("NAME/\n") and files ("NAME SIZE SHA256\n"), NAME
+	// relative to LibDir, SHA256 in hex.
 	SiteTree string `json:"site_tree"`
 	// SitePackages are the Debian packages the site layer is made of (its
 	// site-recipe.sh pins them); their copyright files ship as LICENSE.<package>.
