@@ -174,50 +174,54 @@ var libEntries = map[string][]string{
 	"python3.13": {"lib-dynload", "site-packages"},
 }
 
-// pruneLib removes from lib what libEntries do not name, and lib-dynload's contents:
-// Install leaves the library exactly the pinned one.
-func pruneLib(lib string) error {
+// strays lists what lib holds beyond libEntries, and whatever lib-dynload holds
+// (paths relative to lib).
+func strays(lib string) ([]string, error) {
+	var out []string
 	for dir, want := range libEntries {
 		ents, err := os.ReadDir(filepath.Join(lib, dir))
 		if err != nil {
-			return fmt.Errorf("bundle: %w", err)
+			return nil, err
 		}
 		for _, e := range ents {
 			if !slices.Contains(want, e.Name()) {
-				if err := os.RemoveAll(filepath.Join(lib, dir, e.Name())); err != nil {
-					return fmt.Errorf("bundle: %w", err)
-				}
+				out = append(out, filepath.Join(dir, e.Name()))
 			}
 		}
 	}
 	ents, err := os.ReadDir(filepath.Join(lib, dynloadDir))
 	if err != nil {
-		return fmt.Errorf("bundle: %w", err)
+		return nil, err
 	}
 	for _, e := range ents {
-		if err := os.RemoveAll(filepath.Join(lib, dynloadDir, e.Name())); err != nil {
+		out = append(out, filepath.Join(dynloadDir, e.Name()))
+	}
+	return out, nil
+}
+
+// pruneLib removes the strays of lib: Install leaves the library exactly the pinned
+// one.
+func pruneLib(lib string) error {
+	found, err := strays(lib)
+	if err != nil {
+		return fmt.Errorf("bundle: %w", err)
+	}
+	for _, p := range found {
+		if err := os.RemoveAll(filepath.Join(lib, p)); err != nil {
 			return fmt.Errorf("bundle: %w", err)
 		}
 	}
 	return nil
 }
 
-// checkLib checks that lib holds libEntries and nothing else, and that lib-dynload is
-// empty. A difference wraps ErrMismatch.
+// checkLib checks that lib has no strays. A difference wraps ErrMismatch.
 func checkLib(lib string) error {
-	for dir, want := range libEntries {
-		ents, err := os.ReadDir(filepath.Join(lib, dir))
-		if err != nil {
-			return fmt.Errorf("%w: %v", ErrMismatch, err)
-		}
-		for _, e := range ents {
-			if !slices.Contains(want, e.Name()) {
-				return fmt.Errorf("%w: the library holds %s, which the pinned one does not", ErrMismatch, filepath.Join(dir, e.Name()))
-			}
-		}
+	found, err := strays(lib)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrMismatch, err)
 	}
-	if ents, err := os.ReadDir(filepath.Join(lib, dynloadDir)); err != nil || len(ents) > 0 {
-		return fmt.Errorf("%w: %s is not an empty directory (%v)", ErrMismatch, dynloadDir, err)
+	if len(found) > 0 {
+		return fmt.Errorf("%w: the library holds %s, which the pinned one does not", ErrMismatch, found[0])
 	}
 	return nil
 }

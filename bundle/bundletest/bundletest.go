@@ -25,13 +25,19 @@ func Dir(t testing.TB) string {
 	if d := os.Getenv("SANDCELL_BUNDLE_DIR"); d != "" {
 		return d
 	}
+	return filepath.Join(sourceRoot(t), "build", "bundle")
+}
+
+// sourceRoot is the directory holding go.mod above the working directory.
+func sourceRoot(t testing.TB) string {
+	t.Helper()
 	wd, err := os.Getwd()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for d := wd; ; d = filepath.Dir(d) {
 		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			return filepath.Join(d, "build", "bundle")
+			return d
 		}
 		if filepath.Dir(d) == d {
 			t.Fatalf("no go.mod above %s", wd)
@@ -44,22 +50,11 @@ func Dir(t testing.TB) string {
 // build/interpreter at the root of the source tree, which `make interpreter` fills.
 func BuildDir(t testing.TB) string {
 	t.Helper()
-	wd, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
+	b := filepath.Join(sourceRoot(t), "build", "interpreter")
+	if _, err := os.Stat(filepath.Join(b, bundle.Pinned().Site.Name)); err != nil {
+		t.Fatalf("the interpreter build is not in %s (run `make interpreter`): %v", b, err)
 	}
-	for d := wd; ; d = filepath.Dir(d) {
-		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			b := filepath.Join(d, "build", "interpreter")
-			if _, err := os.Stat(filepath.Join(b, bundle.Pinned().Site.Name)); err != nil {
-				t.Fatalf("the interpreter build is not in %s (run `make interpreter`): %v", b, err)
-			}
-			return b
-		}
-		if filepath.Dir(d) == d {
-			t.Fatalf("no go.mod above %s", wd)
-		}
-	}
+	return b
 }
 
 // Open returns the opened, verified bundle.
