@@ -15,7 +15,7 @@ BUNDLE   := build/bundle
 export SANDCELL_BUNDLE_DIR := $(CURDIR)/$(BUNDLE)
 export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 
-.PHONY: help prereqs build interpreter interpreter-verify bundle demo mcp-client test test-short bench fuzz check clean stage deb rpm lint-packages test-packages image-root image test-image
+.PHONY: help prereqs build interpreter interpreter-verify bundle demo mcp-client test test-short bench fuzz soak chaos check clean stage deb rpm lint-packages test-packages image-root image test-image
 
 # Packages: the version comes from `git describe` (a v* tag), else 0.1.0 with the
 # commit count and hash; SOURCE_DATE_EPOCH (the last commit's time) dates everything.
@@ -122,6 +122,14 @@ fuzz: ## Fuzz every decoder of untrusted input, FUZZTIME each (default 1m; CI: 1
 	    cat "$$out"; echo "fuzz: $$name failed (the input is in $$pkg/testdata/fuzz/$$name)"; exit 1; fi; \
 	  printf '%-26s %-28s %s\n' "$$name" "$$pkg" "$$(grep -o 'elapsed: [^,]*, execs: [0-9]*' "$$out" | tail -1)"; \
 	done
+
+# A real daemon under a mixed load at concurrency 8 for SOAKTIME (default 10m; CI: 2m),
+# then its checks: every answer as planned, no unplanned 5xx, the audit log equal to
+# what the callers saw, no worker outliving its run by a second, the daemon's RSS and
+# descriptors within 10% (see bench/soak).
+SOAKTIME ?= 10m
+soak: bundle ## Soak a real daemon under mixed load for SOAKTIME (default 10m; CI: 2m) and check what it kept
+	go run ./bench/soak -sandcell $(BIN) -duration $(SOAKTIME)
 
 check: ## vet, staticcheck, gofmt, go mod tidy, import rules and package docs, the race detector on the packages that need no bundle
 	go vet ./...

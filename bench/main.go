@@ -12,10 +12,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,8 +28,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandcell/sandcell/client"
-	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/bench/harness"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
@@ -137,7 +134,7 @@ func run(n int, dur time.Duration, bin, python string) error {
 		fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
 		var before time.Duration
 		if s.daemon != nil {
-			before = procCPU(s.daemon.cmd.Process.Pid)
+			before = procCPU(s.daemon.Pid())
 		}
 		if s.also != nil {
 			before += procCPU(s.also.Process.Pid)
@@ -149,7 +146,7 @@ func run(n int, dur time.Duration, bin, python string) error {
 		if s.daemon != nil {
 			// Daemon and its workers (reaped children count in cutime/cstime), over the
 			// sequential runs and the throughput runs.
-			pid := s.daemon.cmd.Process.Pid
+			pid := s.daemon.Pid()
 			after := procCPU(pid)
 			if s.also != nil {
 				after += procCPU(s.also.Process.Pid)
@@ -159,7 +156,7 @@ func run(n int, dur time.Duration, bin, python string) error {
 			r.row.note = fmt.Sprintf("daemon RSS %d MiB, PSS %d MiB", rss>>10, pss>>10)
 			if s.daemon == warm {
 				s.daemon.waitFull()
-				st := s.daemon.pool()
+				st, _ := s.daemon.Pool()
 				wrss, wpss, nw := children(pid)
 				if nw > 0 {
 					r.row.note += fmt.Sprintf("; idle worker RSS %d MiB, PSS %d MiB (%d idle)", wrss/int64(nw)>>10, wpss/int64(nw)>>10, nw)
@@ -182,9 +179,9 @@ type mcpClient struct {
 func connectMCP(bin string, d *daemon, transport string) (*mcpClient, error) {
 	c := mcp.NewClient(&mcp.Implementation{Name: "bench", Version: "1"}, nil)
 	m := &mcpClient{}
-	var t mcp.Transport = &mcp.StreamableClientTransport{Endpoint: "http://sandcell/mcp", HTTPClient: d.h}
+	var t mcp.Transport = &mcp.StreamableClientTransport{Endpoint: "http://sandcell/mcp", HTTPClient: d.HTTP}
 	if transport == "stdio" {
-		m.cmd = exec.Command(bin, "mcp", "--socket", d.sock)
+		m.cmd = exec.Command(bin, "mcp", "--socket", d.Sock)
 		t = &mcp.CommandTransport{Command: m.cmd}
 	}
 	cs, err := c.Connect(context.Background(), t, nil)
@@ -212,35 +209,17 @@ func (m *mcpClient) close() { m.cs.Close() }
 const poolSize = 4
 
 // daemon is a `sandcell serve` the harness started.
-type daemon struct {
-	cmd  *exec.Cmd
-	c    *client.Client
-	h    *http.Client
-	sock string
-}
+type daemon struct{ *harness.Daemon }
 
 func startDaemon(bin, dir string, env ...string) (*daemon, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	sock := filepath.Join(dir, "s.sock")
-	cmd := exec.Command(bin, "serve", "--socket", sock, "--state-dir", filepath.Join(dir, "state"))
-	cmd.Env = append(append(os.Environ(), "SANDCELL_RUNS_QUEUE_LENGTH=256"), env...)
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	d := &daemon{cmd: cmd, c: client.New(sock), h: client.HTTP(sock), sock: sock}
-	if err := waitReady(sock); err != nil {
-		d.stop()
-		return nil, err
-	}
-	return d, nil
+	d, err := harness.Start(bin, dir, "", append([]string{"SANDCELL_RUNS_QUEUE_LENGTH=256"}, env...)...)
+	return &daemon{d}, err
 }
 
-func (d *daemon) stop() { d.cmd.Process.Signal(syscall.SIGTERM); d.cmd.Wait() }
+func (d *daemon) stop() { d.Stop() }
 
 func (d *daemon) run() (time.Duration, int64, error) {
-	v, err := d.c.Run(context.Background(), wire.RunRequest{Code: program})
+	v, err := d.Client.Run(context.Background(), wire.RunRequest{Code: program})
 	if err != nil {
 		return 0, 0, err
 	}
@@ -250,35 +229,14 @@ func (d *daemon) run() (time.Duration, int64, error) {
 	return 0, 0, nil
 }
 
-// pool is the daemon's warm pool, from /v1/info.
-func (d *daemon) pool() sandbox.PoolStats {
-	var info struct{ Pool sandbox.PoolStats }
-	if resp, err := d.h.Get("http://sandcell/v1/info"); err == nil {
-		json.NewDecoder(resp.Body).Decode(&info)
-		resp.Body.Close()
-	}
-	return info.Pool
-}
-
 // waitFull waits (up to 10 s) until every worker of the pool is idle.
-func (d *daemon) waitFull() {
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
-		if st := d.pool(); st.Size > 0 && st.Idle == st.Size {
-			return
-		}
-	}
-}
+func (d *daemon) waitFull() { d.WaitPoolFull(10 * time.Second) }
 
 // children sums the RSS and PSS (KiB) of pid's child processes (the idle workers).
 func children(pid int) (rss, pss int64, n int) {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", pid))
-	for _, t := range tasks {
-		b, _ := os.ReadFile(t)
-		for _, c := range strings.Fields(string(b)) {
-			child, _ := strconv.Atoi(c)
-			r, p := smapsRollup(child)
-			rss, pss, n = rss+r, pss+p, n+1
-		}
+	for _, child := range harness.Children(pid) {
+		r, p := smapsRollup(child)
+		rss, pss, n = rss+r, pss+p, n+1
 	}
 	return rss, pss, n
 }
@@ -440,18 +398,4 @@ func smapsRollup(pid int) (rss, pss int64) {
 		}
 	}
 	return rss, pss
-}
-
-func waitReady(sock string) error {
-	h := client.HTTP(sock)
-	for i := 0; i < 600; i++ {
-		if resp, err := h.Get("http://sandcell/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return fmt.Errorf("the daemon was not ready in 30 s")
 }

@@ -58,8 +58,9 @@ package store
 //
 // Every accepted run has run.requested, run.admitted and then exactly one of
 // run.finished and run.aborted; every accepted statement has sql.requested and then
-// exactly one of sql.finished, sql.refused and sql.failed. A statement's worker is not
-// a run: it has no run.* record.
+// exactly one of sql.finished, sql.refused, sql.failed and approval.requested (a write
+// held for approval: the same request with the approval is a statement of its own). A
+// statement's worker is not a run: it has no run.* record.
 type Kind string
 
 // The kinds of the catalog above.

@@ -1,6 +1,7 @@
 package workspace
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -42,7 +43,7 @@ func copyDir(src, dst int, prefix string, u *Usage, q Quota) error {
 		return fmt.Errorf("%w: directories nested deeper than %d", ErrUnsafe, maxDepth)
 	}
 	for {
-		names, err := d.Readdirnames(1024)
+		names, err := readNames(d)
 		if err == io.EOF {
 			return nil
 		}
@@ -55,6 +56,10 @@ func copyDir(src, dst int, prefix string, u *Usage, q Quota) error {
 				return fmt.Errorf("%w: more than %d names to copy", ErrQuota, q.Files)
 			}
 			fd, err := openat2(src, name, unix.O_RDONLY|unix.O_NONBLOCK)
+			if errors.Is(err, unix.ENOENT) {
+				u.Files--
+				continue // removed meanwhile
+			}
 			if err != nil {
 				return fmt.Errorf("%w: %s cannot be opened without following it: %v", ErrUnsafe, path, err)
 			}

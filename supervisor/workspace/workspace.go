@@ -695,7 +695,7 @@ func countDir(dirfd int, prefix string, u *Usage, max int) error {
 		return fmt.Errorf("%w: directories nested deeper than %d", ErrUnsafe, maxDepth)
 	}
 	for {
-		names, err := d.Readdirnames(1024)
+		names, err := readNames(d)
 		if err == io.EOF {
 			return nil
 		}
@@ -726,6 +726,17 @@ func countDir(dirfd int, prefix string, u *Usage, max int) error {
 	}
 }
 
+// readNames reads the next names of the directory d, io.EOF at its end. A directory
+// removed while it is read (the guest's own temporary directory, SQLite's lock
+// directory; Linux's getdents then fails with ENOENT) holds nothing more: io.EOF too.
+func readNames(d *os.File) ([]string, error) {
+	names, err := d.Readdirnames(1024)
+	if errors.Is(err, unix.ENOENT) {
+		err = io.EOF
+	}
+	return names, err
+}
+
 // listDir calls visit for each name beneath the directory dirfd (closing it), depth
 // first and sorted per directory, from the name after the path whose remaining
 // components are from (nil: from the start).
@@ -737,7 +748,7 @@ func listDir(dirfd int, prefix string, from []string, visit func(File) error) er
 	}
 	var names []string
 	for {
-		batch, err := d.Readdirnames(1024)
+		batch, err := readNames(d)
 		names = append(names, batch...)
 		if len(names) > maxDirNames {
 			return fmt.Errorf("%w: %s holds more than %d names", ErrQuota, strings.TrimSuffix(prefix, "/"), maxDirNames)
