@@ -15,7 +15,7 @@ BUNDLE   := build/bundle
 export SANDCELL_BUNDLE_DIR := $(CURDIR)/$(BUNDLE)
 export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 
-.PHONY: help prereqs build interpreter interpreter-verify bundle demo mcp-client test test-short bench fuzz soak chaos check clean stage deb rpm lint-packages test-packages image-root image test-image
+.PHONY: help prereqs build interpreter interpreter-verify bundle demo mcp-client test test-short bench fuzz soak chaos limits check clean stage deb rpm lint-packages test-packages image-root image test-image
 
 # Packages: the version comes from `git describe` (a v* tag), else 0.1.0 with the
 # commit count and hash; SOURCE_DATE_EPOCH (the last commit's time) dates everything.
@@ -130,6 +130,21 @@ fuzz: ## Fuzz every decoder of untrusted input, FUZZTIME each (default 1m; CI: 1
 SOAKTIME ?= 10m
 soak: bundle ## Soak a real daemon under mixed load for SOAKTIME (default 10m; CI: 2m) and check what it kept
 	go run ./bench/soak -sandcell $(BIN) -duration $(SOAKTIME)
+
+# Faults injected into a real daemon under load: CHAOS_KILLS SIGKILLs (default 20; CI:
+# 5), the state file system full, the audit database locked by another process, floods
+# of slow connections and of runs (see bench/chaos; the full file system and the other
+# uid's run need root, and are skipped otherwise, saying so).
+CHAOS_KILLS ?= 20
+chaos: bundle ## Kill the daemon under load, fill its disk, lock its audit log, flood it; check what holds
+	go run ./bench/chaos -sandcell $(BIN) -kills $(CHAOS_KILLS)
+
+# How exactly each limit is kept: LIMIT_TRIALS runs of each (default 100; CI: 20) of
+# the wall clock, CPU, a sleep, a catastrophic regex and a huge integer's formatting
+# (p99 within the limit and 250 ms), memory and output (see bench/limits).
+LIMIT_TRIALS ?= 100
+limits: bundle ## Measure how exactly each limit is kept, LIMIT_TRIALS runs each (default 100; CI: 20)
+	go run ./bench/limits -sandcell $(BIN) -trials $(LIMIT_TRIALS)
 
 check: ## vet, staticcheck, gofmt, go mod tidy, import rules and package docs, the race detector on the packages that need no bundle
 	go vet ./...

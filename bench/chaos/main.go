@@ -23,6 +23,8 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
+	"log"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -40,6 +42,9 @@ func main() {
 	bin := flag.String("sandcell", "bin/sandcell", "the sandcell binary")
 	only := flag.String("only", "", "run only these trials (comma-separated: kill, full, locked, flood)")
 	flag.Parse()
+	// net/http logs each early 429 of the flood as an unsolicited response; the
+	// flood trial counts them itself.
+	log.SetOutput(io.Discard)
 	b, _ := filepath.Abs(*bin)
 	c := &chaos{bin: b}
 	trials := []struct {

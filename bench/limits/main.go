@@ -1,0 +1,203 @@
+// Command limits is `make limits`: how exactly a real daemon keeps each limit, over
+// repeated trials at concurrency 2 (the CPU limit's one at a time).
+//
+// For the wall clock, CPU time, a sleep, a catastrophic regular expression and the
+// formatting of a huge integer (each under a 1 s limit), it measures the caller's
+// round trip of POST /v1/runs (waiting for the result: worker start, the run, its
+// stop, the answer) and checks its p99 is within the limit plus 250 ms, every trial
+// ending for the limit's reason. For memory, a program that allocates without end
+// under a 64 MiB limit must end memory_limit with its peak at most the limit; for
+// output, 1 MB written to stdout, or to stderr, under a 12,345-byte cap must end
+// output_limit with exactly 12,345 bytes of it. It prints one table, and exits 1 when a check fails.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sandcell/sandcell/bench/harness"
+)
+
+// slack is what a limit may be overshot by, at the caller, at the 99th percentile.
+const slack = 250 * time.Millisecond
+
+// limit is one case: a program, the limits it runs under, and how it must end.
+type limit struct {
+	name   string
+	code   string
+	limits map[string]any
+	reason string
+	// bound is the limit its round trip is held to (0: not timed); check checks the
+	// result otherwise.
+	bound time.Duration
+	check func(r result) error
+	// alone runs the trials one at a time, not two: CPU time, which the CPU limit
+	// counts, runs slower than the wall clock while the two cores are shared, and the
+	// round trip would then measure the contention, not the limit.
+	alone bool
+}
+
+// result is what the program reads of a run's answer.
+type result struct {
+	Reason          string
+	Stdout, Stderr  string
+	StdoutTruncated bool  `json:"stdout_truncated"`
+	StderrTruncated bool  `json:"stderr_truncated"`
+	PeakMemoryBytes int64 `json:"peak_memory_bytes"`
+}
+
+var cases = []limit{
+	{name: "wall clock 1 s (busy loop)", code: "while True: pass", limits: map[string]any{"timeout_ms": 1000},
+		reason: "timeout", bound: time.Second},
+	{name: "CPU 1 s (busy loop)", code: "while True: pass", limits: map[string]any{"cpu_ms": 1000, "timeout_ms": 10000},
+		reason: "cpu_limit", bound: time.Second, alone: true},
+	{name: "wall clock 1 s (time.sleep(100))", code: "import time\ntime.sleep(100)", limits: map[string]any{"timeout_ms": 1000},
+		reason: "timeout", bound: time.Second},
+	{name: "wall clock 1 s (regex (a+)+$)", code: "import re\nre.match(r'(a+)+$', 'a' * 64 + 'b')", limits: map[string]any{"timeout_ms": 1000},
+		reason: "timeout", bound: time.Second},
+	{name: "wall clock 1 s (str(10**10**8))", code: "import sys\nsys.set_int_max_str_digits(0)\nstr(10 ** 10 ** 8)", limits: map[string]any{"timeout_ms": 1000},
+		reason: "timeout", bound: time.Second},
+	{name: "memory 64 MiB", code: "b = []\nwhile True:\n    b.append(bytearray(1 << 20))", limits: map[string]any{"memory_mib": 64},
+		reason: "memory_limit", check: func(r result) error {
+			if r.PeakMemoryBytes > 64<<20 {
+				return fmt.Errorf("peak memory %d bytes, past the 64 MiB limit", r.PeakMemoryBytes)
+			}
+			return nil
+		}},
+	{name: "output 12,345 bytes (stdout)", code: "import sys\nsys.stdout.write('o' * 10**6)",
+		limits: map[string]any{"max_output_bytes": 12345}, reason: "output_limit", check: func(r result) error {
+			if len(r.Stdout) != 12345 || !r.StdoutTruncated {
+				return fmt.Errorf("stdout: %d bytes, truncated %v", len(r.Stdout), r.StdoutTruncated)
+			}
+			return nil
+		}},
+	{name: "output 12,345 bytes (stderr)", code: "import sys\nsys.stderr.write('e' * 10**6)",
+		limits: map[string]any{"max_output_bytes": 12345}, reason: "output_limit", check: func(r result) error {
+			if len(r.Stderr) != 12345 || !r.StderrTruncated {
+				return fmt.Errorf("stderr: %d bytes, truncated %v", len(r.Stderr), r.StderrTruncated)
+			}
+			return nil
+		}},
+}
+
+func main() {
+	trials := flag.Int("trials", 100, "trials per limit")
+	bin := flag.String("sandcell", "bin/sandcell", "the sandcell binary")
+	flag.Parse()
+	b, _ := filepath.Abs(*bin)
+	ok, err := run(b, *trials)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "limits:", err)
+		os.Exit(1)
+	}
+	if !ok {
+		os.Exit(1)
+	}
+}
+
+func run(bin string, trials int) (bool, error) {
+	dir, err := os.MkdirTemp("", "sandcell-limits-")
+	if err != nil {
+		return false, err
+	}
+	defer os.RemoveAll(dir)
+	d, err := harness.Start(bin, dir, harness.Config(os.Getuid(), ""))
+	if err != nil {
+		return false, err
+	}
+	defer d.Stop()
+	ok := true
+	var failures []string
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "limit\ttrials\tas planned\tround trip p50\tp99\tmax\tp99 over the limit\tmeasured\t\n")
+	for _, c := range cases {
+		var mu sync.Mutex
+		var rtts []time.Duration
+		planned := 0
+		var peak int64
+		next := make(chan int, trials)
+		for i := 0; i < trials; i++ {
+			next <- i
+		}
+		close(next)
+		var wg sync.WaitGroup
+		conc := 2
+		if c.alone {
+			conc = 1
+		}
+		for g := 0; g < conc; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range next {
+					body, _ := json.Marshal(map[string]any{"code": c.code, "limits": c.limits})
+					t := time.Now()
+					st, b, err := harness.Do(context.Background(), d.HTTP, "POST", "/v1/runs", "application/json", body)
+					rtt := time.Since(t)
+					var v struct{ Result result }
+					if err == nil && st != 200 {
+						err = fmt.Errorf("%d: %s", st, b)
+					}
+					if err == nil {
+						err = json.Unmarshal(b, &v)
+					}
+					if err == nil && c.reason != "" && v.Result.Reason != c.reason {
+						err = fmt.Errorf("ended %s, not %s", v.Result.Reason, c.reason)
+					}
+					if err == nil && c.check != nil {
+						err = c.check(v.Result)
+					}
+					mu.Lock()
+					rtts = append(rtts, rtt)
+					peak = max(peak, v.Result.PeakMemoryBytes)
+					if err == nil {
+						planned++
+					} else if len(failures) < 10 {
+						failures = append(failures, c.name+": "+err.Error())
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		sort.Slice(rtts, func(i, j int) bool { return rtts[i] < rtts[j] })
+		p := func(q int) time.Duration { return rtts[min(len(rtts)-1, len(rtts)*q/100)].Round(time.Millisecond) }
+		over, measured := "", ""
+		if c.bound > 0 {
+			over = (p(99) - c.bound).String()
+			if p(99) > c.bound+slack {
+				ok = false
+				failures = append(failures, fmt.Sprintf("%s: p99 round trip %s, past the limit and %s", c.name, p(99), slack))
+			}
+		}
+		switch {
+		case c.limits["memory_mib"] != nil:
+			measured = fmt.Sprintf("peak %.1f MiB", float64(peak)/(1<<20))
+		case c.limits["max_output_bytes"] != nil:
+			if planned == trials {
+				measured = "12,345 bytes each time"
+			}
+		}
+		if planned != trials {
+			ok = false
+		}
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", c.name, trials, planned, p(50), p(99), p(100), over, measured)
+	}
+	w.Flush()
+	fmt.Printf("\n(round trip: the caller's POST /v1/runs, waiting for the result; the limit's slack at p99 is %s)\n", slack)
+	for _, f := range failures {
+		fmt.Println("FAIL:", f)
+	}
+	if ok {
+		fmt.Println("limits: every check passed")
+	}
+	return ok, nil
+}
