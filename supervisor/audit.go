@@ -3,8 +3,10 @@ package supervisor
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
@@ -21,6 +23,8 @@ type Audit struct {
 	// Healthy, if set, is told each append's outcome (nil: written), so that a
 	// daemon whose audit log cannot be written is not ready (it refuses every run).
 	Healthy func(error)
+
+	down atomic.Bool // the last append or check failed
 }
 
 // Record appends one record of kind (see the catalog, store.Kind) by who: its uid is
@@ -46,9 +50,7 @@ func (a *Audit) Record(ctx context.Context, kind store.Kind, who Caller, runID s
 	// A record is written even when the caller has gone away meanwhile.
 	ctx = context.WithoutCancel(ctx)
 	_, err = a.Store.Append(ctx, store.Event{Kind: kind, UID: uid, RunID: runID, Detail: b})
-	if a.Healthy != nil {
-		a.Healthy(err)
-	}
+	a.Checked(err)
 	if err != nil {
 		if a.Log != nil {
 			a.Log.Error("audit record lost", "kind", kind, "run", runID, "error", err)
@@ -56,6 +58,38 @@ func (a *Audit) Record(ctx context.Context, kind store.Kind, who Caller, runID s
 		return err
 	}
 	return nil
+}
+
+// ErrDown is RecordRefusal's error while the log is Down.
+var ErrDown = errors.New("the audit log cannot be written")
+
+// RecordRefusal records a refusal as Record does, unless the log is Down: then the
+// refusal is only logged, at once, and ErrDown returned. A refusal waits for no lock:
+// while another process holds the log's, or its disk is full, each append waits out
+// SQLite's busy timeout (5 s) and fails anyway, and a caller refused for that very
+// reason would wait seconds for its 503, holding its connection.
+func (a *Audit) RecordRefusal(ctx context.Context, kind store.Kind, who Caller, detail any) error {
+	if a.Down() {
+		if a.Log != nil {
+			a.Log.Warn("refusal not audited: the audit log cannot be written", "kind", kind, "uid", who.UID, "detail", detail)
+		}
+		return ErrDown
+	}
+	return a.Record(ctx, kind, who, "", detail)
+}
+
+// Down reports whether the log is known not to be writable: the last append, or the
+// last check given to Checked, failed.
+func (a *Audit) Down() bool { return a.down.Load() }
+
+// Checked is told the outcome of an append, or of a check of the log outside one
+// (store.Store.Writable, which the daemon runs while the log is Down): it sets Down
+// and tells Healthy.
+func (a *Audit) Checked(err error) {
+	a.down.Store(err != nil)
+	if a.Healthy != nil {
+		a.Healthy(err)
+	}
 }
 
 // Events returns audit records (see store.Store.Events); never nil.

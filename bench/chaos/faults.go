@@ -68,7 +68,11 @@ func (c *chaos) full() error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("  full: 60 runs: %s; space back: a run answered after %s, no restart\n", a, took.Round(time.Millisecond))
+	fmt.Printf("  full: 60 runs: %s, the first in %s, the others in at most %s; space back: a run answered after %s, no restart\n",
+		a, a.took[0].Round(time.Millisecond), a.slowAfterFirst(), took.Round(time.Millisecond))
+	if a.slowAfterFirst() > time.Second {
+		c.fail("full: refusals took up to %s after the first", a.slowAfterFirst())
+	}
 	for k := range a.refused {
 		if k[:3] != "503" && k[:3] != "507" {
 			c.fail("full: with the state file system full, a run was answered %s (503 or 507 expected)", k)

@@ -86,6 +86,9 @@ func Statuses() map[string][]int {
 // Auditor records decisions (an error means nothing was recorded) and reads them back.
 type Auditor interface {
 	Record(ctx context.Context, kind store.Kind, who supervisor.Caller, runID string, detail any) error
+	// RecordRefusal records a refusal, or only logs it while the log is known not
+	// to be writable (supervisor.Audit.RecordRefusal): a refusal waits for no lock.
+	RecordRefusal(ctx context.Context, kind store.Kind, who supervisor.Caller, detail any) error
 	// Events returns up to limit records with seq > after, oldest first, only those
 	// of runID when it is not empty.
 	Events(ctx context.Context, after int64, runID string, limit int) (any, error)

@@ -62,9 +62,18 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 // anyone is known); a TCP caller's token name goes into detail["token"] (see
 // supervisor.Audit.Record). Every record the API writes names its caller this way.
 func (s *Server) record(ctx context.Context, kind store.Kind, runID string, detail map[string]any) error {
-	who := supervisor.Caller{UID: -1}
+	return s.o.Audit.Record(ctx, kind, callerOf(ctx), runID, detail)
+}
+
+// recordRefusal is record for a refusal (Auditor.RecordRefusal).
+func (s *Server) recordRefusal(ctx context.Context, kind store.Kind, detail map[string]any) error {
+	return s.o.Audit.RecordRefusal(ctx, kind, callerOf(ctx), detail)
+}
+
+// callerOf is the caller of the request ctx belongs to (uid -1 when there is none).
+func callerOf(ctx context.Context) supervisor.Caller {
 	if peer, ok := PeerFrom(ctx); ok {
-		who = peer.Caller()
+		return peer.Caller()
 	}
-	return s.o.Audit.Record(ctx, kind, who, runID, detail)
+	return supervisor.Caller{UID: -1}
 }

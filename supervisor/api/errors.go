@@ -204,8 +204,8 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 				d[k] = v
 			}
 		}
-		// If it cannot be recorded, the caller still gets its answer.
-		s.record(c.Request().Context(), kind, "", d)
+		// If it cannot be recorded, the caller still gets its answer, and at once.
+		s.recordRefusal(c.Request().Context(), kind, d)
 	}
 	if ra := retryAfter(e.code); ra != "" {
 		c.Response().Header().Set("Retry-After", ra)

@@ -89,9 +89,7 @@ type Daemon struct {
 	report  atomic.Pointer[selftest.Report] // the passed start-up self-test
 	canaryW string                          // work directory of canaries
 	errc    chan error                      // a listener's end
-	// auditDown is set while the last audit append failed.
-	auditDown atomic.Bool
-	ready     chan struct{} // closed at READY=1
+	ready   chan struct{}                   // closed at READY=1
 
 	mu     sync.Mutex // serialises Reload and the warm pool's (re)starts
 	status string     // the STATUS= line of readiness, under mu
@@ -165,10 +163,7 @@ func Open(o Options) (_ *Daemon, err error) {
 	if d.db, err = store.Open(filepath.Join(cfg.State.Dir, "audit.db")); err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
-	d.audit = &supervisor.Audit{Store: d.db, Log: d.log, Healthy: func(err error) {
-		d.auditDown.Store(err != nil)
-		d.health.Set(checkAudit, err)
-	}}
+	d.audit = &supervisor.Audit{Store: d.db, Log: d.log, Healthy: func(err error) { d.health.Set(checkAudit, err) }}
 	d.audit.Attach(d.mgr)
 	if err := d.audit.Record(context.Background(), store.DaemonStart, supervisor.Daemon(), "",
 		map[string]any{"version": o.Version, "revision": o.Revision, "config": path, "tcp": cfg.TCP.Listen}); err != nil {
@@ -467,10 +462,9 @@ func (d *Daemon) keepChecking() {
 		// A failed append makes the daemon unready, and an unready daemon is sent no
 		// work that would append again: look whether the log can be written again
 		// (another process's lock gone, say) rather than wait for a request.
-		if d.auditDown.Load() {
+		if d.audit.Down() {
 			if err := d.db.Writable(d.bg); d.bg.Err() == nil {
-				d.auditDown.Store(err != nil)
-				d.health.Set(checkAudit, err)
+				d.audit.Checked(err)
 			}
 		}
 	})
