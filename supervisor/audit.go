@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +25,7 @@ type Audit struct {
 	// daemon whose audit log cannot be written is not ready (it refuses every run).
 	Healthy func(error)
 
+	mu   sync.Mutex  // Checked's two steps, together
 	down atomic.Bool // the last append or check failed
 }
 
@@ -65,9 +67,10 @@ var ErrDown = errors.New("the audit log cannot be written")
 
 // RecordRefusal records a refusal as Record does, unless the log is Down: then the
 // refusal is only logged, at once, and ErrDown returned. A refusal waits for no lock:
-// while another process holds the log's, or its disk is full, each append waits out
-// SQLite's busy timeout (5 s) and fails anyway, and a caller refused for that very
-// reason would wait seconds for its 503, holding its connection.
+// while another process holds the log's, each append waits out SQLite's busy timeout
+// (5 s) and fails anyway, and a caller refused for that very reason would wait
+// seconds for its 503, holding its connection. (It is for a refusal that ends
+// nothing recorded: a request already recorded has its end written by Record.)
 func (a *Audit) RecordRefusal(ctx context.Context, kind store.Kind, who Caller, detail any) error {
 	if a.Down() {
 		if a.Log != nil {
@@ -86,6 +89,8 @@ func (a *Audit) Down() bool { return a.down.Load() }
 // (store.Store.Writable, which the daemon runs while the log is Down): it sets Down
 // and tells Healthy.
 func (a *Audit) Checked(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.down.Store(err != nil)
 	if a.Healthy != nil {
 		a.Healthy(err)

@@ -2,15 +2,18 @@
 // what must hold after each.
 //
 //   - kill: SIGKILL of the daemon during a burst of runs, -kills times. Two seconds
-//     later no worker is left; the audit chain verifies (the daemon dead); after a
-//     restart every run that was in flight is recorded run.aborted, every result a
-//     caller received has its run.finished, and no admitted run has two ends.
+//     later none of its workers is left; the audit chain verifies (the daemon dead);
+//     after a restart every run that was in flight is recorded run.aborted, every
+//     result a caller received has its run.finished, and no admitted run has two
+//     ends.
 //   - full: the state directory's file system (a tmpfs of its own; root only) filled
-//     up. Runs are answered 200 (recorded) or refused 503, never run unrecorded and
-//     never a 500; with the space back, runs are answered again without a restart.
+//     up. Runs are answered 200 (recorded) or refused 503 or 507, never run
+//     unrecorded and never a 500, and after the first refusal at once; with the space
+//     back, runs are answered again without a restart.
 //   - locked: another process holds the audit database's write lock (python3's
-//     sqlite3, BEGIN IMMEDIATE). Runs are refused 503 audit_unavailable; with the lock
-//     gone, they are answered again without a restart.
+//     sqlite3, BEGIN IMMEDIATE). Runs are refused 503 (audit_unavailable, then
+//     not_ready: the daemon is unready), after the first at once; with the lock gone,
+//     they are answered again without a restart.
 //   - flood: 1,000 connections that send half a request's headers and stall, then
 //     1,000 concurrent run requests, all from one uid. The excess is refused 429 and
 //     quickly; meanwhile a run of another uid (65534, through `sandcell run
@@ -29,6 +32,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -143,14 +147,27 @@ func (c *chaos) kill(n int) error {
 			}()
 		}
 		time.Sleep(time.Duration(1000+trial*97%1500) * time.Millisecond)
+		workers := harness.WorkerChildren(d.Pid())
+		others := map[int]bool{} // workers of another daemon on the machine, if any
+		for _, p := range harness.Workers() {
+			others[p] = !slices.Contains(workers, p)
+		}
 		killed := time.Now()
 		d.Kill()
 		close(stop)
 		wg.Wait()
-		// No worker two seconds later (they die with the daemon: parent-death signal).
+		// None of its workers two seconds later (they die with the daemon: the
+		// parent-death signal).
 		var left []int
 		for time.Since(killed) < 2*time.Second {
-			if left = harness.Workers(); len(left) == 0 {
+			// Its workers, and any started between the list and the kill.
+			left = harness.Alive(workers)
+			for _, p := range harness.Workers() {
+				if _, seen := others[p]; !seen {
+					left = append(left, p)
+				}
+			}
+			if len(left) == 0 {
 				break
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -166,10 +183,13 @@ func (c *chaos) kill(n int) error {
 			}
 		}
 		inFlight += open
-		fmt.Printf("  kill %2d: %3d results received, %d runs in flight, %d workers left after 2 s, chain of %d records %s\n",
-			trial, got, open, len(left), a.Records, verdict(a.Chain == nil))
+		fmt.Printf("  kill %2d: %3d results received, %d runs in flight, %d of its %d workers left after 2 s, chain of %d records %s\n",
+			trial, got, open, len(left), len(workers), a.Records, verdict(a.Chain == nil))
 		if len(left) > 0 {
 			c.fail("kill %d: workers %v outlived the daemon by 2 s", trial, left)
+		}
+		if got == 0 || open == 0 {
+			c.fail("kill %d: %d results before the kill, %d runs in flight at it: the trial tested nothing", trial, got, open)
 		}
 		if a.Chain != nil {
 			c.fail("kill %d: the chain does not verify: %v", trial, a.Chain)
@@ -196,6 +216,9 @@ func (c *chaos) kill(n int) error {
 	}
 	if missing > 0 {
 		c.fail("kill: %d results received have no run.finished record", missing)
+	}
+	if len(received) == 0 || inFlight == 0 {
+		c.fail("kill: no result received or no run in flight: nothing was tested")
 	}
 	if a.Kinds[store.RunAborted] != inFlight {
 		c.fail("kill: %d runs were in flight at the kills, %d recorded run.aborted", inFlight, a.Kinds[store.RunAborted])

@@ -6,14 +6,17 @@ package harness
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -75,6 +78,8 @@ func (d *Daemon) Restart() error {
 	d.cmd = exec.Command(d.Bin, args...)
 	d.cmd.Env = append(os.Environ(), d.Env...)
 	d.cmd.Stderr = d.Stderr
+	// A harness that dies (a signal, a panic) takes its daemon with it.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := d.cmd.Start(); err != nil {
 		return err
 	}
@@ -90,8 +95,8 @@ func (d *Daemon) Restart() error {
 // Pid is the daemon's process id.
 func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
 
-// Stop sends SIGTERM and waits for the daemon to exit (at most its shutdown grace
-// and 30 s more); it returns the exit status's error, if any.
+// Stop sends SIGTERM and waits for the daemon to exit (at most 60 s, then SIGKILL);
+// it returns the exit status's error, if any.
 func (d *Daemon) Stop() error {
 	d.cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -152,6 +157,18 @@ func Workers() []int {
 		}
 	}
 	return pids
+}
+
+// Alive returns those of pids that are still workers (a pid reused since by another
+// process is not one).
+func Alive(pids []int) []int {
+	var out []int
+	for _, p := range pids {
+		if isWorker(p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Usage is a process's resident set and open descriptors.
@@ -267,7 +284,8 @@ func (d *Daemon) Pool() (sandbox.PoolStats, error) {
 	return info.Pool, err
 }
 
-// WaitPoolFull waits until every worker of the pool is idle, at most timeout.
+// WaitPoolFull waits until every worker of the pool is idle (at once for a pool of
+// size 0), at most timeout; GET /v1/info failing counts as not full.
 func (d *Daemon) WaitPoolFull(timeout time.Duration) error {
 	for deadline := time.Now().Add(timeout); ; time.Sleep(2 * time.Millisecond) {
 		st, err := d.Pool()
@@ -278,4 +296,18 @@ func (d *Daemon) WaitPoolFull(timeout time.Duration) error {
 			return fmt.Errorf("the pool was not full within %s: %+v %v", timeout, st, err)
 		}
 	}
+}
+
+// Quantile returns the q-quantile of xs (0 < q ≤ 1) by nearest rank: the smallest
+// value with at least q of them at or below it (of 100 values, the 99th for 0.99; of
+// 20, the largest). xs is not changed; empty gives the zero value.
+func Quantile[T cmp.Ordered](xs []T, q float64) T {
+	var zero T
+	if len(xs) == 0 {
+		return zero
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	i := int(math.Ceil(q*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
 }

@@ -150,8 +150,8 @@ func (l *load) stats(op string) *opStats {
 
 // watchWorkers samples the daemon's workers every 50 ms until ctx ends. Each
 // operation uses at most one worker (a run's, a statement's, a session's), so at most
-// the pool, the canary and one for each operation in flight during the last second
-// may be there; more means a worker outlived its run by more than a second.
+// the pool and one for each operation in flight during the last second may be there;
+// more means a worker outlived its run by more than a second.
 func (l *load) watchWorkers(ctx context.Context) {
 	const window = 20 // samples of 50 ms: a second
 	var peaks []int
@@ -171,7 +171,7 @@ func (l *load) watchWorkers(ctx context.Context) {
 		for _, p := range peaks {
 			inflight = max(inflight, p)
 		}
-		bound := poolSize + 1 + inflight
+		bound := poolSize + inflight
 		l.mu.Lock()
 		l.workerSamples++
 		l.workerPeak = max(l.workerPeak, len(workers))

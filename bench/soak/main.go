@@ -15,8 +15,8 @@
 //     caller saw, and the records of runs, statements, approvals, cells, sessions
 //     and files equal the callers' counts;
 //   - no worker outlives its run by more than a second: at each sample of /proc there
-//     are at most as many workers as the pool, the canary, the open sessions and the
-//     requests in flight during the second before need, and a second after the load
+//     are at most as many workers as the pool and the requests in flight during the
+//     second before need (a session's is one of them), and a second after the load
 //     only the pool's are left;
 //   - the daemon's RSS and descriptor count stay within ±10% of the first sample
 //     after the warm-up.
@@ -77,7 +77,8 @@ const poolSize = 4
 // config: the default policy but for what a soak needs. Finished runs are kept 20 s
 // (not 1 h), so that what the daemon keeps reaches its steady state within the
 // warm-up and a leak shows as growth; the caller may confirm its own approvals (the
-// soak is one uid); sessions allow one per caller.
+// soak is one uid); sessions allow one per concurrent caller; the periodic canary runs hourly,
+// not every minute, so that every worker /proc shows is the pool's or a request's.
 func config(conc int) string {
 	return harness.Config(os.Getuid(), fmt.Sprintf(`[runs]
 queue_length = 256
@@ -85,6 +86,9 @@ result_retention = "20s"
 
 [approvals]
 elicitation = ["socket"]
+
+[health]
+canary_interval = "1h"
 
 [sessions]
 max = %d
@@ -194,10 +198,10 @@ func (l *load) quiesce(start time.Time) (sample, error) {
 }
 
 // leftAfter waits grace after the load and returns how many workers are there beyond
-// the pool and the canary.
+// the pool.
 func (l *load) leftAfter(grace time.Duration) int {
 	time.Sleep(grace)
-	return max(0, len(harness.WorkerChildren(l.d.Pid()))-poolSize-1)
+	return max(0, len(harness.WorkerChildren(l.d.Pid()))-poolSize)
 }
 
 func (l *load) report(elapsed time.Duration, samples []sample, left int, a *harness.Audit) bool {
@@ -218,7 +222,7 @@ func (l *load) report(elapsed time.Duration, samples []sample, left int, a *harn
 		o := l.ops[n]
 		total += o.requests
 		planned += o.planned
-		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%s\t\n", n, o.requests, o.planned, pct(o.ms, 50), pct(o.ms, 99), statuses(o.status))
+		fmt.Fprintf(w, "%s\t%d\t%d\t%.0f\t%.0f\t%s\t\n", n, o.requests, o.planned, harness.Quantile(o.ms, 0.50), harness.Quantile(o.ms, 0.99), statuses(o.status))
 	}
 	fmt.Fprintf(w, "all\t%d\t%d\t\t\t\t\n", total, planned)
 	w.Flush()
@@ -290,6 +294,10 @@ func (l *load) report(elapsed time.Duration, samples []sample, left int, a *harn
 	}
 
 	// The daemon's usage.
+	if len(samples) < 2 {
+		fail("fewer than two samples of the daemon: lengthen -duration or shorten -sample")
+		return false
+	}
 	fmt.Printf("\ndaemon (after %s of warm-up, then every sample):\n", samples[0].at.Round(time.Second))
 	base := samples[0]
 	for _, s := range samples {
@@ -302,9 +310,6 @@ func (l *load) report(elapsed time.Duration, samples []sample, left int, a *harn
 		if df > 10 || df < -10 {
 			fail("the daemon's descriptors moved %+.1f%% from their baseline", df)
 		}
-	}
-	if len(samples) < 2 {
-		fail("fewer than two samples of the daemon: lengthen -duration or shorten -sample")
 	}
 	fmt.Println()
 	if ok {
@@ -331,13 +336,4 @@ func statuses(m map[int]int) string {
 		parts = append(parts, fmt.Sprintf("%d×%d", k, m[k]))
 	}
 	return strings.Join(parts, " ")
-}
-
-func pct(ms []float64, p int) float64 {
-	if len(ms) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), ms...)
-	sort.Float64s(s)
-	return s[min(len(s)-1, len(s)*p/100)]
 }

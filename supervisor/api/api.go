@@ -197,6 +197,13 @@ func New(o Options) *Server {
 	s.SetAccess(o.Access)
 	s.SetPolicy(o.Policy)
 	e.HTTPErrorHandler = s.errorHandler
+	// Each request notes whether it has written an audit record (see recordRefusal).
+	e.Pre(func(next echo.HandlerFunc) echo.HandlerFunc {
+		return func(c echo.Context) error {
+			c.SetRequest(c.Request().WithContext(context.WithValue(c.Request().Context(), recordedKey{}, new(atomic.Bool))))
+			return next(c)
+		}
+	})
 	e.Server.ConnContext = ConnContext
 	e.Server.ConnState = ConnState
 	// A connection that has presented no valid token (a probe's, a stranger's) is

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/labstack/echo/v4"
 	"github.com/sandcell/sandcell/supervisor"
@@ -62,11 +63,25 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 // anyone is known); a TCP caller's token name goes into detail["token"] (see
 // supervisor.Audit.Record). Every record the API writes names its caller this way.
 func (s *Server) record(ctx context.Context, kind store.Kind, runID string, detail map[string]any) error {
+	if r, ok := ctx.Value(recordedKey{}).(*atomic.Bool); ok {
+		r.Store(true)
+	}
 	return s.o.Audit.Record(ctx, kind, callerOf(ctx), runID, detail)
 }
 
-// recordRefusal is record for a refusal (Auditor.RecordRefusal).
+// recordedKey is the context key of a request's *atomic.Bool: set once the request
+// has written an audit record.
+type recordedKey struct{}
+
+// recordRefusal records the refusal of the request of ctx. A refusal before anything
+// of the request was recorded is Auditor.RecordRefusal (only logged while the log is
+// down: it waits for no lock); one that ends a request already recorded (run.requested,
+// sql.requested, then the queue full, say) is that request's final record, and is
+// written as any record is.
 func (s *Server) recordRefusal(ctx context.Context, kind store.Kind, detail map[string]any) error {
+	if r, ok := ctx.Value(recordedKey{}).(*atomic.Bool); ok && r.Load() {
+		return s.record(ctx, kind, "", detail)
+	}
 	return s.o.Audit.RecordRefusal(ctx, kind, callerOf(ctx), detail)
 }
 

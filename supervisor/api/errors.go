@@ -204,7 +204,8 @@ func (s *Server) errorHandler(err error, c echo.Context) {
 				d[k] = v
 			}
 		}
-		// If it cannot be recorded, the caller still gets its answer, and at once.
+		// If it cannot be recorded, the caller still gets its answer (at once, when
+		// nothing of the request was recorded and the log is known to be down).
 		s.recordRefusal(c.Request().Context(), kind, d)
 	}
 	if ra := retryAfter(e.code); ra != "" {

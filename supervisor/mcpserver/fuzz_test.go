@@ -130,7 +130,7 @@ func value(p *jsonschema.Schema, v reflect.Value) error {
 			return fmt.Errorf("%q is not UTF-8", s)
 		}
 		if n := utf8.RuneCountInString(s); p.MaxLength != nil && n > *p.MaxLength || p.MinLength != nil && n < *p.MinLength && s != "" {
-			return fmt.Errorf("%d characters, outside [%v, %v]", n, p.MinLength, *p.MaxLength)
+			return fmt.Errorf("%d characters, outside the schema's minLength and maxLength", n)
 		}
 		if p.Enum != nil && s != "" {
 			found := false
@@ -143,7 +143,7 @@ func value(p *jsonschema.Schema, v reflect.Value) error {
 		}
 	case reflect.Int, reflect.Int64:
 		if n := float64(v.Int()); n != 0 && (p.Minimum != nil && n < *p.Minimum || p.Maximum != nil && n > *p.Maximum) {
-			return fmt.Errorf("%v outside [%v, %v]", n, *p.Minimum, *p.Maximum)
+			return fmt.Errorf("%v outside the schema's minimum and maximum", n)
 		}
 	case reflect.Slice:
 		if v.Type().Elem().Kind() != reflect.String {

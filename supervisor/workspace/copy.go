@@ -52,13 +52,15 @@ func copyDir(src, dst int, prefix string, u *Usage, q Quota) error {
 		}
 		for _, name := range names {
 			path := prefix + name
-			if u.Files++; q.Files > 0 && u.Files > q.Files {
-				return fmt.Errorf("%w: more than %d names to copy", ErrQuota, q.Files)
-			}
 			fd, err := openat2(src, name, unix.O_RDONLY|unix.O_NONBLOCK)
 			if errors.Is(err, unix.ENOENT) {
-				u.Files--
 				continue // removed meanwhile
+			}
+			if err == nil {
+				if u.Files++; q.Files > 0 && u.Files > q.Files {
+					unix.Close(fd)
+					return fmt.Errorf("%w: more than %d names to copy", ErrQuota, q.Files)
+				}
 			}
 			if err != nil {
 				return fmt.Errorf("%w: %s cannot be opened without following it: %v", ErrUnsafe, path, err)

@@ -732,7 +732,7 @@ func countDir(dirfd int, prefix string, u *Usage, max int) error {
 func readNames(d *os.File) ([]string, error) {
 	names, err := d.Readdirnames(1024)
 	if errors.Is(err, unix.ENOENT) {
-		err = io.EOF
+		return nil, io.EOF
 	}
 	return names, err
 }
