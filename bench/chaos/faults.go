@@ -125,6 +125,18 @@ func (c *chaos) flood() error {
 	}
 	defer os.RemoveAll(dir)
 	os.Chmod(dir, 0o711)
+	// The other uid runs a copy of the binary in the daemon's directory: the
+	// checkout's may be beneath a directory it cannot enter (/root).
+	client := filepath.Join(dir, "sandcell")
+	if other {
+		b, err := os.ReadFile(c.bin)
+		if err == nil {
+			err = os.WriteFile(client, b, 0o755)
+		}
+		if err != nil {
+			return err
+		}
+	}
 	d, err := harness.Start(c.bin, dir, access)
 	if err != nil {
 		return err
@@ -176,7 +188,7 @@ func (c *chaos) flood() error {
 	}
 	wg.Wait()
 	probe, _, _ := harness.Get(context.Background(), d.HTTP, "/readyz")
-	legit := c.otherRun(d, other)
+	legit := c.otherRun(d, other, client)
 	fmt.Printf("  1,000 slow-header connections: %d held, %d refused 429 (p99 %s), %d closed or failed otherwise; /readyz %d; %s\n",
 		held, len(refusedIn), p99(refusedIn), otherErr, probe, legit)
 	if held+len(refusedIn) != 1000 || held == 0 || len(refusedIn) == 0 || p99(refusedIn) > time.Second {
@@ -198,7 +210,7 @@ func (c *chaos) flood() error {
 	var refused429 []time.Duration
 	errs := 0
 	legitDone := make(chan string)
-	go func() { time.Sleep(200 * time.Millisecond); legitDone <- c.otherRun(d, other) }()
+	go func() { time.Sleep(200 * time.Millisecond); legitDone <- c.otherRun(d, other, client) }()
 	body := `{"code":"import time\ntime.sleep(0.3)"}`
 	req := fmt.Sprintf("POST /v1/runs HTTP/1.1\r\nHost: sandcell\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
 	for i := 0; i < 1000; i++ {
@@ -252,15 +264,15 @@ func rawRequest(sock, req string) (int, error) {
 	return resp.StatusCode, nil
 }
 
-// otherRun runs print(42) as uid 65534 through `sandcell run --socket` and says how it
+// otherRun runs print(42) as uid 65534 through `bin run --socket` and says how it
 // went; a failure is a failed check.
-func (c *chaos) otherRun(d *harness.Daemon, other bool) string {
+func (c *chaos) otherRun(d *harness.Daemon, other bool, bin string) string {
 	if !other {
 		return "another uid's run skipped"
 	}
 	t := time.Now()
 	out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
-		c.bin, "run", "--socket", d.Sock, "-c", "print(42)").CombinedOutput()
+		bin, "run", "--socket", d.Sock, "-c", "print(42)").CombinedOutput()
 	if err != nil || string(out) != "42\n" {
 		c.fail("flood: uid 65534's run: %v: %s", err, out)
 		return "uid 65534's run FAILED"
