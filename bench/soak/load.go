@@ -194,16 +194,7 @@ func (c *caller) expect(ctx context.Context, op, method, path string, body any, 
 		}
 	}
 	status, resp, err := harness.Do(ctx, c.l.d.HTTP, method, path, "application/json", b)
-	c.l.mu.Lock()
-	s := c.l.stats(op)
-	s.requests++
-	if err == nil {
-		s.status[status]++
-		if status >= 500 {
-			c.l.fiveXX++
-		}
-	}
-	c.l.mu.Unlock()
+	c.tally(op, status, err)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
@@ -342,16 +333,11 @@ func (c *caller) events(ctx context.Context) error {
 func (c *caller) stream(ctx context.Context, id string) (reason, text string, err error) {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://sandcell/v1/runs/"+id+"/events", nil)
 	resp, err := c.l.d.HTTP.Do(req)
-	c.l.mu.Lock()
-	s := c.l.stats("run: event stream")
-	s.requests++
+	status := 0
 	if err == nil {
-		s.status[resp.StatusCode]++
-		if resp.StatusCode >= 500 {
-			c.l.fiveXX++
-		}
+		status = resp.StatusCode
 	}
-	c.l.mu.Unlock()
+	c.tally("run: event stream", status, err)
 	if err != nil {
 		return "", "", err
 	}
@@ -418,6 +404,8 @@ func (c *caller) files(ctx context.Context) error {
 	return nil
 }
 
+// tally counts one request of op and its answer's status (none when err is set); a 5xx
+// is also counted apart.
 func (c *caller) tally(op string, status int, err error) {
 	c.l.mu.Lock()
 	s := c.l.stats(op)

@@ -40,7 +40,6 @@ func FuzzToolArguments(f *testing.F) {
 	srv := mcp.NewServer(&mcp.Implementation{Name: "fuzz", Version: "1"}, nil)
 	reached := make(chan error, 1)
 	for _, d := range defs {
-		d := d
 		switch d.Name {
 		case tools.RunPython:
 			mcp.AddTool(srv, d, holds[tools.RunPythonArgs](d, reached))
