@@ -19,8 +19,10 @@
 # value marks: "\0\x1bsandcell-value MARK\0", the text, "\0\x1bsandcell-end MARK\0",
 # after the cell's own output (the worker's parent takes it out as the cell's value).
 # Its arguments are "restored" (or "") when the interpreter was restored since the
-# last cell, and MARK, random hex of the parent's for this cell ("": the value goes
-# on stdout unframed). Ten digits and
+# last cell, or "forked" when it was restored from another session's state (a fork:
+# as restored, and what the interpreter seeded from a one-time random source is
+# seeded afresh, as CPython's own os.fork() child does), and MARK, random hex of the
+# parent's for this cell ("": the value goes on stdout unframed). Ten digits and
 # the cell's stdin follow the header; the session's first cell sets what a run's
 # program gets (random reseeded, /ws, sys.path), later ones only the environment.
 # Whatever follows the header of another mode is the program's own stdin.
@@ -205,7 +207,9 @@ def _sandcell_init():
                 data = None
             if data is None:
                 return 0x1FF
-            return cell(src, name, data, g, args[:1] == ["restored"], args[1] if len(args) > 1 else "")
+            flag = args[0] if args else ""
+            return cell(src, name, data, g, flag in ("restored", "forked"), flag == "forked",
+                        args[1] if len(args) > 1 else "")
         random.seed()
         os.chdir("/ws")
         if mode == "isolated":
@@ -243,6 +247,25 @@ def _sandcell_init():
         return end(program(src, name, mode, g), g)
 
     cells = []
+    seed = random.seed  # random's own generator's, as the snapshot made it
+
+    def reseed():
+        # A fork's interpreter must not draw what its source draws. CPython reseeds
+        # random's generator in a forked child (os.register_at_fork, which WASI's os
+        # lacks) and tempfile's name sequence notices the new pid; here the pid is
+        # the same, so both are seeded afresh from WASI's random source, which is
+        # the worker's own. (A generator the program seeded itself, random.Random(x),
+        # stays as seeded, as in a forked CPython.)
+        try:
+            seed()
+        except BaseException:
+            pass
+        tempfile = sys.modules.get("tempfile")
+        if tempfile is not None:
+            try:
+                tempfile._name_sequence = None
+            except BaseException:
+                pass
 
     def show(value, mark):
         # The value as sys.displayhook shows it (which also sets builtins._), framed
@@ -269,7 +292,9 @@ def _sandcell_init():
         while len(b):
             b = b[write_fd(1, b):]
 
-    def cell(src, name, data, g, restored, mark):
+    def cell(src, name, data, g, restored, forked, mark):
+        if forked:
+            reseed()
         if restored:
             # The interpreter was restored (rolled back after a cell, or resumed into
             # a fresh instance, where the descriptors of the files and connections it

@@ -44,6 +44,9 @@ type Check struct {
 	Name  string `json:"name"`
 	Kind  string `json:"kind"` // "liveness" or "readiness"
 	State State  `json:"state"`
+	// Detail says more about the latest result: what a passing check has to report
+	// (the warm pool's roots that its workers cannot hold, say). Cleared by each Set.
+	Detail string `json:"detail,omitempty"`
 	// Error is the last failure's message (kept after recovery, with its time).
 	Error     string    `json:"error,omitempty"`
 	ErrorTime time.Time `json:"error_time,omitzero"`
@@ -79,11 +82,15 @@ func (r *Registry) Add(name string, kind Kind) {
 
 // Set records check name's latest result: nil is OK, an error is failing with its
 // message. Setting an undeclared check declares it as a readiness check.
-func (r *Registry) Set(name string, err error) {
+func (r *Registry) Set(name string, err error) { r.SetDetail(name, err, "") }
+
+// SetDetail is Set with the result's detail (see Check.Detail).
+func (r *Registry) SetDetail(name string, err error, detail string) {
 	r.Add(name, Readiness)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c := r.checks[name]
+	c.Detail = detail
 	now := time.Now().UTC()
 	state := OK
 	if err != nil {
@@ -130,7 +137,7 @@ func (r *Registry) status(pass func(*Check) bool) (bool, []Check) {
 // Handler serves one probe: 200 {"status":"ok"} when it passes; otherwise 503 with
 // an RFC 9457 problem document (application/problem+json) whose "code" is failCode
 // and whose detail names the first failing check. With ?verbose (any value) either
-// body also lists every check ("checks") with its state and last error.
+// body also lists every check ("checks") with its state, detail and last error.
 func Handler(probe func() (bool, []Check), failCode string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ok, checks := probe()

@@ -51,4 +51,15 @@ func TestProbes(t *testing.T) {
 	if m := checks[1].(map[string]any); m["state"] != "ok" || m["error"] != "wedged" {
 		t.Fatalf("after recovery: %v", m)
 	}
+	// A passing check with something to say: ready, and ?verbose says it.
+	r.SetDetail("pool", nil, "runs beneath /x start cold")
+	code, body = get(t, ready, "/readyz?verbose")
+	checks = body["checks"].([]any)
+	if m := checks[2].(map[string]any); code != 200 || m["name"] != "pool" || m["state"] != "ok" || m["detail"] != "runs beneath /x start cold" {
+		t.Fatalf("detail: %d %v", code, body)
+	}
+	r.Set("pool", nil)
+	if _, body = get(t, ready, "/readyz?verbose"); body["checks"].([]any)[2].(map[string]any)["detail"] != nil {
+		t.Fatalf("detail kept: %v", body)
+	}
 }

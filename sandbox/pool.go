@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
@@ -26,7 +29,10 @@ type PoolOptions struct {
 	Template protocol.Request
 	// Roots are the directories whose subdirectories may be workspaces of pooled runs
 	// (the daemon's workspaces and private run directories); at most 8. A request
-	// whose workspace lies elsewhere runs cold.
+	// whose workspace lies elsewhere runs cold. A root must hold no mount of another
+	// file system beneath it (see CheckRoots): one that does is left out of the
+	// workers, named in PoolStats.UnusableRoots, and runs beneath it start cold. Choose
+	// directories only the caller can write, so that no other user can mount there.
 	Roots []string
 	// Size is how many idle workers are kept ready; 0 turns the pool off.
 	Size int
@@ -57,6 +63,17 @@ type PoolStats struct {
 	Misses    uint64 `json:"misses"`
 	Failures  uint64 `json:"failures"`
 	LastError string `json:"last_error,omitempty"`
+	// UnusableRoots are the roots (PoolOptions.Roots) that warm workers cannot hold
+	// (CheckRoots), as last found (when a worker was prepared, or a run beneath one
+	// found none that holds it), and why: workers are prepared without them, and runs
+	// beneath them start cold.
+	UnusableRoots []RootProblem `json:"unusable_roots,omitempty"`
+}
+
+// RootProblem is a workspace root that warm workers cannot hold, and why.
+type RootProblem struct {
+	Root string `json:"root"`
+	Why  string `json:"why"`
 }
 
 // pool keeps warm workers: started, in their namespaces with a root of their own,
@@ -77,6 +94,15 @@ type pool struct {
 
 	rss atomic.Int64
 	n   *poolCounts
+
+	// unusable is the last look at the roots (see look).
+	unusable atomic.Pointer[rootLook]
+}
+
+// rootLook is which of a pool's roots were found unusable, and when.
+type rootLook struct {
+	at       time.Time
+	problems []RootProblem
 }
 
 // poolCounts are the spawner's pool counters (they outlive a pool replaced by Warm).
@@ -86,8 +112,9 @@ type poolCounts struct {
 }
 
 type idleWorker struct {
-	p   *proc
-	rss int64
+	p     *proc
+	rss   int64
+	roots []string // the roots it holds: those usable when it was prepared
 }
 
 // Warm replaces the spawner's pool by one for opts (Size 0: none) and starts filling
@@ -116,6 +143,7 @@ func (s *Spawner) Warm(opts PoolOptions) error {
 			}
 			pl.roots = append(pl.roots, real)
 		}
+		pl.look()
 		pl.wg.Add(1)
 		go pl.refill()
 	}
@@ -138,6 +166,9 @@ func (s *Spawner) PoolStats() PoolStats {
 	if e := pl.n.lastErr.Load(); e != nil {
 		st.LastError = *e
 	}
+	if l := pl.unusable.Load(); l != nil {
+		st.UnusableRoots = l.problems
+	}
 	return st
 }
 
@@ -156,17 +187,15 @@ func poolKey(req *protocol.Request) string {
 }
 
 // pooled takes a warm worker for req, or returns nil: no pool, a request unlike the
-// template, a workspace outside the roots, or no worker ready. It sets req.Roots.
+// template, a workspace outside the roots, or no worker ready that holds its root.
+// It sets req.Roots.
 func (s *Spawner) pooled(req *protocol.Request) *proc {
 	pl := s.pool.Load()
 	if pl == nil || !req.Hardening.Namespaces || req.Limits.Fuel > 0 || poolKey(req) != pl.key {
 		return nil
 	}
-	inRoot := false
-	for _, r := range pl.roots {
-		inRoot = inRoot || (req.Workspace != r && within(req.Workspace, r) && strings.HasPrefix(req.Workspace, r+"/"))
-	}
-	if !inRoot {
+	root := beneath(req.Workspace, pl.roots)
+	if root == "" {
 		return nil
 	}
 	for {
@@ -179,14 +208,48 @@ func (s *Spawner) pooled(req *protocol.Request) *proc {
 				continue
 			default:
 			}
+			if !slices.Contains(w.roots, root) {
+				// Prepared without this root (it held a mount then): the run starts
+				// cold. If the root can be used now, the worker makes room for one
+				// that holds it.
+				pl.n.misses.Add(1)
+				if slices.ContainsFunc(pl.lookAgain(), func(p RootProblem) bool { return p.Root == root }) {
+					pl.putBack(w)
+				} else {
+					w.p.drop()
+				}
+				pl.signal()
+				return nil
+			}
 			w.p.claimed.Store(true)
-			req.Roots = pl.roots
+			req.Roots = w.roots
 			return w.p
 		default:
 			pl.n.misses.Add(1)
 			pl.signal()
 			return nil
 		}
+	}
+}
+
+// beneath returns the root of roots that path lies strictly beneath, or "".
+func beneath(path string, roots []string) string {
+	for _, r := range roots {
+		if path != r && within(path, r) && strings.HasPrefix(path, r+"/") {
+			return r
+		}
+	}
+	return ""
+}
+
+// putBack returns an unclaimed worker to the idle ones, or drops it if there is no
+// room (refill added one meanwhile).
+func (pl *pool) putBack(w idleWorker) {
+	select {
+	case pl.idle <- w:
+		pl.rss.Add(w.rss)
+	default:
+		w.p.drop()
 	}
 }
 
@@ -296,10 +359,16 @@ func (pl *pool) purge() {
 	}
 }
 
-// start launches a worker for the template and waits until it is ready.
+// start launches a worker for the template, holding the roots that can be used
+// now, and waits until it is ready.
 func (pl *pool) start() (idleWorker, error) {
+	problems := pl.look()
+	roots := usable(pl.roots, problems)
+	if len(roots) == 0 {
+		return idleWorker{}, errors.New("no workspace root can be used: " + describe(problems))
+	}
 	t := pl.opts.Template
-	t.Roots = pl.roots
+	t.Roots = roots
 	t.Hardening.HostNamespaces = hostNamespaces()
 	t.Hardening.SharedNetwork = pl.s.shareNetwork(t.Hardening)
 	frame, err := protocol.Encode(protocol.Frame{Step: protocol.StepTemplate, Request: &t})
@@ -310,7 +379,7 @@ func (pl *pool) start() (idleWorker, error) {
 	if err != nil {
 		return idleWorker{}, fmt.Errorf("module: %w", err)
 	}
-	dir, err := os.Open(pl.roots[0]) // fd 4, unused by a warm worker (closed in its root)
+	dir, err := os.Open(roots[0]) // fd 4, unused by a warm worker (closed in its root)
 	if err != nil {
 		return idleWorker{}, err
 	}
@@ -339,7 +408,7 @@ func (pl *pool) start() (idleWorker, error) {
 			pl.signal()
 		}
 	}()
-	return idleWorker{p: p, rss: residentBytes(p.cmd.Process.Pid)}, nil
+	return idleWorker{p: p, rss: residentBytes(p.cmd.Process.Pid), roots: roots}, nil
 }
 
 // drop kills an unclaimed worker and closes the parent's ends.
@@ -368,4 +437,144 @@ func (pl *pool) close() {
 func residentBytes(pid int) int64 {
 	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	return protocol.StatusBytes(b, "VmRSS")
+}
+
+// look checks the pool's roots (CheckRoots) and records what it found.
+func (pl *pool) look() []RootProblem {
+	l := &rootLook{at: time.Now(), problems: CheckRoots(pl.roots)}
+	pl.unusable.Store(l)
+	return l.problems
+}
+
+// lookAgain is look, at most once a second (it reads the mount table); otherwise
+// the last look's problems.
+func (pl *pool) lookAgain() []RootProblem {
+	if l := pl.unusable.Load(); l != nil && time.Since(l.at) < time.Second {
+		return l.problems
+	}
+	return pl.look()
+}
+
+// usable returns roots without those of problems.
+func usable(roots []string, problems []RootProblem) []string {
+	var out []string
+	for _, r := range roots {
+		if !slices.ContainsFunc(problems, func(p RootProblem) bool { return p.Root == r }) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func describe(problems []RootProblem) string {
+	var s []string
+	for _, p := range problems {
+		s = append(s, p.Root+" "+p.Why)
+	}
+	return strings.Join(s, "; ")
+}
+
+// CheckRoots returns the roots that a warm worker cannot hold, and why (Root as
+// given). A worker holds each root as a bind mount of it made in its own
+// mount namespace: a copy of the parent's, in a new user namespace, where every
+// mount copied from the parent is locked to the one it is mounted on
+// (mount_namespaces(7)). The kernel then refuses to clone a directory apart from a
+// mount beneath it (that would reveal what the mount covers), and cloning it with
+// its mounts would carry them, foreign to the pool (a chroot's /proc, a user's FUSE
+// mount, a container's overlay), into the worker. So a root must hold no mount:
+// one that does is named here, and its runs start cold until the mount is gone. A
+// root that cannot be examined is named too.
+func CheckRoots(roots []string) []RootProblem {
+	mounts, err := readMounts()
+	var problems []RootProblem
+	for _, r := range roots {
+		why := ""
+		if err != nil {
+			why = "cannot be checked for mounts beneath it: " + err.Error()
+		} else if resolved, err := filepath.EvalSymlinks(r); err != nil {
+			why = "cannot be resolved: " + err.Error()
+		} else {
+			why = rootProblem(resolved, mounts)
+		}
+		if why != "" {
+			problems = append(problems, RootProblem{Root: r, Why: why})
+		}
+	}
+	return problems
+}
+
+// mountEntry is a line of /proc/self/mountinfo (proc_pid_mountinfo(5)).
+type mountEntry struct {
+	parent uint64
+	point  string
+}
+
+func readMounts() ([]mountEntry, error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var out []mountEntry
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		parent, err := strconv.ParseUint(f[1], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("/proc/self/mountinfo: unexpected line %q", line)
+		}
+		out = append(out, mountEntry{parent: parent, point: unescapeMount(f[4])})
+	}
+	return out, nil
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space, and so on).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// rootProblem says why root, a resolved directory, cannot be held by a worker, or
+// "": the mounts on root's own mount that lie beneath it (statx(2) STATX_MNT_ID
+// names root's mount; where it cannot, any mount beneath it counts).
+func rootProblem(root string, mounts []mountEntry) string {
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, root, unix.AT_SYMLINK_NOFOLLOW, unix.STATX_TYPE|unix.STATX_MNT_ID, &stx); err != nil {
+		return "cannot be opened: " + err.Error()
+	}
+	if stx.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return "is not a directory"
+	}
+	own := stx.Mask&unix.STATX_MNT_ID != 0
+	prefix := strings.TrimSuffix(root, "/") + "/"
+	var under []string
+	for _, m := range mounts {
+		if strings.HasPrefix(m.point, prefix) && (!own || m.parent == stx.Mnt_id) {
+			under = append(under, m.point)
+		}
+	}
+	if len(under) == 0 {
+		return ""
+	}
+	slices.Sort(under)
+	named := strings.Join(under[:min(3, len(under))], ", ")
+	if len(under) > 3 {
+		named += fmt.Sprintf(" and %d more", len(under)-3)
+	}
+	return fmt.Sprintf("has mounts beneath it (%s), which a warm worker can neither leave out (the kernel refuses) "+
+		"nor be given: runs beneath it start cold until they are unmounted", named)
 }

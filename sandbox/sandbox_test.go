@@ -55,7 +55,14 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "worker binary:", err)
 		os.Exit(1)
 	}
-	os.Exit(m.Run())
+	remove, err := privateTempDir()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "temporary directory:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	remove()
+	os.Exit(code)
 }
 
 // run executes code with the default policy, changed by edit, in a fresh workspace.

@@ -48,7 +48,7 @@ type Session struct {
 // no worker can serve; a worker that refused (a required layer not active) or failed
 // gives an error that says why, and nothing keeps running.
 func (s *Spawner) OpenSession(ctx context.Context, req protocol.Request) (*Session, error) {
-	req.Resume = false
+	req.Resume, req.Fork = false, false
 	return s.openSession(ctx, req, nil)
 }
 

@@ -23,6 +23,31 @@ import (
 // exactly that request, and the test fails unless it was.
 var warmMode = os.Getenv("SANDCELL_TEST_WARM") == "1"
 
+// systemTempDir is the temporary directory this process was started with (TestMain
+// replaces it, see privateTempDir).
+var systemTempDir = os.TempDir()
+
+// privateTempDir makes the suite's temporary directory (os.TempDir, t.TempDir, and
+// so the warm pools' root, tempRoot) a new directory beneath the system's that only
+// this user can create anything in (0755: the unprivileged escape suite has its own
+// subdirectory, whose ancestors its workspace check opens). No other program's mount
+// lies beneath it, as one may beneath the system's (a chroot's /proc, a user's FUSE
+// mount), which would leave the pools without their root (see sandbox.CheckRoots).
+// It returns what removes it.
+func privateTempDir() (func(), error) {
+	dir, err := os.MkdirTemp(systemTempDir, "sandcell-sandbox-test-")
+	if err == nil {
+		err = os.Chmod(dir, 0o755)
+	}
+	if err == nil {
+		err = os.Setenv("TMPDIR", dir)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return func() { os.RemoveAll(dir) }, nil
+}
+
 // tempRoot is the directory the tests' workspaces lie in (t.TempDir's parent).
 func tempRoot(t *testing.T) string {
 	t.Helper()
@@ -350,4 +375,136 @@ func TestWarmClockStartsAtTheRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("cold", res)
+}
+
+// foreignMount mounts a new file system of type fstype at dir/name, made for it,
+// and unmounts it when the test ends.
+func foreignMount(t *testing.T, dir, name, fstype string) string {
+	t.Helper()
+	target := filepath.Join(dir, name)
+	if err := os.Mkdir(target, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount(fstype, target, fstype, syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, ""); err != nil {
+		t.Fatalf("mount %s at %s: %v", fstype, target, err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Unmount(target, syscall.MNT_DETACH); err != nil && err != syscall.EINVAL {
+			t.Errorf("unmount %s: %v", target, err)
+		}
+	})
+	return target
+}
+
+// fill starts sp's pool and waits until it has a worker ready; it fails at the
+// pool's first failure to prepare one.
+func fill(t *testing.T, sp *sandbox.Spawner, opts sandbox.PoolOptions) {
+	t.Helper()
+	if err := sp.Warm(opts); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(60 * time.Second); sp.PoolStats().Idle < 1; time.Sleep(5 * time.Millisecond) {
+		if st := sp.PoolStats(); st.Failures > 0 || time.Now().After(deadline) {
+			t.Fatalf("no warm worker: %+v", st)
+		}
+	}
+}
+
+// Another program's mounts do not turn warm runs cold. As in the report that found
+// it, a chroot under the system's /tmp with /proc and /dev mounted: the suite's pools,
+// whose root is a directory of the suite's own, stay warm. A root that does hold a
+// mount (an operator's tmpfs in a workspace directory) cannot be given to a worker (the
+// kernel refuses to clone it without the mount, and with it the worker would hold what
+// is not the pool's): it is left out and named, its runs start cold, the runs beneath
+// the pool's other roots stay warm, and once it is unmounted its runs are warm again.
+func TestWarmForeignMounts(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root; CI runs as root")
+	}
+	chroot, err := os.MkdirTemp(systemTempDir, "sandcell-chroot-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(chroot) })
+	foreignMount(t, chroot, "proc", "proc")
+	foreignMount(t, chroot, "dev", "tmpfs")
+	t.Run("a chroot in /tmp", func(t *testing.T) {
+		sp := sandbox.NewSpawner()
+		req := defaultRequest(t, "print(6*7)")
+		fill(t, sp, sandbox.PoolOptions{Template: req, Roots: []string{tempRoot(t)}, Size: 1})
+		defer sp.Warm(sandbox.PoolOptions{})
+		res, err := sp.Run(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantExit(t, res, 0)
+		if st := sp.PoolStats(); st.Hits != 1 || len(st.UnusableRoots) != 0 {
+			t.Fatalf("not served warm: %+v", st)
+		}
+	})
+
+	t.Run("a mount beneath a root", func(t *testing.T) {
+		held, clean := t.TempDir(), t.TempDir()
+		mnt := foreignMount(t, held, "mnt", "tmpfs")
+		sp := sandbox.NewSpawner()
+		tmpl := defaultRequest(t, "")
+		fill(t, sp, sandbox.PoolOptions{Template: tmpl, Roots: []string{held, clean}, Size: 1})
+		defer sp.Warm(sandbox.PoolOptions{})
+		st := sp.PoolStats()
+		if len(st.UnusableRoots) != 1 || st.UnusableRoots[0].Root != held || !strings.Contains(st.UnusableRoots[0].Why, mnt) {
+			t.Fatalf("the root holding %s is not named: %+v", mnt, st)
+		}
+		t.Logf("%s %s", st.UnusableRoots[0].Root, st.UnusableRoots[0].Why)
+		runIn := func(root string) {
+			t.Helper()
+			ws, err := os.MkdirTemp(root, "ws-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			req := defaultRequest(t, "print(6*7)")
+			req.Workspace = ws
+			res, err := sp.Run(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantExit(t, res, 0)
+			if string(res.Stdout) != "42\n" {
+				t.Fatalf("stdout %q", res.Stdout)
+			}
+		}
+		want := func(hits, misses uint64) {
+			t.Helper()
+			if st := sp.PoolStats(); st.Hits != hits || st.Misses != misses || st.Failures != 0 {
+				t.Fatalf("want %d hits and %d misses: %+v", hits, misses, st)
+			}
+		}
+		refilled := func() {
+			t.Helper()
+			for deadline := time.Now().Add(60 * time.Second); sp.PoolStats().Idle < 1; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("not refilled: %+v", sp.PoolStats())
+				}
+			}
+		}
+		runIn(clean) // warm
+		want(1, 0)
+		refilled()
+		runIn(held) // cold; the worker stays for the other root
+		want(1, 1)
+		if st := sp.PoolStats(); st.Idle != 1 {
+			t.Fatalf("the worker for the other root is gone: %+v", st)
+		}
+		if err := syscall.Unmount(mnt, 0); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1100 * time.Millisecond) // the roots are looked at again at most once a second
+		runIn(held)                         // cold: its worker lacks the root, and makes room for one that holds it
+		want(1, 2)
+		refilled()
+		if st := sp.PoolStats(); len(st.UnusableRoots) != 0 {
+			t.Fatalf("still unusable: %+v", st)
+		}
+		runIn(held) // warm
+		want(2, 2)
+	})
 }

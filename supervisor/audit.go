@@ -129,8 +129,9 @@ func (a *Audit) Attach(m *Manager) {
 		}
 		var d RunFinished
 		if res := v.Result; res != nil {
+			stdout, stderr := res.Streams()
 			d = RunFinished{Reason: res.Reason, ExitCode: res.ExitCode, ElapsedMS: res.ElapsedMS,
-				StdoutBytes: len(res.Stdout), StderrBytes: len(res.Stderr), StdoutTruncated: res.StdoutTruncated,
+				StdoutBytes: stdout.Len(), StderrBytes: stderr.Len(), StdoutTruncated: res.StdoutTruncated,
 				StderrTruncated: res.StderrTruncated, Diagnostics: res.Diagnostics}
 			if res.Enforcement != nil {
 				d.Layers = res.Enforcement.ActiveLayers()

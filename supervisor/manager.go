@@ -181,12 +181,14 @@ type Run struct {
 	deadline time.Time // while running: when its worker must have been reaped
 
 	// The output as it was produced, held once: while the run is going, live holds
-	// each stream's bytes so far (the runner keeps no copy); once done, the result's
-	// Stdout and Stderr are those same bytes, and live is dropped. chunks index into
-	// them, in the order written: a write of the stream the last chunk is of, while
-	// no reader has been given that chunk, extends it, so records grow with reads
-	// and with switches between the streams, not with the number of writes.
-	live    map[string][]byte
+	// each stream's bytes so far (the runner keeps no copy), in pieces that are
+	// never moved or copied to grow (protocol.Output); once done, the result's
+	// StdoutPieces and StderrPieces are those same pieces, and live is dropped.
+	// chunks index into them, in the order written: a write of the stream the last
+	// chunk is of, while no reader has been given that chunk, extends it (within
+	// its piece), so records grow with reads, with switches between the streams and
+	// with pieces, not with the number of writes.
+	live    [2]*protocol.Output // stdout, stderr
 	chunks  []chunkRef
 	read    int           // chunks before this index have been given to a reader
 	held    int64         // bytes counted in Manager.inflight for this run
@@ -194,17 +196,22 @@ type Run struct {
 	changed chan struct{} // closed (and replaced) when chunks grow or the run ends
 }
 
+// chunkRef is a chunk: bytes off to end of a piece of a stream (a piece is at most
+// a few MiB).
 type chunkRef struct {
-	off, end int
-	stderr   bool
+	piece, off, end int32
+	stderr          bool
 }
 
 // chunkRecordBytes is what one chunk record costs, counted with the output.
 const chunkRecordBytes = int64(unsafe.Sizeof(chunkRef{}))
 
-// outputBytes is the memory a result's output holds (capacity, not length: the
-// buffers grew by appending).
-func outputBytes(res *protocol.Result) int64 { return int64(cap(res.Stdout) + cap(res.Stderr)) }
+// outputBytes is the memory a result's output holds (capacity, not length: room
+// left in its pieces is held too).
+func outputBytes(res *protocol.Result) int64 {
+	stdout, stderr := res.Streams()
+	return int64(stdout.Cap() + stderr.Cap())
+}
 
 // Chunk is a piece of a run's output, in the order it was produced.
 type Chunk struct {
@@ -220,18 +227,25 @@ func (r *Run) observe(stream string, b []byte) {
 	if r.state == wire.Done {
 		return
 	}
-	buf := r.live[stream]
-	before := int64(cap(buf))
-	off := len(buf)
-	r.live[stream] = append(buf, b...)
-	delta := int64(cap(r.live[stream])) - before
 	stderr := stream == "stderr"
-	if n := len(r.chunks); n > r.read && r.chunks[n-1].stderr == stderr {
-		r.chunks[n-1].end = off + len(b)
-	} else {
-		r.chunks = append(r.chunks, chunkRef{off, off + len(b), stderr})
-		delta += chunkRecordBytes
+	out := r.live[0]
+	if stderr {
+		out = r.live[1]
 	}
+	before := int64(out.Cap())
+	var delta int64
+	for len(b) > 0 {
+		piece, off, n := out.Extend(b)
+		b = b[n:]
+		if last := len(r.chunks) - 1; last >= r.read && r.chunks[last].stderr == stderr &&
+			int(r.chunks[last].piece) == piece && int(r.chunks[last].end) == off {
+			r.chunks[last].end = int32(off + n)
+		} else {
+			r.chunks = append(r.chunks, chunkRef{int32(piece), int32(off), int32(off + n), stderr})
+			delta += chunkRecordBytes
+		}
+	}
+	delta += int64(out.Cap()) - before
 	r.held += delta
 	r.counter.Add(delta)
 	close(r.changed)
@@ -247,16 +261,16 @@ func (r *Run) Output(from int) (chunks []Chunk, next int, done bool, changed <-c
 	defer r.mu.Unlock()
 	src := r.live
 	if r.state == wire.Done {
-		src = map[string][]byte{"stdout": r.result.Stdout, "stderr": r.result.Stderr}
+		src[0], src[1] = r.result.StdoutPieces, r.result.StderrPieces
 	}
 	for i := max(from, 0); i < len(r.chunks); i++ {
 		c := r.chunks[i]
-		stream := "stdout"
+		stream, out := "stdout", src[0]
 		if c.stderr {
-			stream = "stderr"
+			stream, out = "stderr", src[1]
 		}
-		if b := src[stream]; c.end <= len(b) {
-			chunks = append(chunks, Chunk{Stream: stream, Data: b[c.off:c.end]})
+		if int(c.piece) < out.NumPieces() && int(c.end) <= len(out.Piece(int(c.piece))) {
+			chunks = append(chunks, Chunk{Stream: stream, Data: out.Piece(int(c.piece))[c.off:c.end]})
 		}
 	}
 	r.read = max(r.read, len(r.chunks))
@@ -313,7 +327,9 @@ func (m *Manager) Do(ctx context.Context, kind JobKind, req protocol.Request, ca
 	if err := r.Err(); err != nil {
 		return protocol.Result{}, err
 	}
-	return *r.View().Result, nil
+	// The job's caller reads its output whole (a statement's answer is decoded as
+	// one document): in one slice each, bounded by the job's own output cap.
+	return r.View().Result.Joined(), nil
 }
 
 func (m *Manager) start(kind JobKind, req protocol.Request, caller Caller) (*Run, error) {
@@ -338,7 +354,8 @@ func (m *Manager) start(kind JobKind, req protocol.Request, caller Caller) (*Run
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Run{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Created: time.Now().UTC(), Caller: caller, Job: kind,
 		cancel: cancel, done: make(chan struct{}), granted: make(chan struct{}), state: wire.Queued,
-		live: map[string][]byte{}, counter: &m.inflight, changed: make(chan struct{})}
+		live:    [2]*protocol.Output{protocol.NewOutput(req.Limits.MaxStdoutBytes), protocol.NewOutput(req.Limits.MaxStderrBytes)},
+		counter: &m.inflight, changed: make(chan struct{})}
 	m.runs[r.ID] = r
 	m.queued++
 	sh.waiting = append(sh.waiting, r)
@@ -582,12 +599,13 @@ func (m *Manager) finish(r *Run, res protocol.Result, err error) {
 		r.mu.Unlock()
 		return
 	}
-	if res.Stdout == nil && res.Stderr == nil {
-		// The runner gave the output to observe and kept none itself.
-		res.Stdout, res.Stderr = r.live["stdout"], r.live["stderr"]
+	if res.Stdout == nil && res.Stderr == nil && res.StdoutPieces == nil && res.StderrPieces == nil {
+		// The runner gave the output to observe and kept none itself: the result
+		// holds the pieces observe gathered, not a copy.
+		res.StdoutPieces, res.StderrPieces = r.live[0], r.live[1]
 	}
 	r.state, r.result, r.err, r.finished = wire.Done, res, err, time.Now().UTC()
-	r.live = nil
+	r.live = [2]*protocol.Output{}
 	r.counter.Add(-r.held)
 	r.held = 0
 	kept := r.keptLocked()
@@ -641,6 +659,7 @@ func (r *Run) dropOutput() int64 {
 	n := r.keptLocked()
 	if n > 0 {
 		r.result.Stdout, r.result.Stderr, r.chunks = nil, nil, nil
+		r.result.StdoutPieces, r.result.StderrPieces = nil, nil
 		r.result.Diagnostics = append(r.result.Diagnostics,
 			"output discarded: the daemon keeps a bounded amount of output of finished runs")
 	}

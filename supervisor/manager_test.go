@@ -1,7 +1,9 @@
 package supervisor
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"strings"
@@ -137,6 +139,108 @@ func TestJobsAreNotKept(t *testing.T) {
 	if n != 1 || kept != r.keptLocked() {
 		t.Fatalf("%d kept, %d bytes", n, kept)
 	}
+}
+
+// streamer gives its output to observe as a worker's reads would: writes of random
+// sizes to both streams, the same for every run (seeded), and keeps none itself.
+type streamer struct{ bytes int }
+
+func (s streamer) RunStreaming(ctx context.Context, req protocol.Request, observe sandbox.Observer) (protocol.Result, error) {
+	stdout, stderr := s.output()
+	rng := rand.New(rand.NewPCG(1, 1))
+	for len(stdout)+len(stderr) > 0 {
+		stream, b := "stdout", &stdout
+		if rng.IntN(4) == 0 && len(stderr) > 0 || len(stdout) == 0 {
+			stream, b = "stderr", &stderr
+		}
+		n := min(len(*b), 1+rng.IntN(48<<10))
+		observe(stream, (*b)[:n])
+		*b = (*b)[n:]
+		if rng.IntN(64) == 0 {
+			time.Sleep(time.Millisecond) // let a reader in
+		}
+	}
+	return protocol.Result{Reason: protocol.Exited}, nil
+}
+
+// output is what a run of s writes: s.bytes of text on stdout, a quarter of that on
+// stderr.
+func (s streamer) output() (stdout, stderr []byte) {
+	line := []byte("é<&>\"\t\x01 ✓ output line\n")
+	stdout = bytes.Repeat(line, s.bytes/len(line)+1)[:s.bytes]
+	stderr = bytes.Repeat([]byte("e"), s.bytes/4)
+	return stdout, stderr
+}
+
+// A run's output is held once, in pieces: a reader following it gets every byte of
+// each stream in order, the result holds those same pieces (no copy), what is kept
+// is counted, and a job of Do's gets its output in one slice.
+func TestOutputInPieces(t *testing.T) {
+	s := streamer{bytes: 3<<20 + 7}
+	m, err := NewManager(s, Options{Concurrency: 2, QueueLength: 10, Retention: time.Hour, WorkDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOut, wantErr := s.output()
+	r, err := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{MaxStdoutBytes: int64(len(wantOut)),
+		MaxStderrBytes: 64 << 20}}, Caller{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]byte{}
+	for next, done := 0, false; !done; {
+		var chunks []Chunk
+		var changed <-chan struct{}
+		chunks, next, done, changed = r.Output(next)
+		for _, c := range chunks {
+			got[c.Stream] = append(got[c.Stream], c.Data...)
+		}
+		if !done {
+			select {
+			case <-changed:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no output")
+			}
+		}
+	}
+	if !bytes.Equal(got["stdout"], wantOut) || !bytes.Equal(got["stderr"], wantErr) {
+		t.Fatalf("read %d and %d bytes, want %d and %d", len(got["stdout"]), len(got["stderr"]), len(wantOut), len(wantErr))
+	}
+	v := r.View()
+	res := v.Result
+	if res.Stdout != nil || res.StdoutPieces.NumPieces() < 2 || !bytes.Equal(res.StdoutPieces.Bytes(), wantOut) ||
+		!bytes.Equal(res.StderrPieces.Bytes(), wantErr) {
+		t.Fatalf("result: %d bytes in one slice, %d pieces", len(res.Stdout), res.StdoutPieces.NumPieces())
+	}
+	if chunks, _, _, _ := r.Output(0); len(chunks) == 0 || &chunks[0].Data[0] != &res.StdoutPieces.Piece(0)[0] &&
+		&chunks[0].Data[0] != &res.StderrPieces.Piece(0)[0] {
+		t.Fatal("the chunks are not the result's pieces")
+	}
+	// At its cap, stdout is held to within the bytes pieces leave rather than cut a
+	// rune; stderr within an eighth.
+	if c := res.StdoutPieces.Cap(); c > len(wantOut)+3*res.StdoutPieces.NumPieces() {
+		t.Errorf("%d bytes of stdout at its cap held in %d", len(wantOut), c)
+	}
+	if c := res.StderrPieces.Cap(); c > len(wantErr)*9/8 {
+		t.Errorf("%d bytes of stderr held in %d", len(wantErr), c)
+	}
+	finished, running, _ := m.Kept()
+	if running != 0 || finished != r.keptLocked() || finished < int64(len(wantOut)+len(wantErr)) {
+		t.Fatalf("kept %d finished, %d running", finished, running)
+	}
+	var buf bytes.Buffer
+	if err := v.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var back wire.View
+	if err := json.Unmarshal(buf.Bytes(), &back); err != nil || !bytes.Equal(back.Result.Stdout, wantOut) {
+		t.Fatalf("the answer: %v", err)
+	}
+	res2, err := m.Do(context.Background(), JobSQL, protocol.Request{Code: "1"}, Caller{})
+	if err != nil || res2.StdoutPieces != nil || !bytes.Equal(res2.Stdout, wantOut) || !bytes.Equal(res2.Stderr, wantErr) {
+		t.Fatalf("job: %d bytes, %v", len(res2.Stdout), err)
+	}
+	m.Shutdown(time.Second)
 }
 
 // No test leaves a goroutine behind (a run's executor, a cancel waiter).

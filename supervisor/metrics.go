@@ -18,6 +18,7 @@ import (
 //	sandcell_kept_bytes{runs}          gauge: bytes kept for callers (output, event records) of "finished" and "running" runs
 //	sandcell_kept_bytes_max            gauge: the budget of what is kept (runs.max_retained_output_bytes)
 //	sandcell_approvals_kept_bytes      gauge: bytes the approvals keep (supervisor.MaxKeptBytes at most; see CountApprovals)
+//	sandcell_session_pause_failures_total{reason}  counter: pauses of sessions that failed, by reason (see CountSessions)
 //	sandcell_build_info{version,revision} gauge, always 1
 //
 // plus the Go runtime's and the process's standard collectors.
@@ -64,6 +65,18 @@ func (x *Metrics) CountApprovals(a *Approvals) {
 	x.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_approvals_kept_bytes",
 		Help: "Bytes the approvals keep (their subjects as JSON), at most supervisor.MaxKeptBytes."},
 		func() float64 { return float64(a.KeptBytes()) }))
+}
+
+// CountSessions adds sandcell_session_pause_failures_total{reason}, the pauses of
+// s's sessions that failed: "bound" (the checkpoint would pass its caller's
+// sessions.max_paused_bytes_per_caller), "write" (it could not be written: the
+// state file system full or failing), "lost" (the worker could not give it).
+func (x *Metrics) CountSessions(s *Sessions) {
+	for _, reason := range PauseFailureReasons() {
+		x.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_session_pause_failures_total",
+			Help:        "Pauses of interpreter sessions that failed, by reason (the session stays live, or is lost for \"lost\").",
+			ConstLabels: prometheus.Labels{"reason": reason}}, func() float64 { return float64(s.PauseFailures(reason)) }))
+	}
 }
 
 func (x *Metrics) observe(r *Run, v wire.View) {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -85,6 +86,9 @@ type SessionOptions struct {
 	// daemon runs with now (its limits, environment and workspace stay its own).
 	// Required with WorkDir.
 	Prepare func(req *protocol.Request) error
+	// Log hears of each pause that failed (the session stays live; see pauseDue);
+	// nil discards it.
+	Log *slog.Logger
 }
 
 // SessionHooks connect Sessions to the rest of the daemon (see Start).
@@ -142,6 +146,8 @@ type Sessions struct {
 	closing  sync.WaitGroup // workers being ended in the background (see detach)
 	stop     chan struct{}
 	running  chan struct{} // a place per cell running (see SessionOptions.Running)
+	// failed counts the pauses that failed, by reason (see PauseFailures).
+	failed [len(pauseReasons)]atomic.Int64
 }
 
 // Session is one session of Sessions.
@@ -175,7 +181,18 @@ type Session struct {
 	resumed time.Time // when a worker last took it back from its checkpoint
 	// restored says the next answer is the first since resumed: it says restored.
 	restored bool
+	// reseed says its state is its source's as forked, random sources and all: a
+	// worker that takes it up reseeds them at the next cell (protocol.Request.Fork),
+	// until a cell keeps its state.
+	reseed bool
+	// failed is why its last pause failed, while it is live; nil when it has not
+	// failed since it was last paused. It holds off the next pause (see pauseDue).
+	failed *wire.PauseFailure
 }
+
+// WorkspaceDir is the host directory the session's cells get as /ws: its named
+// workspace's, or its private one.
+func (s *Session) WorkspaceDir() string { return s.req.Workspace }
 
 // NewSessions returns a keeper of sessions opened with opener; Start it.
 func NewSessions(opener SessionOpener, o SessionOptions) (*Sessions, error) {
@@ -190,6 +207,9 @@ func NewSessions(opener SessionOpener, o SessionOptions) (*Sessions, error) {
 	}
 	if o.Running <= 0 {
 		o.Running = o.Max
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
 	}
 	return &Sessions{opener: opener, o: o, live: map[string]*Session{}, pausing: map[Caller]*sync.Mutex{},
 		stop: make(chan struct{}), running: make(chan struct{}, o.Running)}, nil
@@ -401,6 +421,14 @@ func (s *Session) View() wire.SessionView {
 	}
 	if s.ss != nil {
 		v.Enforcement = s.ss.Enforcement()
+		if f := s.failed; f != nil && s.lost == "" {
+			c := *f
+			if c.NextTryAt != nil {
+				at := *c.NextTryAt
+				c.NextTryAt = &at
+			}
+			v.PauseFailed = &c
+		}
 	}
 	switch {
 	case s.lost != "":
@@ -501,6 +529,12 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 	c, err := s.ss.RunStreaming(ctx, cell, observe)
 	res := c.Result
 	defer m.budget()
+	reseeded := false
+	defer func() {
+		if reseeded {
+			m.persist(s) // (after s.mu's release)
+		}
+	}()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// No longer running: from here the stop pauses the session, or it has
@@ -520,6 +554,13 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell prot
 	}
 	s.cells++
 	s.memory = max(s.memory, res.PeakMemoryBytes)
+	if s.failed != nil && s.failed.Reason == wire.PauseOverBound {
+		// Its state may have changed: its next pause is tried as any.
+		s.failed = nil
+	}
+	if !c.RolledBack && s.reseed {
+		s.reseed, reseeded = false, true
+	}
 	switch {
 	case c.RolledBack:
 		s.restored = false
@@ -580,10 +621,12 @@ func (m *Sessions) end(s *Session, why string) {
 
 // reap, every tenth of the shorter of IdleTimeout and PauseAfter, ends the
 // sessions idle past IdleTimeout (a lost one stays until then too, so that whoever
-// asks of it is told it was lost) and pauses the live ones idle past PauseAfter.
+// asks of it is told it was lost) and pauses the live ones idle past PauseAfter
+// (those whose last pause failed when their next is due: see pauseDue).
 func (m *Sessions) reap() {
 	every := m.o.IdleTimeout
-	if m.o.PauseAfter > 0 && m.o.WorkDir != "" {
+	pausing := m.o.PauseAfter > 0 && m.o.WorkDir != ""
+	if pausing {
 		every = min(every, m.o.PauseAfter)
 	}
 	t := time.NewTicker(max(every/10, 10*time.Millisecond))
@@ -602,7 +645,7 @@ func (m *Sessions) reap() {
 			switch {
 			case since > m.o.IdleTimeout && s.busy.CompareAndSwap(false, true):
 				idle = append(idle, s)
-			case live && m.o.PauseAfter > 0 && since > m.o.PauseAfter && s.busy.CompareAndSwap(false, true):
+			case live && pausing && since > m.o.PauseAfter && m.pauseDue(s) && s.busy.CompareAndSwap(false, true):
 				pause = append(pause, s)
 			}
 		}
@@ -653,7 +696,7 @@ func (m *Sessions) budget() {
 		if total <= m.o.MemoryBudget {
 			return
 		}
-		if !h.s.busy.CompareAndSwap(false, true) {
+		if !m.pauseDue(h.s) || !h.s.busy.CompareAndSwap(false, true) {
 			continue
 		}
 		if m.pause(h.s, fmt.Sprintf("the live sessions' memory passed its budget of %d bytes", m.o.MemoryBudget)) == nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/google/renameio/v2"
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
@@ -48,6 +49,8 @@ type sessionRecord struct {
 	Paused bool   `json:"paused"`
 	Saved  int64  `json:"saved_bytes,omitempty"`
 	Lost   string `json:"lost,omitempty"`
+	// Reseed: a fork whose random sources are still its source's (Session.reseed).
+	Reseed bool `json:"reseed,omitempty"`
 }
 
 // persist writes s's record (atomically, renameio: a daemon killed meanwhile finds
@@ -59,7 +62,7 @@ func (m *Sessions) persist(s *Session) {
 	s.mu.Lock()
 	r := sessionRecord{ID: s.ID, Caller: s.Caller, Workspace: s.Workspace, ForkedFrom: s.ForkedFrom, Created: s.Created,
 		Used: s.used, Cells: s.cells, Memory: s.memory, Request: s.req, Interpreter: m.o.Interpreter,
-		Paused: s.paused, Saved: s.saved, Lost: s.lost}
+		Paused: s.paused, Saved: s.saved, Lost: s.lost, Reseed: s.reseed}
 	s.mu.Unlock()
 	r.Request.Code, r.Request.Stdin = "", nil
 	b, err := json.Marshal(r)
@@ -86,7 +89,7 @@ func (m *Sessions) load() {
 		}
 		s := &Session{ID: r.ID, Caller: r.Caller, Workspace: r.Workspace, ForkedFrom: r.ForkedFrom, Created: r.Created,
 			Limits: r.Request.Limits, req: r.Request, dir: dir, cells: r.Cells, used: r.Used, memory: r.Memory,
-			lost: r.Lost, paused: r.Paused, saved: r.Saved, closing: &m.closing}
+			lost: r.Lost, paused: r.Paused, saved: r.Saved, reseed: r.Reseed, closing: &m.closing}
 		if r.Workspace == "" {
 			s.private = filepath.Join(dir, "ws")
 		}
@@ -116,8 +119,9 @@ func (m *Sessions) load() {
 
 // pause saves s (held busy, live) to its checkpoint file and ends its worker, for
 // why. It fails, leaving s live, when s has no directory, when the checkpoint
-// would pass its caller's MaxPausedBytesPerCaller, or when it cannot be written;
-// a worker that cannot give its checkpoint loses s.
+// would pass its caller's MaxPausedBytesPerCaller, or when it cannot be written
+// (each failure is counted, logged, and shown in s's view: see pauseFailed); a
+// worker that cannot give its checkpoint loses s.
 func (m *Sessions) pause(s *Session, why string) error {
 	s.mu.Lock()
 	ss := s.ss
@@ -128,7 +132,6 @@ func (m *Sessions) pause(s *Session, why string) error {
 	// One pause at a time per caller when its paused sessions are bounded (the
 	// daemon's stop pauses all at once): each then counts what the others really
 	// wrote.
-	room := int64(math.MaxInt64) // no bound
 	if m.o.MaxPausedBytesPerCaller > 0 {
 		m.mu.Lock()
 		one := m.pausing[s.Caller]
@@ -139,22 +142,13 @@ func (m *Sessions) pause(s *Session, why string) error {
 		m.mu.Unlock()
 		one.Lock()
 		defer one.Unlock()
-		room = m.o.MaxPausedBytesPerCaller
-		for _, o := range m.all() {
-			if o != s && o.Caller == s.Caller {
-				o.mu.Lock()
-				if o.paused {
-					room -= o.saved
-				}
-				o.mu.Unlock()
-			}
-		}
-		room = max(room, 0)
 	}
+	room := m.room(s)
 	began := time.Now()
 	path := filepath.Join(s.dir, checkpointName)
 	f, err := os.OpenFile(path+".tmp", os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
+		m.pauseFailed(s, wire.PauseWriteFailed, err, 0)
 		return err
 	}
 	w := &boundedWriter{f: f, room: room}
@@ -170,38 +164,164 @@ func (m *Sessions) pause(s *Session, why string) error {
 	}
 	if err != nil {
 		os.Remove(path + ".tmp")
-		if errors.Is(err, sandbox.ErrSessionLost) {
+		switch {
+		case errors.Is(err, sandbox.ErrSessionLost):
+			m.pauseFailed(s, pauseLost, err, 0)
 			s.mu.Lock()
 			s.lose(err.Error())
 			s.mu.Unlock()
 			m.persist(s)
 			m.event(s, SessionLost, map[string]any{"why": err.Error()})
+		case errors.Is(err, errPauseRoom):
+			m.pauseFailed(s, wire.PauseOverBound, err, w.need)
+		default:
+			m.pauseFailed(s, wire.PauseWriteFailed, err, 0)
 		}
 		return err
 	}
 	s.mu.Lock()
 	s.detach()
-	s.paused, s.saved, s.restored = true, n, false
+	s.paused, s.saved, s.restored, s.failed = true, n, false, nil
 	s.mu.Unlock()
 	m.persist(s)
 	m.event(s, SessionPaused, map[string]any{"why": why, "bytes": n, "ms": time.Since(began).Milliseconds()})
 	return nil
 }
 
+// room is what s's checkpoint may take: its caller's MaxPausedBytesPerCaller less
+// the checkpoints of the caller's other paused sessions (MaxInt64: no bound).
+func (m *Sessions) room(s *Session) int64 {
+	if m.o.MaxPausedBytesPerCaller <= 0 {
+		return math.MaxInt64
+	}
+	room := m.o.MaxPausedBytesPerCaller
+	for _, o := range m.all() {
+		if o != s && o.Caller == s.Caller {
+			o.mu.Lock()
+			if o.paused {
+				room -= o.saved
+			}
+			o.mu.Unlock()
+		}
+	}
+	return max(room, 0)
+}
+
+// pauseLost is the reason PauseFailures counts a pause that lost its session (its
+// worker could not give its checkpoint).
+const pauseLost = "lost"
+
+// pauseReasons are the reasons a pause fails, as PauseFailures counts them.
+var pauseReasons = [...]string{wire.PauseOverBound, wire.PauseWriteFailed, pauseLost}
+
+// PauseFailureReasons are the reasons PauseFailures takes: wire.PauseOverBound,
+// wire.PauseWriteFailed, and "lost" (the session's worker could not give its
+// checkpoint: the session is lost, and says so).
+func PauseFailureReasons() []string { return pauseReasons[:] }
+
+// PauseFailures is how many pauses have failed for reason since Start (the
+// daemon's stop's included).
+func (m *Sessions) PauseFailures(reason string) int64 {
+	for i, r := range pauseReasons {
+		if r == reason {
+			return m.failed[i].Load()
+		}
+	}
+	return 0
+}
+
+// The backoff of a session whose checkpoint could not be written: it is tried
+// again pauseBackoff after the first failure, then after twice as long each time,
+// at most maxPauseBackoff apart. (A full state file system is not emptied by
+// trying again at every tick of reap; each try reads the worker's whole memory.)
+const (
+	pauseBackoff    = time.Minute
+	maxPauseBackoff = time.Hour
+)
+
+// pauseFailed counts, logs and records in s (its view shows it) that a pause of s
+// failed for reason with err; need is, for wire.PauseOverBound, the bytes the
+// checkpoint needs at least. The record holds off the next pause (see pauseDue).
+func (m *Sessions) pauseFailed(s *Session, reason string, err error, need int64) {
+	for i, r := range pauseReasons {
+		if r == reason {
+			m.failed[i].Add(1)
+		}
+	}
+	now := time.Now().UTC()
+	f := &wire.PauseFailure{Reason: reason, Error: err.Error(), At: now, Failures: 1, NeedBytes: need}
+	s.mu.Lock()
+	if p := s.failed; p != nil && p.Reason == reason {
+		f.Failures = p.Failures + 1
+	}
+	var then string
+	switch {
+	case m.stopped.Load():
+		then = "the daemon is stopping: the session is lost"
+	case reason == pauseLost:
+		then = "the session is lost"
+	case reason == wire.PauseOverBound:
+		then = "the session stays live; it is not tried again before it runs another cell or its caller's paused sessions leave it the room"
+	default:
+		wait := pauseBackoff
+		for i := 1; i < f.Failures && wait < maxPauseBackoff; i++ {
+			wait *= 2
+		}
+		next := now.Add(min(wait, maxPauseBackoff))
+		f.NextTryAt = &next
+		then = "the session stays live; it is tried again at " + next.Format(time.RFC3339)
+	}
+	if reason != pauseLost {
+		s.failed = f
+	}
+	s.mu.Unlock()
+	attrs := []any{"session", s.ID, "uid", s.Caller.UID, "reason", reason, "error", err.Error(), "failures", f.Failures, "then", then}
+	if s.Caller.Token != "" {
+		attrs = append(attrs, "token", s.Caller.Token)
+	}
+	if reason == wire.PauseOverBound {
+		attrs = append(attrs, "need_bytes", need, "max_paused_bytes_per_caller", m.o.MaxPausedBytesPerCaller)
+	}
+	m.o.Log.Warn("a session could not be paused", attrs...)
+}
+
+// pauseDue says s may be paused now, as far as its last failed pause goes: after
+// a wire.PauseOverBound, when its caller's other paused sessions leave it what it
+// needed (a cell run since forgets the failure: see Cell); after a
+// wire.PauseWriteFailed, when its backoff has passed. Nothing else changes what a
+// pause would find, so nothing else tries again.
+func (m *Sessions) pauseDue(s *Session) bool {
+	s.mu.Lock()
+	f := s.failed
+	s.mu.Unlock()
+	switch {
+	case f == nil:
+		return true
+	case f.Reason == wire.PauseOverBound:
+		return m.room(s) >= f.NeedBytes
+	default:
+		return f.NextTryAt == nil || !time.Now().Before(*f.NextTryAt)
+	}
+}
+
 // errPauseRoom is boundedWriter's: the checkpoint would pass its caller's bound.
 var errPauseRoom = errors.New("supervisor: the caller's paused sessions would pass sessions.max_paused_bytes_per_caller")
 
-// boundedWriter writes to f at most room bytes.
+// boundedWriter writes to f at most room bytes; past them, need is what the
+// checkpoint needs at least (what was written and the write refused).
 type boundedWriter struct {
 	f    *os.File
 	room int64
+	need int64
 }
 
 func (b *boundedWriter) Write(p []byte) (int, error) {
 	if int64(len(p)) > b.room {
+		b.need += int64(len(p))
 		return 0, errPauseRoom
 	}
 	b.room -= int64(len(p))
+	b.need += int64(len(p))
 	return b.f.Write(p)
 }
 
@@ -237,6 +357,9 @@ func (m *Sessions) resume(ctx context.Context, s *Session) error {
 				return nil, fmt.Errorf("%w: %v", sandbox.ErrCheckpoint, err)
 			}
 			defer f.Close()
+			s.mu.Lock()
+			req.Fork = s.reseed
+			s.mu.Unlock()
 			return m.opener.ResumeSession(ctx, req, f)
 		})
 	}
@@ -301,6 +424,7 @@ func (m *Sessions) Fork(ctx context.Context, id string, caller Caller) (*Session
 	}
 	s.ForkedFrom = src.ID
 	s.memory = src.memory
+	s.reseed = true
 	fromDir := src.req.Workspace
 	if err := m.give(s, true, &fromDir); err != nil {
 		m.forget(s)
@@ -332,6 +456,7 @@ func (m *Sessions) Fork(ctx context.Context, id string, caller Caller) (*Session
 			return nil, err
 		}
 		defer f.Close()
+		req.Fork = true
 		return m.opener.ResumeSession(ctx, req, f)
 	})
 	if err != nil {

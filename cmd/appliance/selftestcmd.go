@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sandcell/sandcell/client"
+	"github.com/sandcell/sandcell/supervisor/daemon"
 	"github.com/sandcell/sandcell/supervisor/selftest"
 )
 
@@ -47,7 +48,8 @@ exits 1 when a check fails.`,
 			}
 			defer os.RemoveAll(work)
 			r := selftest.Run(context.Background(), selftest.Options{BundleDir: cfg.Bundle.Dir,
-				CacheDir: cfg.Bundle.CacheDir, Policy: pol, Spawner: spawner(cfg), WorkDir: filepath.Join(work, "canary")})
+				CacheDir: cfg.Bundle.CacheDir, Policy: pol, Spawner: spawner(cfg), WorkDir: filepath.Join(work, "canary"),
+				PoolRoots: daemon.PoolRoots(cfg)})
 			out := cmd.OutOrStdout()
 			if format == "json" {
 				enc := json.NewEncoder(out)

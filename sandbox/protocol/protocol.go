@@ -330,6 +330,12 @@ type Request struct {
 	// Resume (StepSession) says a StepCheckpoint follows: the session's state to
 	// restore into its instance before it opens, instead of the snapshot's.
 	Resume bool `json:"resume,omitempty"`
+	// Fork (StepSession, with Resume) says the state restored is another
+	// session's, forked from it: what the interpreter seeded from a one-time random
+	// source (random's generator, tempfile's names) is seeded afresh at the next
+	// cell, and again at each later one until a cell keeps its state (one rolled
+	// back goes back to the state before the reseed).
+	Fork bool `json:"fork,omitempty"`
 }
 
 // FileID is a file's identity: its device and inode numbers (stat(2)).
@@ -368,10 +374,16 @@ type Report struct {
 // otherwise they are base64 and stdout_encoding or stderr_encoding says "base64", so
 // no byte is lost or replaced.
 type Result struct {
-	ExitCode        int     `json:"exit_code"`
-	Reason          Reason  `json:"reason"`
+	ExitCode int    `json:"exit_code"`
+	Reason   Reason `json:"reason"`
+	// Stdout and Stderr are the output, one slice each. A parent that keeps the
+	// output it gathers (the daemon's runs) holds it in pieces instead, in
+	// StdoutPieces and StderrPieces (see Output), and leaves these nil; Streams
+	// returns the output whichever way it is held.
 	Stdout          []byte  `json:"-"`
 	Stderr          []byte  `json:"-"`
+	StdoutPieces    *Output `json:"-"`
+	StderrPieces    *Output `json:"-"`
 	StdoutTruncated bool    `json:"stdout_truncated"`
 	StderrTruncated bool    `json:"stderr_truncated"`
 	ElapsedMS       float64 `json:"elapsed_ms"`
@@ -398,11 +410,34 @@ type resultJSON struct {
 
 type resultAlias Result
 
+// Streams returns r's stdout and stderr whichever way r holds them: its pieces, or
+// Stdout and Stderr as one piece each (not copied).
+func (r Result) Streams() (stdout, stderr *Output) {
+	stdout, stderr = r.StdoutPieces, r.StderrPieces
+	if stdout == nil {
+		stdout = OutputOf(r.Stdout)
+	}
+	if stderr == nil {
+		stderr = OutputOf(r.Stderr)
+	}
+	return stdout, stderr
+}
+
+// Joined returns r with its output in Stdout and Stderr, one slice each: output held
+// in several pieces is copied into one.
+func (r Result) Joined() Result {
+	stdout, stderr := r.Streams()
+	r.Stdout, r.Stderr = stdout.Bytes(), stderr.Bytes()
+	r.StdoutPieces, r.StderrPieces = nil, nil
+	return r
+}
+
 // MarshalJSON encodes r with its output as text or, if not UTF-8, as base64.
 func (r Result) MarshalJSON() ([]byte, error) {
+	stdout, stderr := r.Streams()
 	out := resultJSON{resultAlias: resultAlias(r)}
-	out.Stdout, out.StdoutEncoding = encodeOutput(r.Stdout)
-	out.Stderr, out.StderrEncoding = encodeOutput(r.Stderr)
+	out.Stdout, out.StdoutEncoding = encodeOutput(stdout.Bytes())
+	out.Stderr, out.StderrEncoding = encodeOutput(stderr.Bytes())
 	return json.Marshal(out)
 }
 
@@ -424,47 +459,36 @@ func (r *Result) UnmarshalJSON(b []byte) error {
 }
 
 // WriteJSON writes what MarshalJSON returns (members in another order) to w,
-// streaming the output: it needs a small buffer whatever the output's size, where
-// MarshalJSON holds the whole encoding (up to six bytes per byte of output).
+// streaming the output from where it is held: it needs a small buffer whatever the
+// output's size, where MarshalJSON holds the whole encoding (up to six bytes per
+// byte of output).
 func (r Result) WriteJSON(w io.Writer) error {
 	meta, err := json.Marshal(resultAlias(r)) // the output is left out ("-")
 	if err != nil {
 		return err
 	}
+	stdout, stderr := r.Streams()
 	bw := bufio.NewWriterSize(w, 32<<10)
 	bw.Write(meta[:len(meta)-1]) // without the closing brace
 	for _, s := range []struct {
 		name string
-		b    []byte
-	}{{"stdout", r.Stdout}, {"stderr", r.Stderr}} {
-		fmt.Fprintf(bw, `,"%s":"`, s.name)
-		if utf8.Valid(s.b) {
-			writeJSONText(bw, s.b)
+		out  *Output
+	}{{"stdout", stdout}, {"stderr", stderr}} {
+		bw.WriteString(`,"` + s.name + `":"`)
+		if s.out.ValidUTF8() {
+			s.out.writeJSONText(bw)
 			bw.WriteString(`"`)
 			continue
 		}
 		enc := base64.NewEncoder(base64.StdEncoding, bw)
-		enc.Write(s.b)
+		for i := range s.out.NumPieces() {
+			enc.Write(s.out.Piece(i))
+		}
 		enc.Close()
-		fmt.Fprintf(bw, `","%s_encoding":"base64"`, s.name)
+		bw.WriteString(`","` + s.name + `_encoding":"base64"`)
 	}
 	bw.WriteString("}")
 	return bw.Flush()
-}
-
-// writeJSONText writes valid UTF-8 text as the inside of a JSON string, escaped as
-// encoding/json escapes it, a piece at a time (cut between runes).
-func writeJSONText(w io.Writer, b []byte) {
-	const piece = 16 << 10
-	for len(b) > 0 {
-		n := min(piece, len(b))
-		for n < len(b) && !utf8.RuneStart(b[n]) {
-			n--
-		}
-		q, _ := json.Marshal(string(b[:n]))
-		w.Write(q[1 : len(q)-1])
-		b = b[n:]
-	}
 }
 
 func encodeOutput(b []byte) (text, encoding string) {

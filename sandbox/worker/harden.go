@@ -326,7 +326,7 @@ func pivot(workspace, library string, roots []string, ownPid bool) error {
 	}
 	for i, r := range roots {
 		if mounts[fmt.Sprintf("roots/%d", i)], err = cloneTree(r, -1, data); err != nil {
-			return fmt.Errorf("workspace root %d: %w", i, err)
+			return fmt.Errorf("workspace root %d (%s): %w", i, r, err)
 		}
 	}
 	if mounts["proc"], err = procMount(ownPid); err != nil {
@@ -435,7 +435,7 @@ func attach(req *protocol.Request, mntns bool) error {
 	}
 	tree, err := unix.OpenTree(dir, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
 	if err != nil {
-		return fmt.Errorf("open_tree: %w", err)
+		return openTreeError(err)
 	}
 	defer unix.Close(tree)
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &unix.MountAttr{
@@ -555,13 +555,24 @@ func cloneTree(path string, want int, attrs uint64) (int, error) {
 	}
 	tree, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
 	if err != nil {
-		return -1, fmt.Errorf("open_tree: %w", err)
+		return -1, openTreeError(err)
 	}
 	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: attrs}); err != nil {
 		unix.Close(tree)
 		return -1, fmt.Errorf("mount_setattr: %w", err)
 	}
 	return tree, nil
+}
+
+// openTreeError says why open_tree(2) could not clone a directory. The mounts this
+// namespace copied from the parent's are locked to the mounts beneath them
+// (mount_namespaces(7)), so a directory with a mount beneath it is cloned only with
+// that mount, which the worker does not ask for (see sandbox.CheckRoots).
+func openTreeError(err error) error {
+	if errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("open_tree: %w (a mount beneath the directory, which cannot be left out here, or an unbindable mount)", err)
+	}
+	return fmt.Errorf("open_tree: %w", err)
 }
 
 // sameDir returns an error unless path and the open fd are the same directory.

@@ -75,6 +75,9 @@ func session(r *reply, req *protocol.Request) {
 	defer func() { inst.Close() }()
 	var cp engine.Checkpoint
 	restored := false // the instance was restored since the last cell
+	// The state is another session's, forked: its random sources are reseeded at
+	// the next cell, until one keeps its state (see protocol.Request.Fork).
+	forked := req.Resume && req.Fork
 	if req.Resume {
 		// The session's state, saved by another worker: restored over the snapshot's.
 		err := receiveCheckpoint(r.ctl, req.Limits.MemoryBytes, &cp)
@@ -125,7 +128,7 @@ func session(r *reply, req *protocol.Request) {
 			continue
 		}
 		c := f.Request
-		prog, err := CellProgram(c, restored)
+		prog, err := CellProgram(c, restored, forked)
 		if err == nil && len(prog) > protocol.MaxCellProgram {
 			err = fmt.Errorf("the cell's program and stdin are %d bytes, over %d", len(prog), protocol.MaxCellProgram)
 		}
@@ -170,6 +173,9 @@ func session(r *reply, req *protocol.Request) {
 			if err == nil {
 				restored, crep.RolledBack = true, true
 			}
+		}
+		if !crep.RolledBack {
+			forked = false // this cell reseeded them, and its state is kept
 		}
 		if err != nil {
 			// The session ends with this report: it must not say the state was kept
@@ -217,7 +223,7 @@ func resync(inst *engine.Instance, cp *engine.Checkpoint, pw int) error {
 		var b [1]byte
 		rand.Read(b[:])
 		k := 1 + int(b[0])%254
-		prog, err := CellProgram(&protocol.Request{Code: fmt.Sprintf("raise SystemExit(%d)", k), Filename: "<sync>"}, false)
+		prog, err := CellProgram(&protocol.Request{Code: fmt.Sprintf("raise SystemExit(%d)", k), Filename: "<sync>"}, false, false)
 		if err != nil {
 			return err
 		}
@@ -277,14 +283,18 @@ const channelBroken = 0x1FF
 // bundle/bootstrap.py, MODE "cell"): the header, then ten digits and the cell's
 // stdin. restored says the interpreter was restored since the last cell: the
 // bootstrap first closes the file objects and connections it holds, whose
-// descriptors the fresh instance does not have.
-func CellProgram(c *protocol.Request, restored bool) ([]byte, error) {
+// descriptors the fresh instance does not have. forked says the state is another
+// session's (protocol.Request.Fork): the bootstrap also reseeds its random sources.
+func CellProgram(c *protocol.Request, restored, forked bool) ([]byte, error) {
 	name := c.Filename
 	if name == "" {
 		name = "<cell>"
 	}
 	flag := ""
-	if restored {
+	switch {
+	case forked:
+		flag = "forked"
+	case restored:
 		flag = "restored"
 	}
 	prog, err := header(append([]string{"cell", c.Code, name, "2", flag, c.ValueMark}, envFields(c.Env)...))

@@ -4,7 +4,8 @@
 //
 // The files: api.go the server, its options and routes; auth.go who may do what;
 // errors.go the one error edge (handlers return errors; one table gives each
-// its status and code; refusals are recorded there) and strict decoding; runs.go runs; events.go their
+// its status and code; refusals are recorded there) and strict decoding; gate.go the one gate of
+// code held for approval (runs and cells); runs.go runs; events.go their
 // event streams; workspaces.go workspaces and their use; sql.go statements and
 // approvals; peer.go and tokens.go callers' identities and connection bounds.
 package api

@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"bufio"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -9,6 +10,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -87,6 +90,281 @@ func TestOutputHeldOnce(t *testing.T) {
 	t.Logf("48 MiB of output in flight: heap grew %d MiB", grew>>20)
 	if grew > size*3/2 {
 		t.Errorf("48 MiB of output in flight grew the heap by %d MiB: held more than once", grew>>20)
+	}
+}
+
+// heapPeak samples the heap (its objects, live or not yet collected:
+// MemStats.HeapAlloc) every millisecond until the function it returns is called,
+// which returns the highest sample.
+func heapPeak() func() uint64 {
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	done, peak := make(chan struct{}), make(chan uint64)
+	go func() {
+		var most uint64
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			metrics.Read(sample)
+			most = max(most, sample[0].Value.Uint64())
+			select {
+			case <-done:
+				peak <- most
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() uint64 { close(done); return <-peak }
+}
+
+// peakRSS returns this process's peak resident size since the last resetPeakRSS
+// (VmHWM, proc(5)), in bytes.
+func peakRSS(t *testing.T) int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kib, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kib << 10
+		}
+	}
+	t.Fatal("no VmHWM in /proc/self/status")
+	return 0
+}
+
+// resetPeakRSS makes VmHWM the resident size now (proc(5), /proc/PID/clear_refs).
+func resetPeakRSS(t *testing.T) {
+	if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+		t.Logf("peak RSS not reset: %v", err)
+	}
+}
+
+// outputLine is 64 bytes of UTF-8 with characters JSON escapes; outputProgram prints
+// it size/64 times, in blocks of 1 MiB, to stdout and, when both, to stderr too.
+const outputLine = "éééééééééééééééééééé\"<&>\t\x01xxxxxxxxxxxxxxxxx\n"
+
+func outputProgram(size int, both bool) string {
+	code := fmt.Sprintf("import sys\nblock = ('é' * 20 + '\"<&>\\t\\x01' + 'x' * 17 + '\\n').encode() * 16384\n"+
+		"for _ in range(%d):\n    sys.stdout.buffer.write(block)\n", size>>20)
+	if both {
+		code += "    sys.stderr.buffer.write(block)\n"
+	}
+	b, _ := json.Marshal(map[string]any{"code": code, "limits": map[string]any{"max_output_bytes": size}})
+	return string(b)
+}
+
+// postTo starts a run with body and waits for its answer, written to a file (not
+// held in this process, where the daemon's heap is measured), and returns the file.
+func (d *daemon) postTo(t *testing.T, body string) string {
+	resp, err := d.client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return ""
+	}
+	defer resp.Body.Close()
+	f, err := os.CreateTemp(t.TempDir(), "answer")
+	if err != nil {
+		t.Error(err)
+		return ""
+	}
+	defer f.Close()
+	if _, err := io.Copy(f, resp.Body); err != nil || resp.StatusCode != 200 {
+		t.Errorf("answer: %d %v", resp.StatusCode, err)
+	}
+	return f.Name()
+}
+
+// checkAnswer reads the run an answer file holds and checks its streams are n
+// bytes of outputLine each (stderr empty unless both), or, when discardable, that
+// the kept budget discarded them (a run that ends while another holds the rest of
+// the budget in flight loses its output at once).
+func checkAnswer(t *testing.T, path string, n int, both, discardable bool) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	var v wire.View
+	if err != nil || json.Unmarshal(b, &v) != nil || v.Result == nil {
+		t.Fatalf("answer: %v %.300s", err, b)
+	}
+	want := strings.Repeat(outputLine, n/len(outputLine))
+	wantErr := ""
+	if both {
+		wantErr = want
+	}
+	r := v.Result
+	if discardable && r.Reason == "exited" && len(r.Stdout)+len(r.Stderr) == 0 &&
+		strings.Contains(strings.Join(r.Diagnostics, ";"), "output discarded") {
+		t.Logf("run %s: its output was discarded at its end", v.ID)
+		return
+	}
+	if r.Reason != "exited" || r.StdoutTruncated || string(r.Stdout) != want || string(r.Stderr) != wantErr {
+		t.Fatalf("run %s: %s, %d and %d bytes (truncated %v %v) %v", v.ID, r.Reason, len(r.Stdout), len(r.Stderr),
+			r.StdoutTruncated, r.StderrTruncated, r.Diagnostics)
+	}
+}
+
+// A run's output is held once, and answered from where it is held: 64 MiB of text
+// with characters to escape, printed by a real run and answered as JSON, grows the
+// daemon's heap by about its size and allocates about its size. It had grown the
+// heap by 2.7-3.0 times the output and allocated 7.5 times it: the output grown by
+// appending to one buffer (each growth a copy, the old one left as garbage), then
+// escaped for JSON through a copy of every piece.
+func TestOutputMemoryPerByte(t *testing.T) {
+	d := start(t, setup{})
+	const size = 64 << 20 // the policy's most output of a stream
+	body := outputProgram(size, false)
+	debug.FreeOSMemory() // what earlier tests freed is not counted as resident
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	resetPeakRSS(t)
+	rssBefore := peakRSS(t)
+	stop := heapPeak()
+	answer := d.postTo(t, body)
+	peak := stop()
+	runtime.ReadMemStats(&after)
+	rss := peakRSS(t)
+	if t.Failed() {
+		t.FailNow()
+	}
+	grew := int64(peak) - int64(before.HeapAlloc)
+	allocated := after.TotalAlloc - before.TotalAlloc
+	t.Logf("64 MiB of output and its answer: heap %d MiB, peak %d MiB: %.2f bytes per byte of output; "+
+		"allocated %d MiB: %.2f per byte; peak RSS %d MiB from %d MiB (the soft limit is %d MiB)",
+		before.HeapAlloc>>20, peak>>20, float64(grew)/size, allocated>>20, float64(allocated)/size,
+		rss>>20, rssBefore>>20, d.cfg.MemoryLimit()>>20)
+	checkAnswer(t, answer, size, false, false)
+	if grew > size*3/2 {
+		t.Errorf("64 MiB of output grew the heap by %d MiB (%.2f per byte, at most 1.5)", grew>>20, float64(grew)/size)
+	}
+	if allocated > size*3/2 {
+		t.Errorf("64 MiB of output allocated %d MiB (%.2f per byte, at most 1.5)", allocated>>20, float64(allocated)/size)
+	}
+}
+
+// A reader following a run's events costs no copies of its output either: 64 MiB
+// of text, streamed as events while the run goes, then the result, grow the heap
+// by about the output's size and allocate about it. Each event had been a string
+// copy of its piece, its JSON and a formatted copy of that.
+func TestEventsMemoryPerByte(t *testing.T) {
+	d := start(t, setup{})
+	const size = 64 << 20
+	var req map[string]any
+	json.Unmarshal([]byte(outputProgram(size, false)), &req)
+	req["wait"] = false
+	body, _ := json.Marshal(req)
+	debug.FreeOSMemory()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	stop := heapPeak()
+	resp, b := d.do(t, "POST", "/v1/runs", string(body))
+	var v wire.View
+	if resp.StatusCode != 202 || json.Unmarshal(b, &v) != nil {
+		stop()
+		t.Fatalf("start: %d %s", resp.StatusCode, b)
+	}
+	events := d.events(t, v.ID)
+	f, err := os.Create(filepath.Join(t.TempDir(), "events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = io.Copy(f, events.Body) // the stream ends after the result
+	events.Body.Close()
+	f.Close()
+	peak := stop()
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grew := int64(peak) - int64(before.HeapAlloc)
+	allocated := after.TotalAlloc - before.TotalAlloc
+	t.Logf("64 MiB of output followed as events: heap %d MiB, peak %d MiB: %.2f bytes per byte of output; "+
+		"allocated %d MiB: %.2f per byte", before.HeapAlloc>>20, peak>>20, float64(grew)/size, allocated>>20,
+		float64(allocated)/size)
+	// Every byte arrived, in order, and the result (its data line as long as the
+	// output, past what readEvents reads).
+	stream, err := os.Open(f.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Close()
+	var got strings.Builder
+	var result wire.View
+	lines := bufio.NewReader(stream)
+	for event := ""; ; {
+		line, err := lines.ReadString('\n')
+		if err != nil {
+			break
+		}
+		line = strings.TrimSuffix(line, "\n")
+		if e, ok := strings.CutPrefix(line, "event: "); ok {
+			event = e
+		}
+		data, ok := strings.CutPrefix(line, "data: ")
+		switch {
+		case !ok:
+		case event == "result":
+			json.Unmarshal([]byte(data), &result)
+		default:
+			var e struct{ Data, Encoding string }
+			json.Unmarshal([]byte(data), &e)
+			if e.Encoding == "base64" {
+				raw, _ := base64.StdEncoding.DecodeString(e.Data)
+				e.Data = string(raw)
+			}
+			got.WriteString(e.Data)
+		}
+	}
+	if want := strings.Repeat(outputLine, size/len(outputLine)); got.String() != want || result.Result == nil ||
+		string(result.Result.Stdout) != want {
+		t.Fatalf("events: %d bytes, result %v", got.Len(), result.Result != nil)
+	}
+	if grew > size*3/2 {
+		t.Errorf("64 MiB of output followed as events grew the heap by %d MiB (%.2f per byte, at most 1.5)", grew>>20, float64(grew)/size)
+	}
+	if allocated > size*3/2 {
+		t.Errorf("64 MiB of output followed as events allocated %d MiB (%.2f per byte, at most 1.5)", allocated>>20, float64(allocated)/size)
+	}
+}
+
+// The daemon's resident size stays within its soft memory limit (config's
+// MemoryLimit: the kept budget, two streams at the most output per worker, 256 MiB
+// for the rest) with its workers at the most output they may make: two rounds of
+// two runs at once, each 64 MiB on stdout and on stderr, answered as JSON, the
+// second round's while the first's results are kept.
+func TestMemoryWithinSoftLimit(t *testing.T) {
+	d := start(t, setup{})
+	const size = 64 << 20
+	body := outputProgram(size, true)
+	limit := d.cfg.MemoryLimit()
+	debug.FreeOSMemory() // what earlier tests freed is not counted as resident
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	resetPeakRSS(t)
+	rssBefore := peakRSS(t)
+	stop := heapPeak()
+	var answers []string
+	for round := 0; round < 2; round++ {
+		got := make(chan string, 2)
+		for i := 0; i < 2; i++ {
+			go func() { got <- d.postTo(t, body) }()
+		}
+		answers = append(answers, <-got, <-got)
+	}
+	peak := stop()
+	runtime.ReadMemStats(&after)
+	rss := peakRSS(t)
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Logf("2 rounds of 2 runs at once, 128 MiB of output each: heap %d MiB, peak %d MiB; allocated %d MiB; "+
+		"peak RSS %d MiB from %d MiB; the soft limit is %d MiB", before.HeapAlloc>>20, peak>>20,
+		(after.TotalAlloc-before.TotalAlloc)>>20, rss>>20, rssBefore>>20, limit>>20)
+	for _, a := range answers {
+		checkAnswer(t, a, size, true, true)
+	}
+	if rss > limit {
+		t.Errorf("peak RSS %d MiB, over the soft limit of %d MiB", rss>>20, limit>>20)
 	}
 }
 

@@ -1,8 +1,8 @@
 package api
 
 import (
+	"bufio"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,20 +11,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/labstack/echo/v4"
+	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 // sseKeepAlive is how often a comment line is sent on an idle event stream, so
 // proxies and clients with read timeouts keep it open.
 const sseKeepAlive = 15 * time.Second
-
-// outputEvent is the data of a "stdout" or "stderr" event: the chunk as text when it
-// is valid UTF-8, otherwise base64 with encoding "base64" (a chunk may end inside a
-// character; concatenate decoded chunks before decoding text).
-type outputEvent struct {
-	Data     string `json:"data"`
-	Encoding string `json:"encoding,omitempty"`
-}
 
 // eventPiece bounds the output one event carries, in bytes: a larger chunk goes as
 // several events, of which only the last has the chunk's id, so what encoding an
@@ -33,9 +26,23 @@ type outputEvent struct {
 const eventPiece = 16 << 10
 
 // writeChunk writes chunk id of stream as events of at most eventPiece bytes each
-// (split at character boundaries where the text is UTF-8); false when the client
-// is gone.
+// (split at character boundaries where the text is UTF-8). An event's data is its
+// piece as text when that is valid UTF-8, {"data": text}, otherwise base64, {"data":
+// base64, "encoding": "base64"} (a chunk may end inside a character; concatenate
+// decoded chunks before decoding text), escaped or encoded from the chunk itself
+// into a buffer, w's own when w is a *bufio.Writer: the output is not copied. It
+// returns false when the client is gone.
 func writeChunk(w io.Writer, id int, stream string, data []byte) bool {
+	bw, buffered := w.(*bufio.Writer)
+	if !buffered {
+		bw = bufio.NewWriterSize(w, 4<<10)
+	}
+	return writeEvents(bw, id, stream, data) && (buffered || bw.Flush() == nil)
+}
+
+// writeEvents is writeChunk into w's buffer (w reports a write that failed at the
+// latest when it is flushed).
+func writeEvents(w *bufio.Writer, id int, stream string, data []byte) bool {
 	for len(data) > 0 {
 		n := min(len(data), eventPiece)
 		for n < len(data) && n > eventPiece-utf8.UTFMax && !utf8.RuneStart(data[n]) {
@@ -43,16 +50,24 @@ func writeChunk(w io.Writer, id int, stream string, data []byte) bool {
 		}
 		piece := data[:n]
 		data = data[n:]
-		ev := outputEvent{Data: string(piece)}
-		if !utf8.Valid(piece) {
-			ev = outputEvent{Data: base64.StdEncoding.EncodeToString(piece), Encoding: "base64"}
-		}
-		b, _ := json.Marshal(ev)
-		idLine := ""
 		if len(data) == 0 {
-			idLine = "id: " + strconv.Itoa(id) + "\n"
+			w.WriteString("id: ")
+			w.Write(strconv.AppendInt(w.AvailableBuffer(), int64(id), 10))
+			w.WriteString("\n")
 		}
-		if _, err := fmt.Fprintf(w, "%sevent: %s\ndata: %s\n\n", idLine, stream, b); err != nil {
+		w.WriteString("event: ")
+		w.WriteString(stream)
+		w.WriteString("\ndata: {\"data\":\"")
+		if utf8.Valid(piece) {
+			protocol.WriteJSONText(w, piece)
+			w.WriteString(`"}`)
+		} else {
+			enc := base64.NewEncoder(base64.StdEncoding, w)
+			enc.Write(piece)
+			enc.Close()
+			w.WriteString(`","encoding":"base64"}`)
+		}
+		if _, err := w.WriteString("\n\n"); err != nil {
 			return false
 		}
 	}
@@ -93,20 +108,25 @@ func (s *Server) runEvents(c echo.Context) error {
 	ctx := c.Request().Context()
 	keepAlive := time.NewTicker(sseKeepAlive)
 	defer keepAlive.Stop()
+	bw := bufio.NewWriterSize(w, 32<<10) // empty whenever w is written directly
 	for {
 		chunks, after, done, changed := run.Output(next)
 		for i, ch := range chunks {
-			if !writeChunk(w, next+i, ch.Stream, ch.Data) {
+			if !writeChunk(bw, next+i, ch.Stream, ch.Data) {
 				return nil
 			}
 		}
 		next = after
 		if done {
 			// One data line: JSON escapes every newline inside strings.
-			fmt.Fprint(w, "event: result\ndata: ")
-			run.View().WriteJSON(w)
-			fmt.Fprint(w, "\n\n")
+			bw.WriteString("event: result\ndata: ")
+			run.View().WriteJSON(bw)
+			bw.WriteString("\n\n")
+			bw.Flush()
 			w.Flush()
+			return nil
+		}
+		if bw.Flush() != nil {
 			return nil
 		}
 		w.Flush()

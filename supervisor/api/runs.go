@@ -3,12 +3,9 @@ package api
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
-	"errors"
 	"io"
 	"io/fs"
 	"net/http"
@@ -87,7 +84,21 @@ func (s *Server) createRun(c echo.Context) error {
 			return fail(wire.CodeBadRequest, err.Error())
 		}
 	}
-	approval, err := s.runApproval(ctx, body, req)
+	held := false
+	if body.Approval != "" && acquired != "" && s.approvalRequired(ActionRun) {
+		// Approved code has its workspace to itself until it ends: the files the
+		// approval binds are read under this hold and cannot change after (the gate).
+		if !s.soleUse(acquired) {
+			return failf(wire.CodeWorkspaceBusy, "workspace %s: approved code runs with nothing else in its workspace, and a run, session, statement or upload is using it", acquired)
+		}
+		held = true
+	}
+	// Everything that decides the run, as it will run: the program's source (a
+	// path's file as read), its arguments, its whole stdin and environment, and the
+	// limits policy resolved.
+	approval, err := s.admitCode(ctx, codeRequest{kind: "run", dir: req.Workspace, approval: body.Approval, held: held,
+		subject: map[string]any{"code": req.Code, "path": body.Path, "args": body.Args, "stdin": string(req.Stdin),
+			"stdin_sha256": sha256Hex(req.Stdin), "env": req.Env, "workspace": body.Workspace, "limits": req.Limits}})
 	if err != nil {
 		return err
 	}
@@ -120,9 +131,10 @@ func (s *Server) createRun(c echo.Context) error {
 	}
 	started = true
 	if acquired != "" {
-		// The workspace stays in use until the run ends, not until this answer.
+		// The workspace stays in use (alone, for approved code) until the run ends,
+		// not until this answer: the run takes this request's use over.
 		ws := acquired
-		s.acquire(ws) // cannot fail: the acquire above still holds it
+		acquired = ""
 		go func() { <-run.Done(); s.release(ws) }()
 	}
 	s.record(ctx, store.RunAdmitted, run.ID, map[string]any{"code_sha256": detail["code_sha256"]})
@@ -154,63 +166,6 @@ const ActionRun = "run"
 
 // GuestWorkdir is the workspace's path in the guest.
 const GuestWorkdir = "/ws"
-
-// runDigest identifies a run for an approval: everything that decides what runs,
-// the program's bytes (a path's file as read) among them.
-func runDigest(b wire.RunRequest, req protocol.Request) string {
-	b.Approval, b.Wait = "", nil
-	canon, _ := json.Marshal([]any{b, req.Code})
-	sum := sha256.Sum256(canon)
-	return hex.EncodeToString(sum[:])
-}
-
-// runApproval holds a run for approval where policy says so: without an approval it
-// asks for one (approval_required, with its id; the approver sees the exact code);
-// with one it spends it (its id returned) if it is this caller's, approved, and for
-// exactly this request. Where policy does not hold runs it returns "".
-func (s *Server) runApproval(ctx context.Context, b wire.RunRequest, req protocol.Request) (string, error) {
-	if !s.approvalRequired(ActionRun) {
-		if b.Approval != "" {
-			return "", fail(wire.CodeBadRequest, "approval: policy does not hold runs for approval")
-		}
-		return "", nil
-	}
-	peer, _ := PeerFrom(ctx)
-	caller := peer.Caller()
-	digest := runDigest(b, req)
-	if b.Approval != "" {
-		ap, err := s.o.Approvals.Redeem(b.Approval, caller, digest)
-		s.record(ctx, store.ApprovalRedeemed, "", map[string]any{"approval": b.Approval, "run_sha256": digest, "error": errString(err)})
-		switch {
-		case errors.Is(err, supervisor.ErrApprovalNotFound), ap.Requester != caller:
-			return "", fail(wire.CodeNotFound, "no approval "+b.Approval)
-		case errors.Is(err, supervisor.ErrApprovalMismatch):
-			return "", fail(wire.CodeApprovalInvalid, "the approval is for another request").with(map[string]any{"approval": ap})
-		case err != nil:
-			return "", fail(wire.CodeApprovalInvalid, err.Error()).with(map[string]any{"approval": ap})
-		}
-		return b.Approval, nil
-	}
-	if !s.approversExist() && !s.mayConfirm(peer) {
-		return "", fail(wire.CodeApprovalUnavailable, "runs are held for approval, and no one can approve this caller's: no run starts")
-	}
-	// Everything that decides the run, as it will run: the program's source (a
-	// path's file as read), its arguments, its whole stdin and environment, and the
-	// limits policy resolved.
-	subject := map[string]any{"code": req.Code, "path": b.Path, "args": b.Args, "stdin": string(req.Stdin),
-		"stdin_sha256": sha256Hex(req.Stdin), "env": req.Env, "workspace": b.Workspace, "limits": req.Limits}
-	ap, err := s.o.Approvals.Request(ActionRun, caller, subject, digest)
-	if err != nil {
-		return "", fail(wire.CodeTooManyPending, err.Error())
-	}
-	s.record(ctx, store.ApprovalRequested, "", map[string]any{"approval": ap.ID, "action": ActionRun, "run_sha256": digest,
-		"workspace": b.Workspace})
-	return "", fail(wire.CodeApprovalRequired,
-		"runs are held for approval: an approver must approve it (or the person at your MCP client confirm it), then send the same request with \"approval\": \""+ap.ID+"\"").
-		with(map[string]any{"approval_id": ap.ID, "program": req.Code, "path": b.Path, "args": b.Args, "stdin": string(req.Stdin),
-			"expires_at":  ap.ExpiresAt,
-			"confirmable": s.mayConfirm(peer)}).audited()
-}
 
 func sha256Hex(b []byte) string {
 	sum := sha256.Sum256(b)

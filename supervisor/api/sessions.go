@@ -146,8 +146,8 @@ func (s *Server) deleteSession(c echo.Context) error {
 func (s *Server) runCell(c echo.Context) error {
 	ctx := c.Request().Context()
 	peer, _ := PeerFrom(ctx)
-	if s.o.Disabled() {
-		return fail(wire.CodeDisabled, "runs are disabled by the operator (the kill switch is on)")
+	if err := s.accepting(); err != nil {
+		return err
 	}
 	ss, err := s.o.Sessions.Get(c.Param("id"), peer.Caller())
 	if err != nil {
@@ -184,6 +184,17 @@ func (s *Server) runCell(c echo.Context) error {
 		lim.MaxStderrBytes = min(lim.MaxStderrBytes, cell.Limits.MaxStderrBytes)
 	}
 	cell.Limits = lim
+	// The gate: what decides the cell, as it will run (its session's state is what
+	// the session's earlier cells, each through this gate, left).
+	gate := codeRequest{kind: "cell", dir: ss.WorkspaceDir(), approval: body.Approval,
+		subject: map[string]any{"code": body.Code, "stdin": string(cell.Stdin), "stdin_sha256": sha256Hex(cell.Stdin),
+			"session": ss.ID, "workspace": ss.Workspace, "limits": lim}}
+	if body.Approval == "" {
+		// Held before the session is taken (or resumed) for it.
+		if _, err := s.admitCode(ctx, gate); err != nil {
+			return err
+		}
+	}
 	sum := sha256Hex([]byte(body.Code))
 	detail := map[string]any{"session": ss.ID, "code_sha256": sum, "limits": lim, "stdin_bytes": len(cell.Stdin)}
 	if s.o.RecordCode {
@@ -200,8 +211,31 @@ func (s *Server) runCell(c echo.Context) error {
 	}
 	// No record, no cell: the cell is audited once it holds the session, before its
 	// code runs.
+	unhold := func() {}
+	defer func() { unhold() }()
 	out, state, err := s.o.Sessions.Cell(ctx, ss.ID, peer.Caller(), cell, observe, func() error {
+		if body.Approval != "" {
+			// An approval is spent once the cell holds its session, with its
+			// workspace held alone (a named one: the session's own use is the one
+			// left; a private one is the session's alone), as the cell will run.
+			if ss.Workspace != "" {
+				undo, ok := s.holdAlone(ss.Workspace)
+				if !ok {
+					return failf(wire.CodeWorkspaceBusy, "workspace %s: approved code runs with nothing else in its workspace, and a run, another session, a statement or an upload is using it", ss.Workspace)
+				}
+				unhold = undo
+			}
+			gate.held = true
+			approval, err := s.admitCode(ctx, gate)
+			if err != nil {
+				return err
+			}
+			detail["approval"] = approval
+		}
 		if err := s.record(ctx, store.SessionCell, "", detail); err != nil {
+			if body.Approval != "" {
+				s.o.Approvals.Restore(body.Approval) // nothing ran: it stays usable
+			}
 			return fail(wire.CodeAuditDown, "the audit log cannot be written: "+err.Error()).audited()
 		}
 		return nil

@@ -243,6 +243,19 @@ func (s *Server) soleUse(id string) bool {
 	return true
 }
 
+// holdAlone holds workspace id alone, as soleUse does, for a user that already has
+// it (a session's use): undo gives it back to be shared, keeping the use.
+func (s *Server) holdAlone(id string) (undo func(), ok bool) {
+	if !s.soleUse(id) {
+		return nil, false
+	}
+	return func() {
+		s.wsMu.Lock()
+		defer s.wsMu.Unlock()
+		delete(s.alone, id)
+	}, true
+}
+
 // acquireError is the refusal of a failed acquire.
 func acquireError(id string, err error) error {
 	if errors.Is(err, errWorkspaceBusy) {

@@ -57,6 +57,7 @@ const (
 	checkCanary   = "canary"   // the periodic light canary (readiness)
 	checkManager  = "manager"  // runs end by their deadlines (liveness)
 	checkAudit    = "audit"    // the last audit record was written (readiness)
+	checkPool     = "pool"     // the warm pool's roots its workers cannot hold, in its detail (readiness, never failing: runs start cold)
 )
 
 // Options say where the daemon's configuration comes from and how it names itself.
@@ -90,6 +91,8 @@ type Daemon struct {
 	canaryW string                          // work directory of canaries
 	errc    chan error                      // a listener's end
 	ready   chan struct{}                   // closed at READY=1
+
+	poolNote atomic.Pointer[string] // the pool check's last detail
 
 	mu     sync.Mutex // serialises Reload and the warm pool's (re)starts
 	status string     // the STATUS= line of readiness, under mu
@@ -152,7 +155,7 @@ func Open(o Options) (_ *Daemon, err error) {
 			MaxPausedBytesPerCaller: cfg.Sessions.MaxPausedBytesPerCaller, Running: cfg.Concurrency(),
 			WorkDir:     filepath.Join(cfg.State.Dir, "sessions"),
 			Quota:       workspace.Quota{Bytes: cfg.Workspaces.MaxBytes, Files: cfg.Workspaces.MaxFiles},
-			Interpreter: bundle.CheckpointKey(), Prepare: d.prepareSession}); err != nil {
+			Interpreter: bundle.CheckpointKey(), Prepare: d.prepareSession, Log: d.log}); err != nil {
 			return nil, err
 		}
 	}
@@ -180,6 +183,9 @@ func Open(o Options) (_ *Daemon, err error) {
 	approvals := supervisor.NewApprovals(cfg.Approvals.TTL.Duration, cfg.Approvals.Window.Duration)
 	metrics := d.metrics()
 	metrics.CountApprovals(approvals)
+	if d.sess != nil {
+		metrics.CountSessions(d.sess)
+	}
 	d.srv = api.New(api.Options{
 		Workspaces:      workspaces,
 		Approvals:       approvals,
@@ -338,7 +344,7 @@ func (d *Daemon) verify(ctx context.Context) error {
 	pol, _ := cfg.Policy()
 	d.notify.Status("verifying the sandbox")
 	r := selftest.Run(ctx, selftest.Options{BundleDir: cfg.Bundle.Dir, CacheDir: cfg.Bundle.CacheDir,
-		Policy: pol, Spawner: d.sp, WorkDir: d.canaryW,
+		Policy: pol, Spawner: d.sp, WorkDir: d.canaryW, PoolRoots: PoolRoots(*cfg),
 		Slow: func(what string) { d.notify.Extend(2*time.Minute, "verifying the sandbox: "+what) }})
 	for _, c := range r.Checks {
 		level := slog.LevelInfo
@@ -361,8 +367,9 @@ func (d *Daemon) verify(ctx context.Context) error {
 // The caller holds mu.
 func (d *Daemon) warm(cfg config.Config, pol policy.Policy) {
 	opts := sandbox.PoolOptions{Size: cfg.Pool.Size, MemoryBudget: cfg.Pool.MemoryBudget,
-		Roots:  []string{filepath.Join(cfg.State.Dir, "workspaces"), filepath.Join(cfg.State.Dir, "work"), d.canaryW},
+		Roots:  PoolRoots(cfg),
 		Failed: func(err error) { d.log.Warn("a warm worker could not be prepared", "error", err) }}
+	defer d.checkPool()
 	if module, lib, err := d.module(false); err == nil && opts.Size > 0 {
 		opts.Template = protocol.Request{ModulePath: module, LibDir: lib, Limits: pol.Default,
 			Hardening: pol.Hardening(pol.Default)}
@@ -378,6 +385,32 @@ func (d *Daemon) warm(cfg config.Config, pol policy.Policy) {
 	if opts.Size > 0 {
 		d.log.Info("warm pool", "size", opts.Size, "memory_budget", opts.MemoryBudget)
 	}
+}
+
+// PoolRoots are the warm pool's workspace roots under cfg (none without a pool):
+// directories of the daemon's own in its state directory, which no other user can
+// enter, so that only root can mount anything beneath them (see sandbox.CheckRoots).
+func PoolRoots(cfg config.Config) []string {
+	if cfg.Pool.Size <= 0 {
+		return nil
+	}
+	return []string{filepath.Join(cfg.State.Dir, "workspaces"), filepath.Join(cfg.State.Dir, "work"),
+		filepath.Join(cfg.State.Dir, "canary")}
+}
+
+// checkPool sets the pool check: always passing (a run the pool cannot serve starts
+// a worker of its own), its detail naming the roots the pool's workers were last
+// prepared without, and why (a mount beneath them), as the log does when they change.
+func (d *Daemon) checkPool() {
+	var named []string
+	for _, p := range d.sp.PoolStats().UnusableRoots {
+		named = append(named, p.Root+" "+p.Why)
+	}
+	detail := strings.Join(named, "; ")
+	if old := d.poolNote.Swap(&detail); detail != "" && (old == nil || *old != detail) {
+		d.log.Warn("warm pool: runs beneath a workspace root start cold", "roots", detail)
+	}
+	d.health.SetDetail(checkPool, nil, detail)
 }
 
 // module returns the verified precompiled module for a run.
@@ -459,6 +492,7 @@ func (d *Daemon) keepChecking() {
 	})
 	every(5*time.Second, func() {
 		d.health.Set(checkManager, d.mgr.Wedged())
+		d.checkPool()
 		// A failed append makes the daemon unready, and an unready daemon is sent no
 		// work that would append again: look whether the log can be written again
 		// (another process's lock gone, say) rather than wait for a request.

@@ -517,6 +517,43 @@ func describe(err error) error {
 	return err
 }
 
+// heldMessage is what the person at the client is shown of code held for approval
+// (err, the daemon's approval_required): head, then the whole program as the daemon
+// will run it (a path's file as it read it) and everything else that decides it:
+// the arguments, standard input and time limit, and the workspace's files that the
+// program could import, which the approval binds too.
+func heldMessage(err error, head string, args []string, timeoutMS int64) string {
+	var p *wire.Problem
+	errors.As(err, &p)
+	var code, stdin string
+	var files []struct {
+		Path   string `json:"path"`
+		Size   int64  `json:"size"`
+		SHA256 string `json:"sha256"`
+	}
+	json.Unmarshal(p.Extensions["program"], &code)
+	json.Unmarshal(p.Extensions["stdin"], &stdin)
+	json.Unmarshal(p.Extensions["workspace_files"], &files)
+	var msg strings.Builder
+	fmt.Fprintf(&msg, "%s\n\n%s\n", head, visible(code))
+	if len(args) > 0 {
+		fmt.Fprintf(&msg, "\nArguments: %s\n", visible(fmt.Sprintf("%q", args)))
+	}
+	if stdin != "" {
+		fmt.Fprintf(&msg, "\nStandard input:\n%s\n", visible(stdin))
+	}
+	if timeoutMS > 0 {
+		fmt.Fprintf(&msg, "\nTime limit: %d ms\n", timeoutMS)
+	}
+	if len(files) > 0 {
+		fmt.Fprintf(&msg, "\nThe workspace's files it could import (as they are now; changed, the approval is void):\n")
+		for _, f := range files {
+			fmt.Fprintf(&msg, "  %s (%d bytes, SHA-256 %.12s)\n", visible(f.Path), f.Size, f.SHA256)
+		}
+	}
+	return msg.String()
+}
+
 // RunResult is run_python's structured result.
 type RunResult struct {
 	Workspace string    `json:"workspace"`
@@ -542,28 +579,11 @@ func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in too
 	}
 	v, err := b.Run(ctx, rr)
 	if id, confirmable := approvalID(err); id != "" && confirmable {
-		// The person sees the whole program as the daemon will run it (a path's
-		// file as it read it), and everything else that decides the run.
-		var p *wire.Problem
-		errors.As(err, &p)
-		var code, stdin string
-		json.Unmarshal(p.Extensions["program"], &code)
-		json.Unmarshal(p.Extensions["stdin"], &stdin)
-		var msg strings.Builder
-		fmt.Fprintf(&msg, "Run this Python in Sandcell's sandbox (workspace %s)?\n\n%s\n", ws, visible(code))
+		head := fmt.Sprintf("Run this Python in Sandcell's sandbox (workspace %s)?", ws)
 		if in.Path != "" {
-			fmt.Fprintf(&msg, "\n(the workspace's file %s, as it is now)\n", visible(in.Path))
+			head += fmt.Sprintf(" It is the workspace's file %s, as it is now.", visible(in.Path))
 		}
-		if len(in.Args) > 0 {
-			fmt.Fprintf(&msg, "\nArguments: %s\n", visible(fmt.Sprintf("%q", in.Args)))
-		}
-		if stdin != "" {
-			fmt.Fprintf(&msg, "\nStandard input:\n%s\n", visible(stdin))
-		}
-		if in.TimeoutMS > 0 {
-			fmt.Fprintf(&msg, "\nTime limit: %d ms\n", in.TimeoutMS)
-		}
-		if res := ask(req, id, msg.String()); res != nil {
+		if res := ask(req, id, heldMessage(err, head, in.Args, in.TimeoutMS)); res != nil {
 			return res, nil, nil
 		}
 	}
@@ -619,11 +639,17 @@ func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools
 	}
 	// One opening at a time per server: two first calls of one MCP session at once
 	// would open two interpreters and orphan one.
+	confirmed, err := answered(ctx, req, b)
+	if err != nil {
+		return nil, nil, err
+	}
 	s.opening.Lock()
 	s.mu.Lock()
 	id := s.cells[session].id
 	s.mu.Unlock()
-	if id != "" && in.Restart {
+	if id != "" && in.Restart && confirmed == "" {
+		// (A retry that carries the person's answer runs in the session it was
+		// held for: a restart would make it another request.)
 		b.CloseSession(ctx, id)
 		id = ""
 	}
@@ -652,7 +678,17 @@ func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools
 			b.CloseSession(context.WithoutCancel(ctx), id)
 		}
 	}
-	a, err := b.Cell(ctx, id, wire.CellRequest{Code: in.Code, Stdin: in.Stdin, Limits: wire.RunLimits{TimeoutMS: in.TimeoutMS}})
+	cr := wire.CellRequest{Code: in.Code, Stdin: in.Stdin, Limits: wire.RunLimits{TimeoutMS: in.TimeoutMS}, Approval: in.Approval}
+	if confirmed != "" {
+		cr.Approval = confirmed
+	}
+	a, err := b.Cell(ctx, id, cr)
+	if held, confirmable := approvalID(err); held != "" && confirmable {
+		head := fmt.Sprintf("Run this cell in this session's Python interpreter in Sandcell's sandbox (workspace %s)?", ws)
+		if res := ask(req, held, heldMessage(err, head, nil, in.TimeoutMS)); res != nil {
+			return res, nil, nil
+		}
+	}
 	var p *wire.Problem
 	if errors.As(err, &p) && (p.Code == wire.CodeSessionLost || p.Code == wire.CodeNotFound) {
 		// Lost earlier, or ended by its idle timeout: said, and the next call is fresh.

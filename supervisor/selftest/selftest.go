@@ -3,7 +3,8 @@
 // precompiled module (rebuilt if needed), then a canary worker under the configured
 // policy that must print the expected answer, report every required enforcement
 // layer active, and fail each escape probe: a socket, a host file, the daemon's
-// environment, a write outside /ws. `sandcell serve` runs it before READY=1 and
+// environment, a write outside /ws; and that the warm pool's workers can hold its
+// workspace roots. `sandcell serve` runs it before READY=1 and
 // `sandcell selftest` prints it as a table.
 package selftest
 
@@ -12,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -80,6 +82,9 @@ type Options struct {
 	// Slow, if set, is called before a step that may take seconds (compiling the
 	// module), so a service manager can be told to wait (EXTEND_TIMEOUT_USEC).
 	Slow func(what string)
+	// PoolRoots are the warm pool's workspace roots (sandbox.PoolOptions.Roots), to
+	// check that its workers can hold them; none: no pool, no check.
+	PoolRoots []string
 }
 
 // Run performs the whole self-test. It stops at the first failure that leaves
@@ -124,7 +129,34 @@ func Run(ctx context.Context, o Options) *Report {
 		r.Modules[fuel] = pre.Path
 	}
 	r.canary(ctx, o, CanaryProgram)
+	r.poolRoots(o.PoolRoots)
 	return r
+}
+
+// poolRoots reports whether the warm pool's workers can hold each of its roots
+// (sandbox.CheckRoots): one they cannot is a warning, naming the root and why (a
+// mount beneath it), since runs beneath it start cold. A root that does not exist
+// yet is fine: the daemon makes it, empty.
+func (r *Report) poolRoots(roots []string) {
+	if len(roots) == 0 {
+		return
+	}
+	var present []string
+	for _, root := range roots {
+		if _, err := os.Lstat(root); !errors.Is(err, fs.ErrNotExist) {
+			present = append(present, root)
+		}
+	}
+	problems := sandbox.CheckRoots(present)
+	if len(problems) == 0 {
+		r.add("pool roots", OK, "warm workers can hold all %d: %s", len(roots), strings.Join(roots, ", "))
+		return
+	}
+	var named []string
+	for _, p := range problems {
+		named = append(named, p.Root+" "+p.Why)
+	}
+	r.add("pool roots", Warn, "%s", strings.Join(named, "; "))
 }
 
 // CanaryProgram prints 6*7, then the outcome of each escape probe as JSON. Each

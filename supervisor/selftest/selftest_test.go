@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/sandcell/sandcell/bundle"
@@ -102,4 +103,32 @@ func TestFailures(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The warm pool's roots: a root with a mount beneath it is named with the mount, a
+// warning (its runs start cold); roots without one, or not made yet, are fine.
+func TestPoolRoots(t *testing.T) {
+	held, clean := t.TempDir(), t.TempDir()
+	missing := filepath.Join(t.TempDir(), "not-yet")
+	r := &Report{}
+	r.poolRoots([]string{held, clean, missing})
+	if len(r.Checks) != 1 || r.Checks[0].Name != "pool roots" || r.Checks[0].State != OK {
+		t.Fatalf("%+v", r.Checks)
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root; CI runs as root")
+	}
+	mnt := filepath.Join(held, "mnt")
+	os.Mkdir(mnt, 0o755)
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	r = &Report{}
+	r.poolRoots([]string{held, clean, missing})
+	if len(r.Checks) != 1 || r.Checks[0].State != Warn || !strings.HasPrefix(r.Checks[0].Detail, held+" has mounts beneath it ("+mnt+")") ||
+		strings.Contains(r.Checks[0].Detail, clean) || !r.OK() {
+		t.Fatalf("%+v", r.Checks)
+	}
+	t.Log(r.Checks[0].Detail)
 }

@@ -74,6 +74,8 @@ type RunCellArgs struct {
 	// Restart starts a fresh interpreter for this session first: what earlier cells
 	// defined is gone (the workspace's files stay).
 	Restart bool `json:"restart,omitempty" jsonschema:"start a fresh interpreter first (what earlier cells defined is gone; files in the workspace stay)"`
+	// Approval is the id of an approval an approver gave for exactly this cell.
+	Approval string `json:"approval,omitempty" jsonschema:"where code needs approval: the id of one an approver gave for exactly this call"`
 }
 
 // RunSQLArgs are run_sql's arguments.
@@ -136,7 +138,8 @@ func Definitions() []Definition {
 				"preserved (what the cell did is kept), rolled_back (the cell reached its time, CPU or memory limit: " +
 				"the interpreter is back to its state before the cell), or lost (it could not even be restored: the " +
 				"next call starts a fresh interpreter, which the answer says). Then how the cell ended and its " +
-				"output, as run_python's."},
+				"output, as run_python's. Where the daemon holds code for approval, the person at the client is " +
+				"asked to confirm each cell."},
 		{Name: RunSQL, Title: "Run one SQL statement", Args: &RunSQLArgs{},
 			Description: "Run one SQLite statement on a database file in the workspace. Reads run at once; a statement " +
 				"that writes may be held for a person's approval (the answer then says so and gives the approval id)."},

@@ -209,6 +209,10 @@ type CellRequest struct {
 	// Limits lower the session's for this cell: TimeoutMS, CPUMS, MaxOutputBytes
 	// (MemoryMiB and Fuel are the session's).
 	Limits RunLimits `json:"limits,omitempty"`
+	// Approval is the id of an approved approval for exactly this cell, where
+	// policy holds code for approval (approvals.required names "run"): the cell's
+	// code, stdin and limits, its session, and its workspace's importable files.
+	Approval string `json:"approval,omitempty"`
 }
 
 // SessionState says what became of a session's interpreter state after a cell:
@@ -253,6 +257,38 @@ type SessionView struct {
 	// under it. Empty while the session is paused (a resumed worker verifies it
 	// again).
 	Enforcement protocol.Enforcement `json:"enforcement"`
+	// PauseFailed says why a live session is not paused although it was to be
+	// (idle past sessions.pause_after, or chosen to free memory): its last pause
+	// failed. Absent when no pause has failed since the session was last paused
+	// (nor, for PauseOverBound, since its last cell).
+	PauseFailed *PauseFailure `json:"pause_failed,omitempty"`
+}
+
+// The reasons of a PauseFailure.
+const (
+	// PauseOverBound: the checkpoint would pass its caller's
+	// sessions.max_paused_bytes_per_caller (beside its other paused sessions).
+	PauseOverBound = "bound"
+	// PauseWriteFailed: the checkpoint could not be written (the state file system
+	// full, or failing).
+	PauseWriteFailed = "write"
+)
+
+// PauseFailure is why a session's last pause failed, and when it is tried again.
+type PauseFailure struct {
+	// Reason is PauseOverBound or PauseWriteFailed; Error says more.
+	Reason string    `json:"reason"`
+	Error  string    `json:"error"`
+	At     time.Time `json:"at"`
+	// Failures counts the session's pauses that failed in a row for Reason.
+	Failures int `json:"failures"`
+	// NeedBytes is, for PauseOverBound, what the checkpoint needs at least.
+	NeedBytes int64 `json:"need_bytes,omitempty"`
+	// NextTryAt is when the session, if it is still idle, is tried again (after a
+	// PauseWriteFailed: 1 minute after the first failure, doubling up to 1 hour).
+	// Absent after a PauseOverBound: it is not tried again before it runs another
+	// cell (its state changes) or its caller's paused sessions leave it the room.
+	NextTryAt *time.Time `json:"next_try_at,omitempty"`
 }
 
 // CellAnswer is the answer to a cell: how it ended (a run's Result, with the

@@ -1,0 +1,76 @@
+package api_test
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/sandcell/sandcell/supervisor/config"
+	"github.com/sandcell/sandcell/supervisor/wire"
+)
+
+// fork forks session id and returns the new session's id.
+func (d *daemon) fork(t *testing.T, id string) string {
+	t.Helper()
+	resp, b := d.do(t, "POST", "/v1/sessions/"+id+"/fork", "")
+	var v wire.SessionView
+	if resp.StatusCode != 201 || json.Unmarshal(b, &v) != nil || v.ID == "" {
+		t.Fatalf("fork %s: %d %s", id, resp.StatusCode, b)
+	}
+	return v.ID
+}
+
+// value runs code as a cell of session id and returns its value.
+func (d *daemon) value(t *testing.T, id, code string) string {
+	t.Helper()
+	body, _ := json.Marshal(map[string]string{"code": code})
+	status, a, b := d.cell(t, id, string(body))
+	if status != 200 || a.Result.ExitCode != 0 {
+		t.Fatalf("cell %q in %s: %d %s", code, id, status, b)
+	}
+	return a.Value
+}
+
+// A fork shares no randomness with its source: random's generator (and with it
+// uuid1's clock sequence) and tempfile's names are seeded afresh in the fork, at
+// its first cell, even when that cell comes after a restart or after a first cell
+// that was rolled back; the source, paused and resumed, goes on with its own
+// sequence.
+func TestForkDrawsItsOwnRandomness(t *testing.T) {
+	dir := t.TempDir()
+	more := func(c *config.Sessions) { c.MaxPerCaller = 4 }
+	d := start(t, setup{dir: dir, sessions: more})
+	src := d.openSession(t, `{}`)
+	d.value(t, src, "import random, tempfile\nstate = random.getstate()\nnames = tempfile._get_candidate_names()\nnext(names)")
+	f1, f2 := d.fork(t, src), d.fork(t, src)
+	draw := "random.getrandbits(64), next(tempfile._get_candidate_names())"
+	if a, b := d.value(t, src, draw), d.value(t, f1, draw); a == b {
+		t.Fatalf("the fork drew what its source drew: %s", a)
+	}
+	if v := d.value(t, f1, "random.getstate() == state"); v != "False" {
+		t.Fatalf("the fork's generator is its source's: %s", v)
+	}
+	d.value(t, src, "state = random.getstate()")
+
+	// f2 has run no cell: paused with the source's state at the stop, it still
+	// reseeds after the restart; the source, resumed, does not.
+	d.stop()
+	err := <-d.ran
+	d.ran <- err
+	d = start(t, setup{dir: dir, sessions: more})
+	if v := d.value(t, f2, "random.getstate() == state"); v != "False" {
+		t.Fatalf("a fork resumed before its first cell drew its source's numbers: %s", v)
+	}
+	if v := d.value(t, src, "random.getstate() == state"); v != "True" {
+		t.Fatalf("the resumed source did not go on with its own sequence: %s", v)
+	}
+
+	// A fork's first cell rolled back: the next still reseeds.
+	f3 := d.fork(t, src)
+	status, a, b := d.cell(t, f3, `{"code": "while True: pass", "limits": {"timeout_ms": 300}}`)
+	if status != 200 || a.State != wire.SessionRolledBack {
+		t.Fatalf("the rolled back cell: %d %s", status, b)
+	}
+	if v := d.value(t, f3, "random.getstate() == state"); v != "False" {
+		t.Fatalf("a fork whose first cell was rolled back drew its source's numbers: %s", v)
+	}
+}
