@@ -63,6 +63,28 @@ def _sandcell_init():
     # it; an isolated program leaves it out (see run()).
     SITE = "/usr/local/lib/python3.13/site-packages"
     sys.path.append(SITE)
+    # Modules of the workspace are compiled from their source each time, never from
+    # bytecode: no __pycache__ is read or written in /ws, and a .pyc there is no
+    # module. Bytecode cannot be reviewed, and whether a cached one is used instead
+    # of its source depends on the source's modification time, which nothing binds:
+    # an approval of code (which binds the workspace's files) must see what runs.
+    # Everything else (the site layer's cached bytecode) loads as CPython loads it.
+    import importlib.machinery as machinery
+
+    class WorkspaceLoader(machinery.SourceFileLoader):
+        def get_code(self, fullname):
+            path = self.get_filename(fullname)
+            return self.source_to_code(self.get_data(path), path)
+
+    workspace_finder = machinery.FileFinder.path_hook((WorkspaceLoader, machinery.SOURCE_SUFFIXES))
+
+    def workspace_hook(entry, abspath=os.path.abspath, finder=workspace_finder):
+        path = abspath(entry or ".")  # "" is the working directory
+        if path == "/ws" or path.startswith("/ws/"):
+            return finder(entry)
+        raise ImportError("not in the workspace")
+
+    sys.path_hooks.insert(0, workspace_hook)
     # The guest has no executable file (WASI starts no processes): CPython says so
     # with an empty sys.executable, which platform.libc_ver() and others understand,
     # where a path that does not exist here made them fail. sys.orig_argv keeps the
@@ -228,7 +250,9 @@ def _sandcell_init():
                 sys.argv[:] = [name] + args
                 sys.orig_argv[:] = [argv0, "-I", "-S", name] + args
                 g["__file__"] = name
-            sys.path.insert(0, "")
+            # A script's source given as code (an approved path run: the file as the
+            # daemon read it) imports from its directory, as the same path run would.
+            sys.path.insert(0, os.path.dirname(name) if name.startswith("/ws/") else "")
         else:
             name = src
             sys.argv[:] = [name] + args

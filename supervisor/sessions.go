@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -193,6 +194,9 @@ type Session struct {
 // WorkspaceDir is the host directory the session's cells get as /ws: its named
 // workspace's, or its private one.
 func (s *Session) WorkspaceDir() string { return s.req.Workspace }
+
+// Env is the environment the session was opened with (every cell's).
+func (s *Session) Env() map[string]string { return maps.Clone(s.req.Env) }
 
 // NewSessions returns a keeper of sessions opened with opener; Start it.
 func NewSessions(opener SessionOpener, o SessionOptions) (*Sessions, error) {

@@ -167,7 +167,7 @@ type Server struct {
 	// Workspaces in use by runs and statements, and those being deleted.
 	wsMu     sync.Mutex
 	inUse    map[string]int
-	alone    map[string]bool // in use by an approved SQL write only
+	alone    map[string]*aloneHold // in use by one holder only (an approved write or code), its mark
 	deleting map[string]bool
 
 	// mcp serves /mcp; stopping withdraws its tools once Shutdown has begun.
@@ -193,7 +193,7 @@ func (s *Server) policy() *policy.Policy { return s.pol.Load() }
 func New(o Options) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
-	s := &Server{o: o, echo: e, inUse: map[string]int{}, alone: map[string]bool{}, deleting: map[string]bool{},
+	s := &Server{o: o, echo: e, inUse: map[string]int{}, alone: map[string]*aloneHold{}, deleting: map[string]bool{},
 		denials: rate.NewLimiter(10, 10)}
 	s.SetAccess(o.Access)
 	s.SetPolicy(o.Policy)

@@ -135,6 +135,7 @@ func problemOf(err error) *apiError {
 		{workspace.ErrBadPath, wire.CodeBadRequest},
 		{workspace.ErrNotFound, wire.CodeNotFound},
 		{workspace.ErrUnsafe, wire.CodeUnsafeFile},
+		{workspace.ErrTooManyEntries, wire.CodeUnsafeFile},
 		{workspace.ErrQuota, wire.CodeQuota},
 		{errWorkspaceBusy, wire.CodeWorkspaceBusy},
 		{sqltool.ErrBadRequest, wire.CodeBadRequest},

@@ -30,14 +30,14 @@ import (
 //
 // What an approval binds is everything that decides what runs: the program's
 // source, its arguments, stdin, environment and limits, the session a cell runs
-// in, and every file of the workspace that the interpreter could import or execute
-// by a module name (workspace.Importable: a program's `import json` loads a
-// planted json.py, since the workspace comes first on sys.path as the script's
-// directory does in CPython), each by its SHA-256. A request that presents its
-// approval takes its workspace alone first (no upload, run, statement or session
-// may use it until the code ends), then reads those files again: changed, the
-// approval is for another request (409 approval_invalid, naming the files), and
-// nothing can change them before the code ends but the approved code itself.
+// in (and its environment), and the workspace's whole tree, every file by its
+// SHA-256 (workspace.Entries: a program's `import json` loads a planted json.py,
+// since the workspace comes first on sys.path as the script's directory does in
+// CPython; an earlier cell may have put any file on sys.path). A request that
+// presents its approval takes its workspace alone first (no upload, run, statement
+// or session may use it until the code ends), then reads the tree again: changed,
+// the approval is for another request (409 approval_invalid, naming the files),
+// and nothing can change it before the code ends but the approved code itself.
 
 // codeRequest is one request to execute a caller's code, as the gate sees it.
 type codeRequest struct {
@@ -46,7 +46,7 @@ type codeRequest struct {
 	kind    string
 	subject map[string]any
 	// dir is the host directory the code gets as /ws ("": an empty one of its own),
-	// whose importable files take part.
+	// whose tree takes part.
 	dir string
 	// approval is the id the caller presented ("": none).
 	approval string
@@ -57,7 +57,7 @@ type codeRequest struct {
 // admitCode is the gate (see above). Where policy does not hold code it returns ""
 // (and refuses an approval given anyway); where it does, without an approval it
 // asks for one and refuses with approval_required (its id, the program and the
-// workspace's files that take part in the problem document); with one it spends it
+// workspace's files in the problem document); with one it spends it
 // if it is this caller's, approved, and for exactly this request as it stands now,
 // and returns its id.
 func (s *Server) admitCode(ctx context.Context, r codeRequest) (string, error) {
@@ -74,17 +74,14 @@ func (s *Server) admitCode(ctx context.Context, r codeRequest) (string, error) {
 	}
 	peer, _ := PeerFrom(ctx)
 	caller := peer.Caller()
-	files := []workspace.ImportFile{}
+	files := []workspace.Entry{}
 	if r.dir != "" {
 		w, err := workspace.Directory(r.dir, workspace.Quota{Bytes: math.MaxInt64, Files: math.MaxInt})
 		if err == nil {
-			files, err = w.ImportFiles()
+			files, err = w.Entries()
 		}
 		if err != nil {
-			return "", problemOf(fmt.Errorf("the workspace's importable files, which an approval binds: %w", err))
-		}
-		if files == nil {
-			files = []workspace.ImportFile{}
+			return "", problemOf(fmt.Errorf("the workspace's files, which an approval binds: %w", err))
 		}
 	}
 	subject := map[string]any{"kind": r.kind, "workspace_files": files}
@@ -137,25 +134,25 @@ func (s *Server) admitCode(ctx context.Context, r codeRequest) (string, error) {
 		with(ext).audited()
 }
 
-// filesChanged says how the workspace's importable files differ from those the
+// filesChanged says how the workspace's files differ from those the
 // approval ap bound, or "" when they do not (or ap binds none).
-func filesChanged(ap supervisor.Approval, now []workspace.ImportFile) string {
+func filesChanged(ap supervisor.Approval, now []workspace.Entry) string {
 	var subject struct {
-		Files []workspace.ImportFile `json:"workspace_files"`
+		Files []workspace.Entry `json:"workspace_files"`
 	}
 	if json.Unmarshal(ap.Subject, &subject) != nil || subject.Files == nil {
 		return ""
 	}
 	then := map[string]string{}
 	for _, f := range subject.Files {
-		then[f.Path] = f.SHA256
+		then[f.Path] = f.Type + f.SHA256
 	}
 	var changed []string
 	for _, f := range now {
 		switch sum, ok := then[f.Path]; {
 		case !ok:
 			changed = append(changed, f.Path+" (added)")
-		case sum != f.SHA256:
+		case sum != f.Type+f.SHA256:
 			changed = append(changed, f.Path+" (changed)")
 		}
 		delete(then, f.Path)
@@ -170,5 +167,5 @@ func filesChanged(ap supervisor.Approval, now []workspace.ImportFile) string {
 	if len(changed) > 20 {
 		changed = append(changed[:20], fmt.Sprintf("and %d more", len(changed)-20))
 	}
-	return ": the workspace's importable files changed since it was asked for: " + strings.Join(changed, ", ")
+	return ": the workspace's files changed since it was asked for: " + strings.Join(changed, ", ")
 }

@@ -67,7 +67,7 @@ func TestApprovalBindsImportableFiles(t *testing.T) {
 	put("data.csv", "a,b\n1,2\n")
 	req := `{"workspace":"` + ws + `","code":"import json, helper\nprint(helper.hello(), json.dumps([1]))"}`
 	h := d.held(t, "/v1/runs", req)
-	if len(h.WorkspaceFiles) != 1 || h.WorkspaceFiles[0].Path != "helper.py" || h.Kind != "run" {
+	if len(h.WorkspaceFiles) != 2 || h.WorkspaceFiles[0].Path != "data.csv" || h.WorkspaceFiles[1].Path != "helper.py" || h.Kind != "run" {
 		t.Fatalf("the files shown to the approver: %+v", h)
 	}
 	if st := approveOverTCP(t, base, h.ApprovalID); st != 200 {
@@ -90,8 +90,14 @@ func TestApprovalBindsImportableFiles(t *testing.T) {
 		t.Fatalf("the refusal does not name the changed file: %s", body)
 	}
 	put("helper.py", "def hello(): return 'approved helper'")
-	// A data file is data: it may change.
+	// Any file could be what runs (an earlier cell may have put a zip of any name
+	// on sys.path): the tree is bound whole.
 	put("data.csv", "a,b\n3,4\n")
+	resp, body = d.do(t, "POST", "/v1/runs", approved)
+	if resp.StatusCode != 409 || !bytes.Contains(body, []byte("data.csv (changed)")) {
+		t.Fatalf("a changed data file: %d %s", resp.StatusCode, body)
+	}
+	put("data.csv", "a,b\n1,2\n")
 	resp, body = d.do(t, "POST", "/v1/runs", approved)
 	if resp.StatusCode != 200 || !bytes.Contains(body, []byte(`"stdout":"approved helper [1]\n"`)) {
 		t.Fatalf("the approved code with the approved files: %d %s", resp.StatusCode, body)
@@ -128,14 +134,13 @@ func TestApprovalBindsImportableFiles(t *testing.T) {
 	id := d.openSession(t, `{"workspace":"`+ws+`"}`)
 	cell := `{"code":"import helper\nhelper.hello()"}`
 	h = d.held(t, "/v1/sessions/"+id+"/cells", cell)
-	// helper.py, json.py, and the bytecode the approved run's import of helper
-	// cached in __pycache__ (which a later import would load instead of the source).
+	// The tree as it is (the approved run's import of helper cached no bytecode).
 	var names []string
 	for _, f := range h.WorkspaceFiles {
 		names = append(names, f.Path)
 	}
 	if h.Kind != "cell" || h.Session != id || h.Program != "import helper\nhelper.hello()" ||
-		!slices.Equal(names, []string{"__pycache__/helper.cpython-313.pyc", "helper.py", "json.py"}) {
+		!slices.Equal(names, []string{"data.csv", "helper.py", "json.py"}) {
 		t.Fatalf("the cell shown to the approver: %+v", h)
 	}
 	if st := approveOverTCP(t, base, h.ApprovalID); st != 200 {
@@ -259,5 +264,41 @@ func TestMCPCellConfirmedAtTheClient(t *testing.T) {
 	res, text = callTool(t, cs, tools.RunCell, map[string]any{"code": "x + 1"})
 	if res.IsError || !strings.Contains(text, "43") || len(shown) != 2 {
 		t.Fatalf("the session's state after a confirmed cell: %q, shown %q", text, shown)
+	}
+}
+
+// A module of the workspace runs from its source, never from bytecode: bytecode
+// cannot be reviewed, and a cached one marked "unchecked" would run whatever its
+// source says (an approval binds the source). The guest writes no __pycache__ in
+// the workspace, and a .pyc there is no module.
+func TestWorkspaceModulesRunFromSource(t *testing.T) {
+	d := start(t, setup{})
+	ws := d.newWorkspace(t)
+	run := func(code string) wire.View {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"workspace": ws, "code": code})
+		v := d.run(t, string(b))
+		if v.Result == nil || v.Result.ExitCode != 0 {
+			t.Fatalf("%q: %+v", code, v.Result)
+		}
+		return v
+	}
+	// Bytecode made in the guest by CPython 3.13 itself: the cache of helper.py,
+	// unchecked (used whatever the source), and a module with no source.
+	run(`import os, py_compile
+open("evil.py", "w").write("x = 'bytecode ran'\n")
+for cfile in ("__pycache__/helper.cpython-313.pyc", "nosource.pyc"):
+    py_compile.compile("evil.py", cfile=cfile, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH, doraise=True)
+os.remove("evil.py")`)
+	if resp, b := d.do(t, "PUT", "/v1/workspaces/"+ws+"/files/helper.py", "x = 'source ran'\n"); resp.StatusCode != 201 {
+		t.Fatalf("upload: %d %s", resp.StatusCode, b)
+	}
+	v := run(`import helper, os, importlib.util
+print(helper.x)
+print(importlib.util.find_spec("nosource"))
+import json, sys
+print(sorted(os.listdir("__pycache__")))`)
+	if got := string(v.Result.Stdout); got != "source ran\nNone\n['helper.cpython-313.pyc']\n" {
+		t.Fatalf("imports from the workspace: %q", got)
 	}
 }

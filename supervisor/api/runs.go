@@ -130,12 +130,15 @@ func (s *Server) createRun(c echo.Context) error {
 		return err // queue_full, caller_limit, stopping (problemOf)
 	}
 	started = true
+	released := make(chan struct{}) // closed once the run no longer uses its workspace
 	if acquired != "" {
 		// The workspace stays in use (alone, for approved code) until the run ends,
 		// not until this answer: the run takes this request's use over.
 		ws := acquired
 		acquired = ""
-		go func() { <-run.Done(); s.release(ws) }()
+		go func() { <-run.Done(); s.release(ws); close(released) }()
+	} else {
+		close(released)
 	}
 	s.record(ctx, store.RunAdmitted, run.ID, map[string]any{"code_sha256": detail["code_sha256"]})
 	if body.Wait != nil && !*body.Wait {
@@ -149,6 +152,7 @@ func (s *Server) createRun(c echo.Context) error {
 		s.o.Service.Cancel(run.ID)
 		<-run.Done()
 	}
+	<-released // the workspace is free for the caller's next request once it has the answer
 	return runJSON(c, http.StatusOK, run)
 }
 

@@ -188,7 +188,7 @@ func (s *Server) runCell(c echo.Context) error {
 	// the session's earlier cells, each through this gate, left).
 	gate := codeRequest{kind: "cell", dir: ss.WorkspaceDir(), approval: body.Approval,
 		subject: map[string]any{"code": body.Code, "stdin": string(cell.Stdin), "stdin_sha256": sha256Hex(cell.Stdin),
-			"session": ss.ID, "workspace": ss.Workspace, "limits": lim}}
+			"session": ss.ID, "workspace": ss.Workspace, "env": ss.Env(), "limits": lim}}
 	if body.Approval == "" {
 		// Held before the session is taken (or resumed) for it.
 		if _, err := s.admitCode(ctx, gate); err != nil {

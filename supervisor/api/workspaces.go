@@ -218,14 +218,14 @@ func (s *Server) use(id string, alone bool) error {
 	switch {
 	case s.deleting[id]:
 		return errWorkspaceGone
-	case s.alone[id]:
+	case s.alone[id] != nil:
 		return fmt.Errorf("%w: an approved SQL write holds it alone", errWorkspaceBusy)
 	case alone && s.inUse[id] > 0:
 		return fmt.Errorf("%w: a run, statement or upload is using it, and an approved write waits for none", errWorkspaceBusy)
 	}
 	s.inUse[id]++
 	if alone {
-		s.alone[id] = true
+		s.alone[id] = new(aloneHold)
 	}
 	return nil
 }
@@ -233,26 +233,38 @@ func (s *Server) use(id string, alone bool) error {
 // soleUse reports whether the one use of workspace id is the caller's own (its
 // acquire, shared or alone), and if so holds it alone until its release: nothing
 // else may start in it meanwhile.
-func (s *Server) soleUse(id string) bool {
+func (s *Server) soleUse(id string) bool { return s.takeAlone(id) != nil }
+
+// aloneHold is one holder's mark of a workspace held alone: whoever ends its hold
+// ends only its own (a cell's, ended after its session's use had ended and another
+// request took the workspace alone, must not end that request's).
+type aloneHold struct{ _ byte } // not zero-sized: each new one is a distinct pointer
+
+// takeAlone is soleUse, returning the hold's mark (nil: not taken).
+func (s *Server) takeAlone(id string) *aloneHold {
 	s.wsMu.Lock()
 	defer s.wsMu.Unlock()
 	if s.inUse[id] != 1 {
-		return false
+		return nil
 	}
-	s.alone[id] = true
-	return true
+	h := new(aloneHold)
+	s.alone[id] = h
+	return h
 }
 
 // holdAlone holds workspace id alone, as soleUse does, for a user that already has
 // it (a session's use): undo gives it back to be shared, keeping the use.
 func (s *Server) holdAlone(id string) (undo func(), ok bool) {
-	if !s.soleUse(id) {
+	h := s.takeAlone(id)
+	if h == nil {
 		return nil, false
 	}
 	return func() {
 		s.wsMu.Lock()
 		defer s.wsMu.Unlock()
-		delete(s.alone, id)
+		if s.alone[id] == h {
+			delete(s.alone, id)
+		}
 	}, true
 }
 

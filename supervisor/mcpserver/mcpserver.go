@@ -520,14 +520,15 @@ func describe(err error) error {
 // heldMessage is what the person at the client is shown of code held for approval
 // (err, the daemon's approval_required): head, then the whole program as the daemon
 // will run it (a path's file as it read it) and everything else that decides it:
-// the arguments, standard input and time limit, and the workspace's files that the
-// program could import, which the approval binds too.
+// the arguments, standard input and time limit, and the workspace's files (any of
+// which it could import or read as code), which the approval binds too.
 func heldMessage(err error, head string, args []string, timeoutMS int64) string {
 	var p *wire.Problem
 	errors.As(err, &p)
 	var code, stdin string
 	var files []struct {
 		Path   string `json:"path"`
+		Type   string `json:"type"`
 		Size   int64  `json:"size"`
 		SHA256 string `json:"sha256"`
 	}
@@ -546,8 +547,12 @@ func heldMessage(err error, head string, args []string, timeoutMS int64) string 
 		fmt.Fprintf(&msg, "\nTime limit: %d ms\n", timeoutMS)
 	}
 	if len(files) > 0 {
-		fmt.Fprintf(&msg, "\nThe workspace's files it could import (as they are now; changed, the approval is void):\n")
+		fmt.Fprintf(&msg, "\nThe workspace's files, which it could import (as they are now; changed, the approval is void):\n")
 		for _, f := range files {
+			if f.Type == "dir" {
+				fmt.Fprintf(&msg, "  %s/\n", visible(f.Path))
+				continue
+			}
 			fmt.Fprintf(&msg, "  %s (%d bytes, SHA-256 %.12s)\n", visible(f.Path), f.Size, f.SHA256)
 		}
 	}

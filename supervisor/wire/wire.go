@@ -211,7 +211,7 @@ type CellRequest struct {
 	Limits RunLimits `json:"limits,omitempty"`
 	// Approval is the id of an approved approval for exactly this cell, where
 	// policy holds code for approval (approvals.required names "run"): the cell's
-	// code, stdin and limits, its session, and its workspace's importable files.
+	// code, stdin and limits, its session, and its workspace's files.
 	Approval string `json:"approval,omitempty"`
 }
 
