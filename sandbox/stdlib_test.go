@@ -112,7 +112,7 @@ func TestCPythonTestSuite(t *testing.T) {
 				})
 				o, ok := parseGate(string(res.Stdout))
 				if !ok {
-					t.Errorf("%s printed no outcome (%s, exit %d)\nstderr: %.3000s", m, res.Reason, res.ExitCode, res.Stderr)
+					t.Errorf("%s printed no outcome (%s, exit %d, %q)\nstderr: %.3000s", m, res.Reason, res.ExitCode, res.Diagnostics, res.Stderr)
 					return
 				}
 				t.Logf("%s: %d run, %d failures, %d errors, %d skipped in %v", m, o.Run, len(o.Failures), len(o.Errors),
