@@ -524,28 +524,9 @@ func readMounts() ([]mountEntry, error) {
 		if err != nil {
 			return nil, fmt.Errorf("/proc/self/mountinfo: unexpected line %q", line)
 		}
-		out = append(out, mountEntry{parent: parent, point: unescapeMount(f[4])})
+		out = append(out, mountEntry{parent: parent, point: unescapeMountinfo(f[4])})
 	}
 	return out, nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space, and so on).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // rootProblem says why root, a resolved directory, cannot be held by a worker, or

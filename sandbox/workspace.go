@@ -101,7 +101,11 @@ func checkNoMountsBeneath(ws string) error {
 	return nil
 }
 
+// unescapeMountinfo undoes mountinfo's octal escapes (\040 for a space, and so on).
 func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
 	var b strings.Builder
 	for i := 0; i < len(s); i++ {
 		if s[i] == '\\' && i+3 < len(s) {
