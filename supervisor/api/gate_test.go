@@ -47,14 +47,14 @@ func heldDaemon(t *testing.T) (*daemon, string) {
 	return d, "http://" + d.serveTCP(t)
 }
 
-// An approval of code binds the workspace's files that the program could import:
+// An approval of code binds the workspace's files, those the program could import among them:
 // a module planted after approval (here one named like the standard library's json,
 // which the workspace's place first on sys.path would let shadow it, and the
 // workspace's own helper module changed) voids it, with the files named; as they
 // were, the approved code runs with the approved modules. While approved code runs,
 // its workspace is its own: an upload waits for its end (409 workspace_busy). The
 // same for a session's cell.
-func TestApprovalBindsImportableFiles(t *testing.T) {
+func TestApprovalBindsTheWorkspace(t *testing.T) {
 	d, base := heldDaemon(t)
 	ws := d.newWorkspace(t)
 	put := func(name, src string) {
