@@ -234,11 +234,18 @@ func TestOutputMemoryPerByte(t *testing.T) {
 		before.HeapAlloc>>20, peak>>20, float64(grew)/size, allocated>>20, float64(allocated)/size,
 		rss>>20, rssBefore>>20, d.cfg.MemoryLimit()>>20)
 	checkAnswer(t, answer, size, false, false)
+	perByte(t, "64 MiB of output", grew, int64(allocated), size)
+}
+
+// perByte fails the test unless what (size bytes of output) grew the heap by at
+// most 1.5 bytes per byte of output and allocated at most that.
+func perByte(t *testing.T, what string, grew, allocated, size int64) {
+	t.Helper()
 	if grew > size*3/2 {
-		t.Errorf("64 MiB of output grew the heap by %d MiB (%.2f per byte, at most 1.5)", grew>>20, float64(grew)/size)
+		t.Errorf("%s grew the heap by %d MiB (%.2f per byte, at most 1.5)", what, grew>>20, float64(grew)/float64(size))
 	}
 	if allocated > size*3/2 {
-		t.Errorf("64 MiB of output allocated %d MiB (%.2f per byte, at most 1.5)", allocated>>20, float64(allocated)/size)
+		t.Errorf("%s allocated %d MiB (%.2f per byte, at most 1.5)", what, allocated>>20, float64(allocated)/float64(size))
 	}
 }
 
@@ -319,12 +326,7 @@ func TestEventsMemoryPerByte(t *testing.T) {
 		string(result.Result.Stdout) != want {
 		t.Fatalf("events: %d bytes, result %v", got.Len(), result.Result != nil)
 	}
-	if grew > size*3/2 {
-		t.Errorf("64 MiB of output followed as events grew the heap by %d MiB (%.2f per byte, at most 1.5)", grew>>20, float64(grew)/size)
-	}
-	if allocated > size*3/2 {
-		t.Errorf("64 MiB of output followed as events allocated %d MiB (%.2f per byte, at most 1.5)", allocated>>20, float64(allocated)/size)
-	}
+	perByte(t, "64 MiB of output followed as events", grew, int64(allocated), size)
 }
 
 // The daemon's resident size stays within its soft memory limit (config's
