@@ -79,7 +79,8 @@ def _sandcell_init():
     workspace_finder = machinery.FileFinder.path_hook((WorkspaceLoader, machinery.SOURCE_SUFFIXES))
 
     def workspace_hook(entry, abspath=os.path.abspath, finder=workspace_finder):
-        path = abspath(entry or ".")  # "" is the working directory
+        # "" is the working directory; POSIX keeps a leading "//", which is "/" here.
+        path = "/" + abspath(entry or ".").lstrip("/")
         if path == "/ws" or path.startswith("/ws/"):
             return finder(entry)
         raise ImportError("not in the workspace")

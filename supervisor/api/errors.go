@@ -136,6 +136,7 @@ func problemOf(err error) *apiError {
 		{workspace.ErrNotFound, wire.CodeNotFound},
 		{workspace.ErrUnsafe, wire.CodeUnsafeFile},
 		{workspace.ErrTooManyEntries, wire.CodeUnsafeFile},
+		{workspace.ErrChanged, wire.CodeWorkspaceBusy},
 		{workspace.ErrQuota, wire.CodeQuota},
 		{errWorkspaceBusy, wire.CodeWorkspaceBusy},
 		{sqltool.ErrBadRequest, wire.CodeBadRequest},

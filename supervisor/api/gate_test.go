@@ -293,7 +293,9 @@ os.remove("evil.py")`)
 	if resp, b := d.do(t, "PUT", "/v1/workspaces/"+ws+"/files/helper.py", "x = 'source ran'\n"); resp.StatusCode != 201 {
 		t.Fatalf("upload: %d %s", resp.StatusCode, b)
 	}
-	v := run(`import helper, os, importlib.util
+	// Also by another spelling of /ws ("//ws" is a path POSIX keeps apart).
+	v := run(`import sys; sys.path.insert(0, "//ws")
+import helper, os, importlib.util
 print(helper.x)
 print(importlib.util.find_spec("nosource"))
 import json, sys

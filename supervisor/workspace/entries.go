@@ -21,6 +21,9 @@ type Entry struct {
 // MaxEntries bounds the names Entries lists: each is shown to an approver.
 const MaxEntries = 10_000
 
+// ErrChanged: a file changed while it was read (a run in the workspace writing it).
+var ErrChanged = errors.New("workspace: a file changed while it was read")
+
 // ErrTooManyEntries: the workspace holds more than MaxEntries names.
 var ErrTooManyEntries = errors.New("workspace: too many names to show an approver")
 
@@ -61,7 +64,7 @@ func (w *Workspace) Entries() ([]Entry, error) {
 		defer r.Close()
 		h := sha256.New()
 		if n, err := io.Copy(h, io.LimitReader(r, size)); err != nil || n != size {
-			return fmt.Errorf("workspace: read %s: %d of %d bytes: %v", f.Path, n, size, err)
+			return fmt.Errorf("%w: %s: read %d of %d bytes: %v", ErrChanged, f.Path, n, size, err)
 		}
 		out = append(out, Entry{Path: f.Path, Type: f.Type, Size: size, SHA256: hex.EncodeToString(h.Sum(nil))})
 		return nil
