@@ -30,6 +30,12 @@ var bootstrap string
 // shipped .cwasm carries the seed drawn when the package was built.
 const HashSeedName = "hash-seed"
 
+// PrecompileCommand is the hidden argv[1] of the sandcell binary with which the
+// daemon compiles a new hash secret's modules in a child process: `sandcell
+// __precompile BUNDLE_DIR INTO_DIR` (Precompile of each engine variant into
+// INTO_DIR, with INTO_DIR's seed, a new one when it has none).
+const PrecompileCommand = "__precompile"
+
 // HashSeed returns the hash seed of dir (see HashSeedName), drawing and writing a new
 // one if dir has none. A file that does not hold a seed is an error, never replaced.
 func HashSeed(dir string) (uint32, error) {

@@ -4,5 +4,8 @@ package sandbox
 // it does where its probe finds that a procfs cannot be mounted (a container's
 // masked /proc), and gives why as the reason in the contract.
 func WithoutPidNamespace(s *Spawner, why string) {
-	s.pidProbe.Do(func() { s.pidnsErr.Store(&why) })
+	s.pidProbe.Lock()
+	defer s.pidProbe.Unlock()
+	s.pidProbed = true
+	s.pidnsErr.Store(&why)
 }

@@ -379,6 +379,7 @@ func (pl *pool) start() (idleWorker, error) {
 	if err != nil {
 		return idleWorker{}, fmt.Errorf("module: %w", err)
 	}
+	defer module.Close()
 	dir, err := os.Open(roots[0]) // fd 4, unused by a warm worker (closed in its root)
 	if err != nil {
 		return idleWorker{}, err

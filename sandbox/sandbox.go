@@ -73,8 +73,9 @@ type Spawner struct {
 	pool       atomic.Pointer[pool] // warm workers, or nil (see Warm)
 	poolCounts poolCounts
 
-	pidProbe sync.Once
-	pidnsErr atomic.Pointer[string] // why workers get no pid namespace, or nil (see pidNamespace)
+	pidProbe  sync.Mutex
+	pidProbed bool                   // the probe had a definite answer (see pidNamespace)
+	pidnsErr  atomic.Pointer[string] // why workers get no pid namespace, or nil (see pidNamespace)
 
 	netOnce sync.Once
 	netns   *os.File // the empty network namespace workers share, or nil (see sharedNetns)
@@ -94,7 +95,8 @@ type moduleKey struct {
 // worker. A worker holds its module open for as long as it runs; were that the file
 // in the bundle, a guest that escaped wasmtime could reopen it for writing through
 // /proc/self/fd and rewrite the code every worker executes. Nobody can change a
-// sealed memfd.
+// sealed memfd. The caller closes the descriptor it is given (its own: Forget or a
+// replaced file closes only the spawner's).
 func (s *Spawner) sealedModule(path string) (*os.File, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -109,7 +111,7 @@ func (s *Spawner) sealedModule(path string) (*os.File, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if m, ok := s.modules[key]; ok {
-		return m, nil
+		return dupFile(m)
 	}
 	m, err := sealedCopy("sandcell-module", func(m *os.File) error {
 		if n, err := io.Copy(m, f); err != nil || n != st.Size {
@@ -130,7 +132,30 @@ func (s *Spawner) sealedModule(path string) (*os.File, error) {
 		}
 	}
 	s.modules[key] = m
-	return m, nil
+	return dupFile(m)
+}
+
+// dupFile returns a new descriptor of f's open file, close-on-exec.
+func dupFile(f *os.File) (*os.File, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("dup %s: %w", f.Name(), err)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// Forget closes the spawner's sealed copy of the module at path, if it has one (see
+// sealedModule): for a module no later run will use. Workers that hold it keep
+// their own descriptor.
+func (s *Spawner) Forget(path string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, m := range s.modules {
+		if k.path == path {
+			m.Close()
+			delete(s.modules, k)
+		}
+	}
 }
 
 // sealedCopy returns a memfd named name holding what fill wrote to it, sealed
@@ -295,33 +320,43 @@ func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observ
 // pidNamespace reports whether workers get a pid namespace of their own. A worker
 // in one must mount a procfs of it, which the kernel refuses under a container's
 // masked /proc (podman's and Docker's defaults; mount_too_revealing in
-// fs/namespace.c); the first call starts a worker that only tries (protocol.ProbeProcfs)
-// and, if it cannot, later workers keep the parent's pid namespace, and the
-// enforcement contract says why (pidns inactive). Where even the other namespaces
-// are refused, launch's caller goes on without any.
+// fs/namespace.c); a worker that only tries (protocol.ProbeProcfs) finds out and, if
+// the kernel refuses, later workers keep the parent's pid namespace, and the
+// enforcement contract says why (pidns inactive). Only the kernel's answer is kept:
+// a probe that ends otherwise (killed at its timeout on a loaded machine, out of
+// processes) decides nothing, this worker gets a pid namespace anyway (its own
+// verification rejects a run that requires one it cannot have), and the next launch
+// probes again. Where even the other namespaces are refused, launch's caller goes
+// on without any.
 func (s *Spawner) pidNamespace() bool {
-	s.pidProbe.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, s.Exe, s.command(), protocol.ProbeProcfs)
-		cmd.Args[0] = "sandcell"
-		cmd.Env = []string{}
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		cmd.SysProcAttr = namespaceAttr(true, false)
-		if err := cmd.Start(); err != nil {
-			return // no namespaces at all: RunStreaming's fallback handles that
-		}
-		if err := cmd.Wait(); err != nil {
-			reason := strings.TrimSpace(stderr.String())
-			if reason == "" {
-				reason = err.Error()
-			}
-			why := fmt.Sprintf("no pid namespace: a procfs of one cannot be mounted here (%s); under a container's masked /proc "+
-				"podman and docker run --security-opt unmask=/proc/* allow it", reason)
-			s.pidnsErr.Store(&why)
-		}
-	})
+	s.pidProbe.Lock()
+	defer s.pidProbe.Unlock()
+	if s.pidProbed {
+		return s.pidnsErr.Load() == nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, s.Exe, s.command(), protocol.ProbeProcfs)
+	cmd.Args[0] = "sandcell"
+	cmd.Env = []string{}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	cmd.SysProcAttr = namespaceAttr(true, false)
+	if err := cmd.Start(); err != nil {
+		s.pidProbed = true // no namespaces at all: RunStreaming's fallback handles that
+		return true
+	}
+	err := cmd.Wait()
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+		s.pidProbed = true
+	case errors.As(err, &exit) && exit.ExitCode() == protocol.ProbeRefused:
+		s.pidProbed = true
+		why := fmt.Sprintf("no pid namespace: a procfs of one cannot be mounted here (%s); under a container's masked /proc "+
+			"podman and docker run --security-opt unmask=/proc/* allow it", strings.TrimSpace(stderr.String()))
+		s.pidnsErr.Store(&why)
+	}
 	return s.pidnsErr.Load() == nil
 }
 
@@ -408,6 +443,7 @@ func (s *Spawner) runStreaming(ctx context.Context, req protocol.Request, observ
 	if err != nil {
 		return protocol.Result{}, fmt.Errorf("sandbox: module: %w", err)
 	}
+	defer module.Close()
 	p, err := s.launch(req.Hardening.Namespaces, req.Hardening.SharedNetwork, wsDir, module)
 	var nsErr error
 	if err != nil && req.Hardening.Namespaces && !requiresNamespace(req.Hardening.Require) {

@@ -101,6 +101,7 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: module: %w", err)
 	}
+	defer module.Close()
 	p, err := s.launch(req.Hardening.Namespaces, req.Hardening.SharedNetwork, wsDir, module)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: start the session's worker: %w", err)

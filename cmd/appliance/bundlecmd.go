@@ -33,7 +33,7 @@ func newBundleCmd() *cobra.Command {
 			return nil
 		},
 	}
-	var variant string
+	var variant, into string
 	precompile := &cobra.Command{
 		Use:   "precompile",
 		Short: "Snapshot python.wasm and compile the snapshot to .cwasm in the bundle directory for each engine variant (plain and fuel-metered)",
@@ -41,7 +41,11 @@ func newBundleCmd() *cobra.Command {
 directory's hash seed: see the hash-seed file, drawn at random when absent) and
 compile it to .cwasm in the bundle directory for each engine variant: "plain"
 (epoch interruption) and "fuel" (fuel metering), or only the one --variant names; a
-variant without its .cwasm is compiled into the cache directory when first needed.`,
+variant without its .cwasm is compiled into the cache directory when first needed.
+With --into, each variant is compiled afresh into that directory instead, with its
+hash seed (a new one where it has none), whatever the bundle holds: the daemon
+makes each new hash secret's modules this way (bundle.hash_secret_rotation, through
+the hidden verb bundle.PrecompileCommand).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			fuels, err := variantFuels(variant)
@@ -56,6 +60,14 @@ variant without its .cwasm is compiled into the cache directory when first neede
 				return err
 			}
 			for _, fuel := range fuels {
+				if into != "" {
+					p, err := b.Precompile(engine.New(engine.Options{Fuel: fuel}), into)
+					if err != nil {
+						return err
+					}
+					fmt.Printf("%s: compiled (fuel=%v)\n", p, fuel)
+					continue
+				}
 				pre, err := b.Precompiled(engine.New(engine.Options{Fuel: fuel}), dir)
 				if err != nil {
 					return err
@@ -70,6 +82,7 @@ variant without its .cwasm is compiled into the cache directory when first neede
 		},
 	}
 	precompile.Flags().StringVar(&variant, "variant", "all", `engine variants to compile: "plain", "fuel" or "all"`)
+	precompile.Flags().StringVar(&into, "into", "", "compile afresh into this directory, with its own hash seed")
 	var all, snapshot bool
 	verify := &cobra.Command{
 		Use:   "verify",
@@ -162,4 +175,16 @@ func newVersionCmd() *cobra.Command {
 			}
 		},
 	}
+}
+
+// precompileMain is the hidden verb bundle.PrecompileCommand: `sandcell __precompile
+// BUNDLE_DIR INTO_DIR`, which the daemon runs to make a new hash secret's modules
+// (`bundle precompile --dir BUNDLE_DIR --into INTO_DIR`), dispatched before the CLI as
+// the worker is: the daemon gives it no environment.
+func precompileMain(args []string) int {
+	if len(args) != 2 {
+		fmt.Fprintf(os.Stderr, "usage: sandcell %s BUNDLE_DIR INTO_DIR\n", bundle.PrecompileCommand)
+		return exitUsage
+	}
+	return execute([]string{"bundle", "precompile", "--dir", args[0], "--into", args[1]})
 }

@@ -1,5 +1,6 @@
 // Command appliance is the sandcell binary: the CLI, the daemon, and (through the
-// hidden `__worker` verb, dispatched before anything else) the sandboxed worker.
+// hidden `__worker` verb, dispatched before anything else) the sandboxed worker, and
+// (`__precompile`) the daemon's compiler of a new hash secret's modules.
 package main
 
 import (
@@ -8,6 +9,7 @@ import (
 	"os"
 	"sync"
 
+	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/sandbox/worker"
@@ -23,6 +25,9 @@ func main() {
 	// The worker first: no CLI parsing, no config, nothing else initialised.
 	if len(os.Args) > 1 && os.Args[1] == protocol.WorkerCommand {
 		os.Exit(worker.Main())
+	}
+	if len(os.Args) > 1 && os.Args[1] == bundle.PrecompileCommand {
+		os.Exit(precompileMain(os.Args[2:]))
 	}
 	os.Exit(execute(os.Args[1:]))
 }

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	sandcellclient "github.com/sandcell/sandcell/client"
 	"github.com/sandcell/sandcell/sandbox/protocol"
@@ -29,6 +30,9 @@ import (
 func TestMain(m *testing.M) {
 	if len(os.Args) > 1 && os.Args[1] == protocol.WorkerCommand {
 		os.Exit(worker.Main())
+	}
+	if len(os.Args) > 1 && os.Args[1] == bundle.PrecompileCommand {
+		os.Exit(precompileMain(os.Args[2:]))
 	}
 	if os.Getenv("SANDCELL_CLI_TEST") == "1" {
 		if p := os.Getenv("SANDCELL_TEST_LEAN_WORKER"); p != "" {
@@ -67,8 +71,10 @@ func cli(t *testing.T, stdin string, args ...string) cliResult {
 func cliCmd(t *testing.T, args ...string) *exec.Cmd {
 	bundletest.Module(t, false) // fail early, with the fix, if the bundle is missing
 	cmd := exec.Command(os.Args[0], args...)
+	// A daemon's first hash secret costs about 30 s of CPU in the background:
+	// TestHashSecretRotation turns it on.
 	cmd.Env = append(os.Environ(), "SANDCELL_CLI_TEST=1", "SANDCELL_BUNDLE_DIR="+bundletest.Dir(t),
-		"SANDCELL_CACHE_DIR="+t.TempDir())
+		"SANDCELL_CACHE_DIR="+t.TempDir(), "SANDCELL_BUNDLE_HASH_SECRET_ROTATION=0")
 	return cmd
 }
 

@@ -14,11 +14,16 @@ import (
 const WorkerCommand = "__worker"
 
 // ProbeProcfs is the argv[2] (after WorkerCommand) that makes a worker only try to
-// mount a procfs of its pid namespace and exit: 0 if the kernel allows it, 1 with the
-// reason on stderr. Under a container's masked /proc the kernel refuses it
-// (mount_too_revealing in fs/namespace.c), so the parent probes once and, when
-// refused, starts workers without a pid namespace.
+// mount a procfs of its pid namespace and exit: 0 if the kernel allows it,
+// ProbeRefused with the reason on stderr if it refuses. Under a container's masked
+// /proc the kernel refuses it (mount_too_revealing in fs/namespace.c), so the parent
+// probes until it has one of these answers and, when refused, starts workers without
+// a pid namespace.
 const ProbeProcfs = "probe-procfs"
+
+// ProbeRefused is the exit status of a ProbeProcfs worker whose procfs mount the
+// kernel refused; any other failing status (a Go runtime's 2, a signal) is no answer.
+const ProbeRefused = 3
 
 // The worker's descriptors beyond stdin, stdout and stderr (see the package doc).
 const (

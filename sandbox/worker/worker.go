@@ -88,7 +88,7 @@ func probeProcfs() int {
 	fd, err := procMount(true)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return protocol.ProbeRefused
 	}
 	unix.Close(fd)
 	return 0

@@ -87,6 +87,12 @@ type Bundle struct {
 	Dir string `toml:"dir" env:"DIR"`
 	// CacheDir receives a .cwasm rebuilt when the bundle's own cannot be used.
 	CacheDir string `toml:"cache_dir" env:"CACHE_DIR"`
+	// HashSecretRotation is the lifetime of the string hash secret new runs and
+	// sessions start with: the daemon compiles modules with a secret of its own,
+	// beneath state.dir, in the background after its first start and again each
+	// period (docs/security.md); 0 keeps the bundle's secret, which every
+	// installation of one package shares.
+	HashSecretRotation Duration `toml:"hash_secret_rotation" env:"HASH_SECRET_ROTATION"`
 }
 
 // State locates the daemon's own files.
@@ -280,7 +286,7 @@ type Access struct {
 func Default() Config {
 	p := policy.Default()
 	return Config{
-		Bundle: Bundle{Dir: "/usr/lib/sandcell", CacheDir: "/var/cache/sandcell"},
+		Bundle: Bundle{Dir: "/usr/lib/sandcell", CacheDir: "/var/cache/sandcell", HashSecretRotation: Duration{24 * time.Hour}},
 		State:  State{Dir: "/var/lib/sandcell"},
 		Socket: Socket{Path: "/run/sandcell/sandcell.sock", Mode: "0660", Group: "sandcell"},
 		Runs: Runs{MaxConcurrent: 0, QueueLength: 64, ResultRetention: Duration{time.Hour}, ShutdownGrace: Duration{30 * time.Second},
@@ -385,6 +391,9 @@ func (c Config) Validate() error {
 		add("socket.mode", "%q must be octal, give the owner read and write, and grant nothing beyond 0666", c.Socket.Mode)
 	} else if m&0o006 != 0 {
 		add("socket.mode", "%q lets every local user reach the API; use a group (socket.group) instead", c.Socket.Mode)
+	}
+	if r := c.Bundle.HashSecretRotation.Duration; r != 0 && r < time.Hour {
+		add("bundle.hash_secret_rotation", "must be 0 (the bundle's secret) or at least 1h (each costs a snapshot and two compiles), is %s", r)
 	}
 	if c.Runs.MaxConcurrent < 0 {
 		add("runs.max_concurrent", "must be 0 (one per CPU) or positive, is %d", c.Runs.MaxConcurrent)

@@ -59,6 +59,8 @@ func TestSyntaxErrorHasLine(t *testing.T) {
 // Validate reports every problem, each with its key.
 func TestValidateNamesEveryKey(t *testing.T) {
 	_, err := Load(write(t, `
+[bundle]
+hash_secret_rotation = "10m"
 [socket]
 path = "relative.sock"
 mode = "0666"
@@ -86,7 +88,7 @@ max_files = 0
 	}
 	for _, key := range []string{"socket.path", "socket.mode", "runs.max_concurrent", "runs.queue_length",
 		"runs.max_request_bytes", "audit.retention", "limits.default.timeout 20m0s is above the maximum 10m0s", "apparmor", "sandbox.seccomp_profile", "access.runners",
-		"tcp.tokens_file", "tcp.tls_cert_file", "workspaces.max_files"} {
+		"tcp.tokens_file", "tcp.tls_cert_file", "workspaces.max_files", "bundle.hash_secret_rotation"} {
 		if !strings.Contains(err.Error(), key) {
 			t.Errorf("error does not name %s:\n%v", key, err)
 		}

@@ -94,8 +94,13 @@ type Daemon struct {
 
 	poolNote atomic.Pointer[string] // the pool check's last detail
 
-	mu     sync.Mutex // serialises Reload and the warm pool's (re)starts
-	status string     // the STATUS= line of readiness, under mu
+	mu       sync.Mutex // serialises Reload and the warm pool's (re)starts
+	status   string     // the STATUS= line of readiness, under mu
+	stopping bool       // shutdown has begun: no pool is started again (under mu)
+
+	secretMade     atomic.Pointer[time.Time] // when the hash secret of new runs was made; nil: the bundle's (see secret.go)
+	secretDue      time.Duration             // from the start-up self-test, until a new secret is due
+	secretFailures atomic.Int64              // generations that could not be made or adopted
 
 	bg     context.Context // ends the periodic checks and the pruning
 	stopBg context.CancelFunc
@@ -267,6 +272,17 @@ func (d *Daemon) metrics() *supervisor.Metrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_pool_idle_resident_bytes",
 			Help: "Resident memory of the idle warm workers (VmRSS when each became ready)."},
 			pool(func(p sandbox.PoolStats) float64 { return float64(p.IdleRSSBytes) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_hash_secret_made_timestamp_seconds",
+			Help: "When the string hash secret of new runs was made (Unix time); 0 while it is the bundle's."},
+			func() float64 {
+				if t := d.secretMade.Load(); t != nil {
+					return float64(t.Unix())
+				}
+				return 0
+			}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_hash_secret_rotation_failures_total",
+			Help: "New hash secrets whose modules could not be made or adopted (runs kept the one they had)."},
+			func() float64 { return float64(d.secretFailures.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_pool_hits_total",
 			Help: "Runs served by a warm worker."}, pool(func(p sandbox.PoolStats) float64 { return float64(p.Hits) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_pool_misses_total",
@@ -314,6 +330,10 @@ func (d *Daemon) Run(ctx context.Context) error {
 		d.notify.Ready(d.status)
 		d.mu.Unlock()
 		d.keepChecking()
+		if period := cfg.Bundle.HashSecretRotation.Duration; period > 0 {
+			d.wg.Add(1)
+			go func() { defer d.wg.Done(); d.rotateHashSecret(period, d.secretDue) }()
+		}
 		close(d.ready)
 		d.log.Info("ready", "layers", layers, "socket", cfg.Socket.Path)
 	}
@@ -355,6 +375,9 @@ func (d *Daemon) verify(ctx context.Context) error {
 	}
 	if !r.OK() {
 		return errors.New(r.Failure())
+	}
+	if period := cfg.Bundle.HashSecretRotation.Duration; period > 0 {
+		d.secretDue = d.ownHashSecret(r, period)
 	}
 	d.report.Store(r)
 	d.health.Set(checkCanary, nil)
@@ -451,6 +474,11 @@ func (d *Daemon) info() any {
 	if r := d.report.Load(); r != nil {
 		info["enforcement"] = r.Enforcement
 	}
+	secret := map[string]any{"rotation": cfg.Bundle.HashSecretRotation.String(), "made": nil}
+	if t := d.secretMade.Load(); t != nil {
+		secret["made"] = t.UTC().Format(time.RFC3339)
+	}
+	info["hash_secret"] = secret
 	return info
 }
 
@@ -674,6 +702,7 @@ func (d *Daemon) shutdown() {
 	}
 	<-done
 	d.mu.Lock()
+	d.stopping = true
 	d.sp.Warm(sandbox.PoolOptions{}) // idle workers
 	d.mu.Unlock()
 	d.audit.Record(context.Background(), store.DaemonStop, supervisor.Daemon(), "", map[string]any{})
