@@ -204,6 +204,43 @@ func (a *Approvals) Request(action string, requester Caller, subject any, digest
 	return *ap, nil
 }
 
+// Room returns an error wrapping ErrTooManyPending when requester has MaxPending
+// approvals waiting, as Request would, without the subject Request needs: a caller
+// asks before it makes one that costs work (the gate of code hashes a workspace).
+func (a *Approvals) Room(requester Caller) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.expire()
+	pending := 0
+	for _, ap := range a.m {
+		if ap.Requester == requester && ap.State == ApprovalPending {
+			pending++
+		}
+	}
+	if pending >= MaxPending {
+		return fmt.Errorf("%w: this caller has %d waiting for a decision, at most %d", ErrTooManyPending, pending, MaxPending)
+	}
+	return nil
+}
+
+// Usable returns approval id if Redeem could spend it for caller with the right
+// digest: ErrApprovalNotFound (also when it is another caller's) or ErrApprovalState
+// otherwise. It spends nothing; a caller asks before it makes the digest.
+func (a *Approvals) Usable(id string, caller Caller) (Approval, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ap, err := a.lookup(id)
+	switch {
+	case err != nil:
+		return Approval{}, err
+	case ap.Requester != caller:
+		return Approval{}, ErrApprovalNotFound
+	case ap.State != ApprovalApproved:
+		return *ap, fmt.Errorf("%w: it is %s", ErrApprovalState, ap.State)
+	}
+	return *ap, nil
+}
+
 // lookup expires what has lapsed and returns approval id; a.mu is held.
 func (a *Approvals) lookup(id string) (*Approval, error) {
 	a.expire()

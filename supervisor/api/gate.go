@@ -74,6 +74,25 @@ func (s *Server) admitCode(ctx context.Context, r codeRequest) (string, error) {
 	}
 	peer, _ := PeerFrom(ctx)
 	caller := peer.Caller()
+	// What can be refused without the workspace's files is refused first: reading
+	// them costs up to workspaces.max_bytes of hashing, which a caller must not be
+	// able to make the daemon repeat for requests that cannot succeed.
+	if r.approval != "" {
+		if ap, err := s.o.Approvals.Usable(r.approval, caller); err != nil {
+			s.record(ctx, store.ApprovalRedeemed, "", map[string]any{"approval": r.approval, "kind": r.kind, "error": err.Error()})
+			if errors.Is(err, supervisor.ErrApprovalNotFound) {
+				return "", fail(wire.CodeNotFound, "no approval "+r.approval)
+			}
+			return "", fail(wire.CodeApprovalInvalid, err.Error()).with(map[string]any{"approval": ap})
+		}
+	} else {
+		if !s.approversExist() && !s.mayConfirm(peer) {
+			return "", fail(wire.CodeApprovalUnavailable, "code is held for approval, and no one can approve this caller's: nothing runs")
+		}
+		if err := s.o.Approvals.Room(caller); err != nil {
+			return "", fail(wire.CodeTooManyPending, err.Error())
+		}
+	}
 	files := []workspace.Entry{}
 	if r.dir != "" {
 		w, err := workspace.Directory(r.dir, workspace.Quota{Bytes: math.MaxInt64, Files: math.MaxInt})
@@ -108,9 +127,6 @@ func (s *Server) admitCode(ctx context.Context, r codeRequest) (string, error) {
 			return "", fail(wire.CodeApprovalInvalid, err.Error()).with(map[string]any{"approval": ap})
 		}
 		return r.approval, nil
-	}
-	if !s.approversExist() && !s.mayConfirm(peer) {
-		return "", fail(wire.CodeApprovalUnavailable, "code is held for approval, and no one can approve this caller's: nothing runs")
 	}
 	ap, err := s.o.Approvals.Request(ActionRun, caller, subject, digest)
 	if err != nil {

@@ -3,6 +3,7 @@ package api_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/tools"
@@ -303,4 +305,44 @@ print(sorted(os.listdir("__pycache__")))`)
 	if got := string(v.Result.Stdout); got != "source ran\nNone\n['helper.cpython-313.pyc']\n" {
 		t.Fatalf("imports from the workspace: %q", got)
 	}
+}
+
+// What the gate can refuse without the workspace's files it refuses before reading
+// them (hashing costs up to workspaces.max_bytes): a caller with supervisor.MaxPending
+// approvals waiting, and an approval that is not this caller's or not approved,
+// are refused as such, not with what reading the files would have said (here the
+// symbolic link planted from outside, 409 unsafe_file). Before, each such request
+// hashed the whole workspace first.
+func TestGateRefusesBeforeReadingTheWorkspace(t *testing.T) {
+	d, base := heldDaemon(t)
+	ws := d.newWorkspace(t)
+	var first held
+	for i := range supervisor.MaxPending {
+		h := d.held(t, "/v1/runs", fmt.Sprintf(`{"workspace":%q,"code":"print(%d)"}`, ws, i))
+		if i == 0 {
+			first = h
+		}
+	}
+	if err := os.Symlink("/etc/passwd", filepath.Join(d.workspaces, ws, "files", "link")); err != nil {
+		t.Fatal(err)
+	}
+	resp, body := d.do(t, "POST", "/v1/runs", fmt.Sprintf(`{"workspace":%q,"code":"print('one more')"}`, ws))
+	wantProblem(t, resp, body, 429, wire.CodeTooManyPending)
+	for id, want := range map[string]struct {
+		status int
+		code   string
+	}{"01JAAAAAAAAAAAAAAAAAAAAAAA": {404, wire.CodeNotFound}, first.ApprovalID: {409, wire.CodeApprovalInvalid}} {
+		resp, body := d.do(t, "POST", "/v1/runs", fmt.Sprintf(`{"workspace":%q,"code":"print(0)","approval":%q}`, ws, id))
+		wantProblem(t, resp, body, want.status, want.code)
+		if want.code == wire.CodeApprovalInvalid && !bytes.Contains(body, []byte("it is pending")) {
+			t.Fatalf("a pending approval presented: %s", body)
+		}
+	}
+	// A request that passes them is decided by the files: approved, the link is
+	// refused.
+	if st := approveOverTCP(t, base, first.ApprovalID); st != 200 {
+		t.Fatalf("approve: %d", st)
+	}
+	resp, body = d.do(t, "POST", "/v1/runs", fmt.Sprintf(`{"workspace":%q,"code":"print(0)","approval":%q}`, ws, first.ApprovalID))
+	wantProblem(t, resp, body, 409, wire.CodeUnsafeFile)
 }
