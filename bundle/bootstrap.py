@@ -53,8 +53,9 @@ def _sandcell_init():
     import json, linecache, math, operator, pathlib, re, sqlite3, statistics  # noqa: E401
     import string, struct, textwrap, time, traceback, typing, zlib  # noqa: E401
     # SQLite's lock tables (bundle/interpreter/sandcell.c), forgotten when the
-    # interpreter is restored: its memory holds them as they were.
-    from _sandcell import forget_locks
+    # interpreter is restored: its memory holds them as they were; and SQLite's
+    # generator, reset in a fork.
+    from _sandcell import forget_locks, reseed_sqlite
 
     # -S skips site, which is what defines exit() and quit(); scripts use them.
     builtins.exit = builtins.quit = sys.exit
@@ -280,11 +281,13 @@ def _sandcell_init():
         # lacks) and tempfile's name sequence notices the new pid; here the pid is
         # the same, so both are seeded afresh from WASI's random source, which is
         # the worker's own. (A generator the program seeded itself, random.Random(x),
-        # stays as seeded, as in a forked CPython.)
+        # stays as seeded, as in a forked CPython.) SQLite's generator (random(),
+        # randomblob(), its temporary names) seeds itself again when next used.
         try:
             seed()
         except BaseException:
             pass
+        reseed_sqlite()
         tempfile = sys.modules.get("tempfile")
         if tempfile is not None:
             try:

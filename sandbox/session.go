@@ -225,14 +225,34 @@ const interruptGrace = 2 * time.Second
 // files it wrote stay written). When even that fails (the worker does not
 // answer within interruptGrace, or dies), the session is lost: ErrSessionLost from
 // then on. Output past a stream's cap is cut (the flag set) without ending the cell.
+// The Result holds the output as one slice per stream (Stdout, Stderr).
 func (ss *Session) Run(ctx context.Context, cell protocol.Request) (Cell, error) {
-	return ss.RunStreaming(ctx, cell, nil)
+	c, err := ss.RunStreaming(ctx, cell, nil)
+	c.Result = c.Result.Joined()
+	return c, err
+}
+
+// CheckCell returns an error wrapping ErrBadRequest when cell cannot run in any
+// session, whatever its state and limits: CheckProgram's refusals, or code, stdin,
+// filename and environment over protocol.MaxCellProgram-4096 bytes together. Callers
+// may use it to refuse a cell before admitting it (before an approval is asked for
+// or spent).
+func CheckCell(cell protocol.Request) error {
+	if err := CheckProgram(&protocol.Request{Code: cell.Code, Stdin: cell.Stdin, Env: cell.Env}); err != nil {
+		return err
+	}
+	if n := len(cell.Code) + len(cell.Stdin) + len(cell.Filename) + envBytes(cell.Env); n > protocol.MaxCellProgram-4096 {
+		return fmt.Errorf("%w: a cell's code, stdin and environment are %d bytes, over %d",
+			ErrBadRequest, n, protocol.MaxCellProgram-4096)
+	}
+	return nil
 }
 
 // RunStreaming is Run, with observe (when not nil) given the cell's output as the
 // worker produces it, stream by stream ("stdout", "stderr"; the value is not
-// output), within the caps, from the goroutines that read it; the Cell holds the
-// output too. An observer that blocks holds the cell's output, and so the cell:
+// output), within the caps, from the goroutines that read it, as slices of the
+// pieces the Cell's Result holds the output in (StdoutPieces, StderrPieces: each
+// byte is held once, by both). An observer that blocks holds the cell's output, and so the cell:
 // it must give up on a reader that stops (the API's does after 2 s).
 func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, observe Observer) (Cell, error) {
 	ss.mu.Lock()
@@ -240,16 +260,12 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	if ss.lost != "" {
 		return Cell{}, fmt.Errorf("%w: %s", ErrSessionLost, ss.lost)
 	}
-	if err := CheckProgram(&protocol.Request{Code: cell.Code, Stdin: cell.Stdin, Env: cell.Env}); err != nil {
+	if err := CheckCell(cell); err != nil {
 		return Cell{}, err
 	}
 	l := cell.Limits
 	if l.TimeoutMS <= 0 || l.MaxStdoutBytes <= 0 || l.MaxStderrBytes <= 0 {
 		return Cell{}, fmt.Errorf("%w: limits are incomplete", ErrBadRequest)
-	}
-	if n := len(cell.Code) + len(cell.Stdin) + len(cell.Filename) + envBytes(cell.Env); n > protocol.MaxCellProgram-4096 {
-		return Cell{}, fmt.Errorf("%w: a cell's code, stdin and environment are %d bytes, over %d",
-			ErrBadRequest, n, protocol.MaxCellProgram-4096)
 	}
 	end := make([]byte, 32)
 	rand.Read(end)
@@ -262,8 +278,8 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		ss.lose("the worker is gone")
 		return Cell{}, fmt.Errorf("%w: the worker is gone", ErrSessionLost)
 	}
-	stdout := cellStream{value: valueMarks(frame.ValueMark), name: "stdout", observe: observe}
-	stderr := cellStream{name: "stderr", observe: observe}
+	stdout := cellStream{out: protocol.NewOutput(l.MaxStdoutBytes), value: valueMarks(frame.ValueMark), name: "stdout", observe: observe}
+	stderr := cellStream{out: protocol.NewOutput(l.MaxStderrBytes), name: "stderr", observe: observe}
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); stdout.read(ss.p.outR, end, l.MaxStdoutBytes) }()
@@ -342,8 +358,8 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	wg.Wait()
 	enf := ss.opened
 	res.Enforcement = &enf
-	res.Stdout, res.StdoutTruncated = stdout.buf, stdout.truncated
-	res.Stderr, res.StderrTruncated = stderr.buf, stderr.truncated
+	res.StdoutPieces, res.StdoutTruncated = stdout.out, stdout.truncated
+	res.StderrPieces, res.StderrTruncated = stderr.out, stderr.truncated
 	res.ElapsedMS = float64(time.Since(began).Microseconds()) / 1000
 	c := Cell{Result: res, RolledBack: rolledBack}
 	if stdout.value != nil && stdout.value.closed && res.Reason == protocol.Exited && !rolledBack {
@@ -384,9 +400,10 @@ func (ss *Session) Close() error {
 }
 
 // cellStream reads one cell's output from a stream that outlives it, up to the
-// cell's end marker; on stdout, it takes the cell's value out (see valueMarks).
+// cell's end marker, into pieces (protocol.Output: held once, never moved); on
+// stdout, it takes the cell's value out (see valueMarks).
 type cellStream struct {
-	buf       []byte
+	out       *protocol.Output
 	truncated bool
 	value     *cellValue // nil: no value is looked for
 	name      string     // the stream's, for observe
@@ -407,7 +424,7 @@ func valueMarks(mark string) *cellValue {
 	return &cellValue{begin: []byte("\x00\x1bsandcell-value " + mark + "\x00"), end: []byte("\x00\x1bsandcell-end " + mark + "\x00")}
 }
 
-// read copies r into c.buf until end has been read (not kept) or r ends, keeping
+// read copies r into c.out until end has been read (not kept) or r ends, keeping
 // at most limit bytes (then marking the stream truncated and discarding the rest of
 // the cell's output); a value between c.value's marks goes to c.value, within limit
 // bytes of its own. Markers may arrive split across reads.
@@ -418,10 +435,11 @@ func (c *cellStream) read(r *os.File, end []byte, limit int64) {
 	}
 	var tail []byte // the last bytes seen, which may begin a marker
 	chunk := make([]byte, 32<<10)
+	buf := make([]byte, 0, len(chunk)+longest) // tail and a chunk, reused: each byte is kept by copying it into c.out
 	for {
 		n, err := r.Read(chunk)
 		if n > 0 {
-			data := append(tail, chunk[:n]...)
+			data := append(append(buf[:0], tail...), chunk[:n]...)
 			for {
 				sink := c.keep
 				next := -1 // where the next marker of this state begins
@@ -441,7 +459,7 @@ func (c *cellStream) read(r *os.File, end []byte, limit int64) {
 					// comes, a line at a time included).
 					cut := len(data) - heldBack(data, longest-1, end, c.value)
 					sink(data[:cut], limit)
-					tail = append([]byte(nil), data[cut:]...)
+					tail = append(tail[:0], data[cut:]...) // tail's own array, never buf's
 					break
 				}
 				sink(data[:next], limit)
@@ -474,12 +492,19 @@ func heldBack(data []byte, n int, end []byte, v *cellValue) int {
 	return 0
 }
 
-// keep appends b within limit bytes in all.
+// keep appends b within limit bytes in all, giving observe each part as it is
+// held (a slice of the piece it went into).
 func (c *cellStream) keep(b []byte, limit int64) {
-	n := len(c.buf)
-	c.buf, c.truncated = capped(c.buf, b, limit, c.truncated)
-	if c.observe != nil && len(c.buf) > n {
-		c.observe(c.name, c.buf[n:len(c.buf):len(c.buf)])
+	if room := limit - int64(c.out.Len()); int64(len(b)) > room {
+		b = b[:max(room, 0)]
+		c.truncated = true
+	}
+	for len(b) > 0 {
+		i, off, n := c.out.Extend(b)
+		if c.observe != nil {
+			c.observe(c.name, c.out.Piece(i)[off:off+n:off+n])
+		}
+		b = b[n:]
 	}
 }
 

@@ -272,7 +272,10 @@ static void db_forget(void) {
     }
 }
 
-/* _sandcell, a built-in module for the bootstrap: forget_locks() is db_forget. */
+/* _sandcell, a built-in module for the bootstrap: forget_locks() is db_forget;
+ * reseed_sqlite() resets SQLite's generator, which seeds itself again from the VFS's
+ * randomness (WASI's random_get, the worker's own) when next used: a fork must not
+ * draw what its source draws (sqlite3_randomness with N = 0). */
 static PyObject *forget_locks(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
@@ -280,8 +283,16 @@ static PyObject *forget_locks(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static PyObject *reseed_sqlite(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    sqlite3_randomness(0, NULL);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef sandcell_methods[] = {
     {"forget_locks", forget_locks, METH_NOARGS, "Forget the SQLite locks a restored interpreter's memory lists."},
+    {"reseed_sqlite", reseed_sqlite, METH_NOARGS, "Make SQLite's generator seed itself afresh when next used."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
@@ -157,8 +158,11 @@ func outputProgram(size int, both bool) string {
 
 // postTo starts a run with body and waits for its answer, written to a file (not
 // held in this process, where the daemon's heap is measured), and returns the file.
-func (d *daemon) postTo(t *testing.T, body string) string {
-	resp, err := d.client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(body))
+func (d *daemon) postTo(t *testing.T, body string) string { return d.postPathTo(t, "/v1/runs", body) }
+
+// postPathTo is postTo for the endpoint at path.
+func (d *daemon) postPathTo(t *testing.T, path, body string) string {
+	resp, err := d.client.Post("http://sandcell"+path, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Error(err)
 		return ""
@@ -235,6 +239,41 @@ func TestOutputMemoryPerByte(t *testing.T) {
 		rss>>20, rssBefore>>20, d.cfg.MemoryLimit()>>20)
 	checkAnswer(t, answer, size, false, false)
 	perByte(t, "64 MiB of output", grew, int64(allocated), size)
+}
+
+// A cell's output is held once too: its most (supervisor.MaxCellOutputBytes, 16 MiB)
+// grows the heap by about its size and allocates about it. It had been appended to
+// one buffer, each growth a copy.
+func TestCellOutputMemoryPerByte(t *testing.T) {
+	d := start(t, setup{})
+	const size = supervisor.MaxCellOutputBytes
+	id := d.openSession(t, `{"limits": {"max_output_bytes": 16777216}}`)
+	var run map[string]any
+	json.Unmarshal([]byte(outputProgram(size, false)), &run)
+	body, _ := json.Marshal(map[string]any{"code": run["code"]})
+	debug.FreeOSMemory()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	stop := heapPeak()
+	answer := d.postPathTo(t, "/v1/sessions/"+id+"/cells", string(body))
+	peak := stop()
+	runtime.ReadMemStats(&after)
+	if t.Failed() {
+		t.FailNow()
+	}
+	grew := int64(peak) - int64(before.HeapAlloc)
+	allocated := after.TotalAlloc - before.TotalAlloc
+	t.Logf("a cell's 16 MiB of output and its answer: %.2f bytes of heap per byte, %.2f allocated",
+		float64(grew)/size, float64(allocated)/size)
+	b, err := os.ReadFile(answer)
+	var a wire.CellAnswer
+	if err != nil || json.Unmarshal(b, &a) != nil {
+		t.Fatalf("answer: %v %.300s", err, b)
+	}
+	if r := a.Result; r.Reason != "exited" || r.StdoutTruncated || string(r.Stdout) != strings.Repeat(outputLine, size/len(outputLine)) {
+		t.Fatalf("cell: %s, %d bytes (truncated %v) %v", r.Reason, len(r.Stdout), r.StdoutTruncated, r.Diagnostics)
+	}
+	perByte(t, "a cell's 16 MiB of output", grew, int64(allocated), size)
 }
 
 // perByte fails the test unless what (size bytes of output) grew the heap by at

@@ -31,7 +31,8 @@ func (d *daemon) value(t *testing.T, id, code string) string {
 }
 
 // A fork shares no randomness with its source: random's generator (and with it
-// uuid1's clock sequence) and tempfile's names are seeded afresh in the fork, at
+// uuid1's clock sequence), tempfile's names and SQLite's generator (random(),
+// randomblob()) are seeded afresh in the fork, at
 // its first cell, even when that cell comes after a restart or after a first cell
 // that was rolled back; the source, paused and resumed, goes on with its own
 // sequence.
@@ -40,11 +41,18 @@ func TestForkDrawsItsOwnRandomness(t *testing.T) {
 	more := func(c *config.Sessions) { c.MaxPerCaller = 4 }
 	d := start(t, setup{dir: dir, sessions: more})
 	src := d.openSession(t, `{}`)
-	d.value(t, src, "import random, tempfile\nstate = random.getstate()\nnames = tempfile._get_candidate_names()\nnext(names)")
+	d.value(t, src, "import random, sqlite3, tempfile\nstate = random.getstate()\nnames = tempfile._get_candidate_names()\n"+
+		"db = sqlite3.connect(':memory:')\nnext(names), db.execute('select random()').fetchone()")
 	f1, f2 := d.fork(t, src), d.fork(t, src)
-	draw := "random.getrandbits(64), next(tempfile._get_candidate_names())"
-	if a, b := d.value(t, src, draw), d.value(t, f1, draw); a == b {
-		t.Fatalf("the fork drew what its source drew: %s", a)
+	// Each in turn, in the same order in both: one not reseeded draws alike. (A fork
+	// holds no open file of its source's, a database among them: a connection of
+	// its own draws from SQLite's one generator.)
+	for _, draw := range []string{"random.getrandbits(64)", "next(tempfile._get_candidate_names())",
+		"sqlite3.connect(':memory:').execute('select random()').fetchone()[0]",
+		"sqlite3.connect(':memory:').execute('select hex(randomblob(8))').fetchone()[0]"} {
+		if a, b := d.value(t, src, draw), d.value(t, f1, draw); a == b {
+			t.Fatalf("the fork drew what its source drew: %s gave %s in both", draw, a)
+		}
 	}
 	if v := d.value(t, f1, "random.getstate() == state"); v != "False" {
 		t.Fatalf("the fork's generator is its source's: %s", v)

@@ -346,3 +346,17 @@ func TestGateRefusesBeforeReadingTheWorkspace(t *testing.T) {
 	resp, body = d.do(t, "POST", "/v1/runs", fmt.Sprintf(`{"workspace":%q,"code":"print(0)","approval":%q}`, ws, first.ApprovalID))
 	wantProblem(t, resp, body, 409, wire.CodeUnsafeFile)
 }
+
+// A cell that can never run (its code over a session's frame) is refused as it
+// is, before it is held for approval: before, it was held, approved, and refused
+// only once its approval was spent.
+func TestCellThatCannotRunIsNotHeld(t *testing.T) {
+	d, _ := heldDaemon(t)
+	id := d.openSession(t, `{}`)
+	body, _ := json.Marshal(map[string]string{"code": "#" + strings.Repeat("x", 1<<20-3000)})
+	resp, b := d.do(t, "POST", "/v1/sessions/"+id+"/cells", string(body))
+	wantProblem(t, resp, b, 400, wire.CodeBadRequest)
+	if !bytes.Contains(b, []byte("a cell's code, stdin and environment are")) {
+		t.Fatalf("%s", b)
+	}
+}

@@ -184,6 +184,10 @@ func (s *Server) runCell(c echo.Context) error {
 		lim.MaxStderrBytes = min(lim.MaxStderrBytes, cell.Limits.MaxStderrBytes)
 	}
 	cell.Limits = lim
+	// What can never run is refused before an approval is asked for or spent.
+	if err := sandbox.CheckCell(cell); err != nil {
+		return err
+	}
 	// The gate: what decides the cell, as it will run (its session's state is what
 	// the session's earlier cells, each through this gate, left).
 	gate := codeRequest{kind: "cell", dir: ss.WorkspaceDir(), approval: body.Approval,
@@ -250,9 +254,10 @@ func (s *Server) runCell(c echo.Context) error {
 		return err
 	}
 	res := out.Result
+	stdout, stderr := res.Streams()
 	s.record(ctx, store.SessionCellFinished, "", map[string]any{"session": ss.ID, "code_sha256": sum,
 		"state": state, "reason": res.Reason, "exit_code": res.ExitCode, "elapsed_ms": res.ElapsedMS,
-		"stdout_bytes": len(res.Stdout), "stderr_bytes": len(res.Stderr), "value_bytes": len(out.Value),
+		"stdout_bytes": stdout.Len(), "stderr_bytes": stderr.Len(), "value_bytes": len(out.Value),
 		"diagnostics": res.Diagnostics})
 	answer := wire.CellAnswer{State: state, Value: out.Value, ValueTruncated: out.ValueTruncated, Result: res,
 		Session: ss.View()}

@@ -584,7 +584,8 @@ func (d *Daemon) Reload() {
 	for key, same := range map[string]bool{"bundle": old.Bundle == cfg.Bundle, "state": old.State == cfg.State,
 		"socket": old.Socket == cfg.Socket, "tcp": old.TCP == cfg.TCP, "runs": old.Runs == cfg.Runs,
 		"workspaces": old.Workspaces == cfg.Workspaces, "health": old.Health == cfg.Health, "pool": old.Pool == cfg.Pool,
-		"audit": old.Audit == cfg.Audit, "approvals": reflect.DeepEqual(old.Approvals, cfg.Approvals)} {
+		"audit": old.Audit == cfg.Audit, "approvals": reflect.DeepEqual(old.Approvals, cfg.Approvals),
+		"sessions": old.Sessions == cfg.Sessions} {
 		if !same {
 			restart = append(restart, key)
 		}

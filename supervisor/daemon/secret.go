@@ -104,6 +104,9 @@ func (d *Daemon) makeGeneration(ctx context.Context, root string) (*generation, 
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, err
 	}
+	if err := d.roomForGeneration(root); err != nil {
+		return nil, err
+	}
 	tmp, err := os.MkdirTemp(root, ".new-")
 	if err != nil {
 		return nil, err
@@ -140,6 +143,27 @@ func (d *Daemon) makeGeneration(ctx context.Context, root string) (*generation, 
 		g.peakRSS = ru.Maxrss << 10 // getrusage(2): kilobytes
 	}
 	return g, nil
+}
+
+// roomForGeneration refuses to make a generation unless the file system of root has
+// room for twice the modules in force (150 MiB: as much again as a generation
+// needs), so that a compile never fills the disk that runs, sessions and the audit
+// log write to.
+func (d *Daemon) roomForGeneration(root string) error {
+	var need int64
+	for _, p := range d.report.Load().Modules {
+		if st, err := os.Stat(p); err == nil {
+			need += 2 * st.Size()
+		}
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(root, &fs); err != nil {
+		return fmt.Errorf("statfs %s: %w", root, err)
+	}
+	if have := int64(fs.Bavail) * fs.Bsize; have < need {
+		return fmt.Errorf("%s has %d MiB free, and a new secret's modules need %d MiB there with room to spare", root, have>>20, need>>20)
+	}
+	return nil
 }
 
 // canary runs the light canary with g's plain module and lib.

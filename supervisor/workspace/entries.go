@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"unicode/utf8"
 )
 
 // Entry is one name of a workspace as an approval binds it: its path
@@ -34,8 +35,8 @@ var ErrTooManyEntries = errors.New("workspace: too many names to show an approve
 // earlier cell of its session may have put any file (a zip under any name) on
 // sys.path or exec its text. A name that is not a regular file with one link or a
 // directory (a symbolic link, which could be pointed elsewhere after approval, or
-// make one module another's name; a FIFO; a file with other hard links) is
-// ErrUnsafe: no digest can stand for it. Past MaxEntries it is ErrTooManyEntries.
+// make one module another's name; a FIFO; a file with other hard links), and a
+// name that is not UTF-8, is ErrUnsafe: no digest can stand for it. Past MaxEntries it is ErrTooManyEntries.
 func (w *Workspace) Entries() ([]Entry, error) {
 	root, err := w.root()
 	if err != nil {
@@ -45,6 +46,11 @@ func (w *Workspace) Entries() ([]Entry, error) {
 	err = listDir(root, "", nil, func(f File) error {
 		if len(out) == MaxEntries {
 			return fmt.Errorf("%w: more than %d", ErrTooManyEntries, MaxEntries)
+		}
+		if !utf8.ValidString(f.Path) {
+			// JSON, the approver's view and the digest alike, would show it as
+			// U+FFFD: two such names would be one.
+			return fmt.Errorf("%w: %q is not UTF-8, which an approval cannot show: rename it first", ErrUnsafe, f.Path)
 		}
 		switch f.Type {
 		case "dir":
