@@ -4,8 +4,8 @@ package bundle
 // them exactly (`make interpreter-verify` checks); change them only together with the
 // recipe.
 const (
-	wasmSize     = 11046905
-	wasmSHA256   = "4f51ed1672943912423425125595ab6fb6d17c31f89371c3bb10730dd8b16b84"
+	wasmSize     = 11046967
+	wasmSHA256   = "6191475d3328c03e64f698bfa2941172d8c8d20a2d37fbf068e8a052ce3acff9"
 	stdlibSize   = 10634439
 	stdlibSHA256 = "fcf8a3fe23e2774733f7ff177e8697c1b26dc7a1537bc605109c3141d641711d"
 	siteSize     = 41945013

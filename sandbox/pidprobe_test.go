@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
@@ -38,10 +39,15 @@ func TestPidProbeKeepsOnlyTheKernelsAnswer(t *testing.T) {
 			t.Fatalf("probe %d, crashed: pid namespace %v, decided %v", i, s.pidNamespace(), s.pidProbed)
 		}
 	}
+	if s.pidRetry.IsZero() {
+		t.Fatal("no backoff after a probe without an answer")
+	}
+	s.pidRetry = time.Time{} // probe again now
 	s.Exe = script("failed", "exit 1")
 	if !s.pidNamespace() || s.pidProbed {
 		t.Fatalf("a probe that exited 1: pid namespace %v, decided %v", s.pidNamespace(), s.pidProbed)
 	}
+	s.pidRetry = time.Time{}
 	s.Exe = script("refused", "echo 'mount proc for this pid namespace: operation not permitted' >&2; exit "+
 		strconv.Itoa(protocol.ProbeRefused))
 	if s.pidNamespace() || !s.pidProbed {

@@ -19,6 +19,7 @@ import (
 	"path"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -75,6 +76,7 @@ type Spawner struct {
 
 	pidProbe  sync.Mutex
 	pidProbed bool                   // the probe had a definite answer (see pidNamespace)
+	pidRetry  time.Time              // after a probe without one, when to probe again
 	pidnsErr  atomic.Pointer[string] // why workers get no pid namespace, or nil (see pidNamespace)
 
 	netOnce sync.Once
@@ -144,14 +146,15 @@ func dupFile(f *os.File) (*os.File, error) {
 	return os.NewFile(uintptr(fd), f.Name()), nil
 }
 
-// Forget closes the spawner's sealed copy of the module at path, if it has one (see
-// sealedModule): for a module no later run will use. Workers that hold it keep
-// their own descriptor.
-func (s *Spawner) Forget(path string) {
+// ForgetExcept closes the spawner's sealed copies of modules (see sealedModule) but
+// those of the files at keep: for modules new runs no longer use. A straggler that
+// uses one still makes a copy again; workers that hold one keep their own
+// descriptor.
+func (s *Spawner) ForgetExcept(keep ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k, m := range s.modules {
-		if k.path == path {
+		if !slices.Contains(keep, k.path) {
 			m.Close()
 			delete(s.modules, k)
 		}
@@ -325,13 +328,13 @@ func (s *Spawner) RunStreaming(ctx context.Context, req protocol.Request, observ
 // enforcement contract says why (pidns inactive). Only the kernel's answer is kept:
 // a probe that ends otherwise (killed at its timeout on a loaded machine, out of
 // processes) decides nothing, this worker gets a pid namespace anyway (its own
-// verification rejects a run that requires one it cannot have), and the next launch
-// probes again. Where even the other namespaces are refused, launch's caller goes
+// verification rejects a run that requires one it cannot have), and a launch
+// pidProbeBackoff later probes again. Where even the other namespaces are refused, launch's caller goes
 // on without any.
 func (s *Spawner) pidNamespace() bool {
 	s.pidProbe.Lock()
 	defer s.pidProbe.Unlock()
-	if s.pidProbed {
+	if s.pidProbed || time.Now().Before(s.pidRetry) {
 		return s.pidnsErr.Load() == nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -342,11 +345,14 @@ func (s *Spawner) pidNamespace() bool {
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	cmd.SysProcAttr = namespaceAttr(true, false)
-	if err := cmd.Start(); err != nil {
+	err := cmd.Start()
+	if err != nil && !errors.Is(err, syscall.EAGAIN) && !errors.Is(err, syscall.ENOMEM) {
 		s.pidProbed = true // no namespaces at all: RunStreaming's fallback handles that
 		return true
 	}
-	err := cmd.Wait()
+	if err == nil {
+		err = cmd.Wait()
+	}
 	var exit *exec.ExitError
 	switch {
 	case err == nil:
@@ -356,9 +362,17 @@ func (s *Spawner) pidNamespace() bool {
 		why := fmt.Sprintf("no pid namespace: a procfs of one cannot be mounted here (%s); under a container's masked /proc "+
 			"podman and docker run --security-opt unmask=/proc/* allow it", strings.TrimSpace(stderr.String()))
 		s.pidnsErr.Store(&why)
+	default:
+		// No answer (out of processes or memory, killed, crashed): launches go on
+		// with a pid namespace, without waiting on another probe for a while.
+		s.pidRetry = time.Now().Add(pidProbeBackoff)
 	}
 	return s.pidnsErr.Load() == nil
 }
+
+// pidProbeBackoff is how long launches after a probe without an answer wait before
+// another probe: they go on with a pid namespace meanwhile.
+const pidProbeBackoff = 10 * time.Second
 
 // namespaceAttr returns the clone attributes of a worker in new user, mount,
 // network, IPC and UTS namespaces, and a pid namespace when pid is true: uid and gid

@@ -80,6 +80,9 @@ type Approval struct {
 	// Confirmed: decided by its requester, through the person at its MCP client
 	// (Confirm), not by an approver.
 	Confirmed bool `json:"confirmed,omitempty"`
+	// Head is a digest of what was asked without what costs work to read (the
+	// workspace's files, for code), or "" (see Room).
+	Head string `json:"-"`
 }
 
 // Approvals holds the approvals of a daemon (in memory: a restart forgets them; each
@@ -162,7 +165,7 @@ func (a *Approvals) KeptBytes() int64 {
 // Request records a pending approval and returns a copy, or an error wrapping
 // ErrTooManyPending (MaxPending of the requester's wait, or MaxKeptBytes is kept by
 // approvals still pending or approved).
-func (a *Approvals) Request(action string, requester Caller, subject any, digest string) (Approval, error) {
+func (a *Approvals) Request(action string, requester Caller, subject any, digest, head string) (Approval, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.expire()
@@ -198,7 +201,7 @@ func (a *Approvals) Request(action string, requester Caller, subject any, digest
 	}
 	now := a.now().UTC()
 	ap := &Approval{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Action: action, State: ApprovalPending,
-		Requester: requester, Subject: b, Digest: digest, CreatedAt: now, ExpiresAt: now.Add(a.TTL)}
+		Requester: requester, Subject: b, Digest: digest, Head: head, CreatedAt: now, ExpiresAt: now.Add(a.TTL)}
 	a.m[ap.ID] = ap
 	a.size[ap.ID], a.kept = n, a.kept+n
 	return *ap, nil
@@ -207,13 +210,18 @@ func (a *Approvals) Request(action string, requester Caller, subject any, digest
 // Room returns an error wrapping ErrTooManyPending when requester has MaxPending
 // approvals waiting, as Request would, without the subject Request needs: a caller
 // asks before it makes one that costs work (the gate of code hashes a workspace).
-func (a *Approvals) Room(requester Caller) error {
+// It returns nil when head is not "" and one of those has it: the same request
+// again, perhaps, which Request answers with the approval that waits.
+func (a *Approvals) Room(requester Caller, head string) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.expire()
 	pending := 0
 	for _, ap := range a.m {
 		if ap.Requester == requester && ap.State == ApprovalPending {
+			if head != "" && ap.Head == head {
+				return nil
+			}
 			pending++
 		}
 	}

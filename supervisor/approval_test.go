@@ -16,7 +16,7 @@ func TestApprovals(t *testing.T) {
 	alice, bob := Caller{UID: 1000}, Caller{UID: 1001}
 
 	// Approve, redeem once; a replay is refused.
-	ap, _ := a.Request("sql.write", alice, "DELETE FROM t", "d1")
+	ap, _ := a.Request("sql.write", alice, "DELETE FROM t", "d1", "")
 	if _, err := a.Decide(ap.ID, alice, true); !errors.Is(err, ErrSelfApproval) {
 		t.Fatalf("self-approval: %v", err)
 	}
@@ -48,15 +48,15 @@ func TestApprovals(t *testing.T) {
 	}
 
 	// Deny.
-	ap, _ = a.Request("sql.write", alice, "DROP TABLE t", "d3")
+	ap, _ = a.Request("sql.write", alice, "DROP TABLE t", "d3", "")
 	a.Decide(ap.ID, bob, false)
 	if _, err := a.Redeem(ap.ID, alice, "d3"); !errors.Is(err, ErrApprovalState) {
 		t.Fatalf("redeem denied: %v", err)
 	}
 
 	// Expiry: a pending request after its TTL, an approved one after its window.
-	pending, _ := a.Request("sql.write", alice, "x", "d4")
-	approved, _ := a.Request("sql.write", alice, "y", "d5")
+	pending, _ := a.Request("sql.write", alice, "x", "d4", "")
+	approved, _ := a.Request("sql.write", alice, "y", "d5", "")
 	a.Decide(approved.ID, bob, true)
 	now = now.Add(2 * time.Minute)
 	if _, err := a.Decide(pending.ID, bob, true); !errors.Is(err, ErrApprovalState) {
@@ -73,16 +73,16 @@ func TestApprovals(t *testing.T) {
 	}
 	// At most MaxPending waiting per requester.
 	for i := 0; i < MaxPending; i++ {
-		if _, err := a.Request("sql.write", bob, "z", fmt.Sprint("d", i)); err != nil {
+		if _, err := a.Request("sql.write", bob, "z", fmt.Sprint("d", i), ""); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := a.Request("sql.write", bob, "z", "d-over"); !errors.Is(err, ErrTooManyPending) {
+	if _, err := a.Request("sql.write", bob, "z", "d-over", ""); !errors.Is(err, ErrTooManyPending) {
 		t.Fatalf("over the cap: %v", err)
 	}
 	// The same request again, while its approval waits, is that approval.
-	first, _ := a.Request("sql.write", bob, "z", "d0")
-	if again, err := a.Request("sql.write", bob, "z", "d0"); err != nil || again.ID != first.ID {
+	first, _ := a.Request("sql.write", bob, "z", "d0", "")
+	if again, err := a.Request("sql.write", bob, "z", "d0", ""); err != nil || again.ID != first.ID {
 		t.Fatalf("the same request: %v, %s and %s", err, first.ID, again.ID)
 	}
 }
@@ -98,7 +98,7 @@ func TestApprovalsKeepBoundedBytes(t *testing.T) {
 	big := strings.Repeat("x", 1<<20)
 	var first Approval
 	for i := 0; i < 4*MaxKeptBytes>>20; i++ {
-		ap, err := a.Request("sql.write", Caller{UID: 1000}, map[string]any{"sql": big}, "d")
+		ap, err := a.Request("sql.write", Caller{UID: 1000}, map[string]any{"sql": big}, "d", "")
 		if err != nil {
 			t.Fatalf("request %d: %v", i, err)
 		}
@@ -116,7 +116,7 @@ func TestApprovalsKeepBoundedBytes(t *testing.T) {
 	// Pending ones are never forgotten for room: past the bound the request is refused.
 	var err error
 	for i := 0; err == nil; i++ {
-		_, err = a.Request("sql.write", Caller{UID: 5000 + i}, map[string]any{"sql": big}, "d")
+		_, err = a.Request("sql.write", Caller{UID: 5000 + i}, map[string]any{"sql": big}, "d", "")
 		if i > MaxKeptBytes>>20 {
 			t.Fatal("more than MaxKeptBytes of pending approvals")
 		}
@@ -137,14 +137,14 @@ func TestApprovalsKeepWhatTheyCount(t *testing.T) {
 	a := NewApprovals(time.Minute, 10*time.Second)
 	a.now = func() time.Time { return now }
 	spaces := json.RawMessage("[" + strings.Repeat(" ", 1<<20) + "1]")
-	ap, err := a.Request("sql.write", Caller{UID: 1}, map[string]any{"params": spaces}, "d")
+	ap, err := a.Request("sql.write", Caller{UID: 1}, map[string]any{"params": spaces}, "d", "")
 	if err != nil || len(ap.Subject) > 100 || a.KeptBytes() > 1000 {
 		t.Fatalf("kept %d bytes of subject, %d counted: %v", len(ap.Subject), a.KeptBytes(), err)
 	}
 	big := strings.Repeat("x", 1<<20)
 	var n int
 	for n = 0; n < 100; n++ {
-		if _, err = a.Request("sql.write", Caller{UID: 2}, map[string]any{"sql": big}, fmt.Sprint("d", n)); err != nil {
+		if _, err = a.Request("sql.write", Caller{UID: 2}, map[string]any{"sql": big}, fmt.Sprint("d", n), ""); err != nil {
 			break
 		}
 	}
@@ -152,13 +152,13 @@ func TestApprovalsKeepWhatTheyCount(t *testing.T) {
 		t.Fatalf("after %d: %v", n, err)
 	}
 	// An approval spent on a statement that never ran stays, whatever others ask.
-	spent, _ := a.Request("sql.write", Caller{UID: 3}, map[string]any{"sql": big}, "d3")
+	spent, _ := a.Request("sql.write", Caller{UID: 3}, map[string]any{"sql": big}, "d3", "")
 	a.Decide(spent.ID, Caller{UID: 4}, true)
 	if _, err := a.Redeem(spent.ID, Caller{UID: 3}, "d3"); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 200; i++ {
-		a.Request("sql.write", Caller{UID: 100 + i}, map[string]any{"sql": big}, "d")
+		a.Request("sql.write", Caller{UID: 100 + i}, map[string]any{"sql": big}, "d", "")
 		now = now.Add(time.Millisecond)
 	}
 	a.Restore(spent.ID)

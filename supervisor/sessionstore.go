@@ -446,7 +446,11 @@ func (m *Sessions) Fork(ctx context.Context, id string, caller Caller) (*Session
 			m.forget(s)
 			return nil, fmt.Errorf("cannot save the session to fork it: %w", err)
 		}
-	} else if err := m.o.Prepare(&s.req); err != nil {
+	}
+	// The module, library and hardening of now, as for a resumed session: the
+	// source's module may be an older hash secret's, since removed (the checkpoint
+	// is the whole memory, the source's secret included).
+	if err := m.o.Prepare(&s.req); err != nil {
 		m.forget(s)
 		return nil, err
 	}

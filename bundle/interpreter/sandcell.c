@@ -274,7 +274,7 @@ static void db_forget(void) {
 
 /* _sandcell, a built-in module for the bootstrap: forget_locks() is db_forget;
  * reseed_sqlite() resets SQLite's generator, which seeds itself again from the VFS's
- * randomness (WASI's random_get, the worker's own) when next used: a fork must not
+ * randomness (wasi_randomness, the worker's own) when next used: a fork must not
  * draw what its source draws (sqlite3_randomness with N = 0). */
 static PyObject *forget_locks(PyObject *self, PyObject *unused) {
     (void)self;
@@ -303,7 +303,18 @@ static struct PyModuleDef sandcell_module = {
 
 static PyObject *init_sandcell_module(void) { return PyModule_Create(&sandcell_module); }
 
-/* sqlite_locks makes "unix", with the locks above, SQLite's default VFS. */
+/* wasi_randomness is SQLite's source of randomness (the VFS's xRandomness): WASI's
+ * random_get, the worker's own. The unix VFS's own reads /dev/urandom, which the
+ * guest has not, and falls back to the time and the pid: every worker, and every
+ * fork of a session, would draw the same random() and randomblob() within a second. */
+static int wasi_randomness(sqlite3_vfs *vfs, int n, char *out) {
+    (void)vfs;
+    if (n <= 0 || __wasi_random_get((uint8_t *)out, (__wasi_size_t)n) != 0) return 0;
+    return n;
+}
+
+/* sqlite_locks makes "unix", with the locks above and WASI's randomness, SQLite's
+ * default VFS. */
 static int sqlite_locks(void) {
     sqlite3_vfs *vfs = sqlite3_vfs_find("unix");
     if (vfs == NULL || vfs->iVersion < 3) return -1;
@@ -315,6 +326,7 @@ static int sqlite_locks(void) {
         vfs->xSetSystemCall(vfs, "close", (sqlite3_syscall_ptr)db_close) != SQLITE_OK ||
         vfs->xSetSystemCall(vfs, "fcntl", (sqlite3_syscall_ptr)db_fcntl) != SQLITE_OK)
         return -1;
+    vfs->xRandomness = wasi_randomness;
     return sqlite3_vfs_register(vfs, 1) == SQLITE_OK ? 0 : -1;
 }
 

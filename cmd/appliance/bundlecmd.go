@@ -186,7 +186,7 @@ func precompileMain(args []string) int {
 		fmt.Fprintf(os.Stderr, "usage: sandcell %s BUNDLE_DIR INTO_DIR\n", bundle.PrecompileCommand)
 		return exitUsage
 	}
-	// When memory runs out, the kernel kills this compile (433 MB at its peak) before
+	// When memory runs out, the kernel kills this compile (430-500 MB at its peak) before
 	// the daemon, which tries again later (proc(5): raising one's own score needs no
 	// privilege).
 	os.WriteFile("/proc/self/oom_score_adj", []byte("500"), 0)

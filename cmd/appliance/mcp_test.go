@@ -256,6 +256,11 @@ func TestMCPStdioWithoutADaemon(t *testing.T) {
 	if bad, text := call("run_cell", map[string]any{"code": "y.upper()"}); bad || !strings.Contains(text, "'FROM THE GUEST'") {
 		t.Fatalf("run_cell's state without a daemon: %q", text)
 	}
+	// The model is shown a cell's output (held in pieces), as a run's.
+	if bad, text := call("run_cell", map[string]any{"code": "import sys; print('to out'); print('to err', file=sys.stderr)"}); bad ||
+		!strings.Contains(text, "--- stdout ---\nto out\n") || !strings.Contains(text, "--- stderr ---\nto err\n") {
+		t.Fatalf("run_cell's output without a daemon: %q", text)
+	}
 	if bad, text := call("run_python", map[string]any{"path": "mk.py"}); bad {
 		t.Fatalf("a workspace file: %q", text)
 	}

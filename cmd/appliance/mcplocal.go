@@ -201,7 +201,7 @@ func (l *localTools) SQL(ctx context.Context, r wire.SQLRequest) (json.RawMessag
 		return json.Marshal(out)
 	case "approval_required":
 		ap, err := l.approvals.Request(api.ActionSQLWrite, l.me, map[string]any{"db": r.DB, "sql": r.SQL, "params": r.Params,
-			"db_sha256": out.DBSHA256}, digest)
+			"db_sha256": out.DBSHA256}, digest, "")
 		if err != nil {
 			return nil, refuse(wire.CodeTooManyPending, err.Error())
 		}

@@ -139,15 +139,24 @@ func TestHashSecretRotation(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^sandcell_hash_secret_made_timestamp_seconds [1-9]`).Match(metrics) {
 		t.Fatalf("no secret's time in /metrics")
 	}
-	first := made()
+	if t0, _ := time.Parse("20060102T150405Z", entries[0].Name()); made() != t0.Format(time.RFC3339) {
+		t.Fatalf("/v1/info says the secret was made at %s, its generation is %s", made(), entries[0].Name())
+	}
 
 	// After a restart: the daemon's generation from the first run, no new one made,
-	// and the paused sessions resumed with the secrets they had.
+	// and the paused sessions resumed with the secrets they had. (Renamed as if
+	// made 40 s short of its period: the next rotation comes during this test.)
 	daemon.Process.Signal(syscall.SIGTERM)
 	if err := daemon.Wait(); err != nil {
 		t.Fatalf("after SIGTERM: %v\n%s", err, logs.String())
 	}
-	_, logs = start()
+	aged := time.Now().UTC().Add(-time.Hour + 40*time.Second).Truncate(time.Second)
+	oldDir := filepath.Join(state, "interpreter", aged.Format("20060102T150405Z"))
+	if err := os.Rename(filepath.Join(state, "interpreter", entries[0].Name()), oldDir); err != nil {
+		t.Fatal(err)
+	}
+	first := aged.Format(time.RFC3339)
+	daemon, logs = start()
 	if got := run(); got != own {
 		t.Fatalf("after a restart runs hash %q, before it %q (bundled %q)\n%s", got, own, bundled, logs.String())
 	}
@@ -160,4 +169,40 @@ func TestHashSecretRotation(t *testing.T) {
 	if got := cell(after.ID); got != own {
 		t.Fatalf("a resumed session hashes %q, before the restart %q", got, own)
 	}
+
+	// The next rotation keeps the generation it replaced (runs queued before it
+	// still find their module); once that is gone too, a live session opened on it
+	// still forks, with its own secret, and runs hash with the newest.
+	for made() == first {
+		if time.Now().After(deadline.Add(5 * time.Minute)) {
+			t.Fatalf("no second rotation:\n%s", logs.String())
+		}
+		time.Sleep(time.Second)
+	}
+	entries, _ = os.ReadDir(filepath.Join(state, "interpreter"))
+	if len(entries) != 2 || entries[0].Name() != filepath.Base(oldDir) {
+		t.Fatalf("after the second rotation: %v", entries)
+	}
+	newest := run()
+	if newest == own || newest == bundled {
+		t.Fatalf("runs after the second rotation hash %q", newest)
+	}
+	if err := os.RemoveAll(oldDir); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CloseSession(ctx, before.ID); err != nil { // two sessions per caller
+		t.Fatal(err)
+	}
+	fork, err = c.ForkSession(ctx, after.ID)
+	if err != nil {
+		t.Fatalf("a fork of a session whose module is gone: %v", err)
+	}
+	if got := cell(fork.ID); got != own {
+		t.Fatalf("the fork hashes %q, its source %q", got, own)
+	}
+	if got := run(); got != newest {
+		t.Fatalf("runs hash %q, then %q", newest, got)
+	}
+	daemon.Process.Signal(syscall.SIGTERM)
+	daemon.Wait()
 }

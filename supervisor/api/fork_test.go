@@ -32,7 +32,8 @@ func (d *daemon) value(t *testing.T, id, code string) string {
 
 // A fork shares no randomness with its source: random's generator (and with it
 // uuid1's clock sequence), tempfile's names and SQLite's generator (random(),
-// randomblob()) are seeded afresh in the fork, at
+// randomblob(), seeded from WASI's random source as every run's) are seeded afresh
+// in the fork, at
 // its first cell, even when that cell comes after a restart or after a first cell
 // that was rolled back; the source, paused and resumed, goes on with its own
 // sequence.
@@ -58,6 +59,20 @@ func TestForkDrawsItsOwnRandomness(t *testing.T) {
 		t.Fatalf("the fork's generator is its source's: %s", v)
 	}
 	d.value(t, src, "state = random.getstate()")
+	// Two forks, and two runs, drawing within a second draw apart: SQLite had seeded
+	// itself from the time and the pid, the same in every guest (no /dev/urandom).
+	sql := "sqlite3.connect(':memory:').execute('select random(), hex(randomblob(8))').fetchone()"
+	f4 := d.fork(t, src)
+	if a, b := d.value(t, f1, sql), d.value(t, f4, sql); a == b {
+		t.Fatalf("two forks drew the same from SQLite: %s", a)
+	}
+	if resp, b := d.do(t, "DELETE", "/v1/sessions/"+f4, ""); resp.StatusCode != 204 {
+		t.Fatalf("close: %d %s", resp.StatusCode, b)
+	}
+	body, _ := json.Marshal(map[string]string{"code": "import sqlite3\nprint(" + sql + ")"})
+	if a, b := d.run(t, string(body)).Result.Stdout, d.run(t, string(body)).Result.Stdout; string(a) == string(b) {
+		t.Fatalf("two runs drew the same from SQLite: %s", a)
+	}
 
 	// f2 has run no cell: paused with the source's state at the stop, it still
 	// reseeds after the restart; the source, resumed, does not.

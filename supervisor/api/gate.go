@@ -76,7 +76,14 @@ func (s *Server) admitCode(ctx context.Context, r codeRequest) (string, error) {
 	caller := peer.Caller()
 	// What can be refused without the workspace's files is refused first: reading
 	// them costs up to workspaces.max_bytes of hashing, which a caller must not be
-	// able to make the daemon repeat for requests that cannot succeed.
+	// able to make the daemon repeat for requests that cannot succeed. (A caller at
+	// its cap that sends a waiting request again, as far as the request without the
+	// files tells (head), is answered with that approval, as below the cap.)
+	head := ""
+	if b, err := json.Marshal(map[string]any{"kind": r.kind, "subject": r.subject, "dir": r.dir}); err == nil {
+		sum := sha256.Sum256(b)
+		head = hex.EncodeToString(sum[:])
+	}
 	if r.approval != "" {
 		if ap, err := s.o.Approvals.Usable(r.approval, caller); err != nil {
 			s.record(ctx, store.ApprovalRedeemed, "", map[string]any{"approval": r.approval, "kind": r.kind, "error": err.Error()})
@@ -89,7 +96,7 @@ func (s *Server) admitCode(ctx context.Context, r codeRequest) (string, error) {
 		if !s.approversExist() && !s.mayConfirm(peer) {
 			return "", fail(wire.CodeApprovalUnavailable, "code is held for approval, and no one can approve this caller's: nothing runs")
 		}
-		if err := s.o.Approvals.Room(caller); err != nil {
+		if err := s.o.Approvals.Room(caller, head); err != nil {
 			return "", fail(wire.CodeTooManyPending, err.Error())
 		}
 	}
@@ -128,7 +135,7 @@ func (s *Server) admitCode(ctx context.Context, r codeRequest) (string, error) {
 		}
 		return r.approval, nil
 	}
-	ap, err := s.o.Approvals.Request(ActionRun, caller, subject, digest)
+	ap, err := s.o.Approvals.Request(ActionRun, caller, subject, digest, head)
 	if err != nil {
 		return "", fail(wire.CodeTooManyPending, err.Error())
 	}

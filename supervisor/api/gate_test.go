@@ -323,6 +323,10 @@ func TestGateRefusesBeforeReadingTheWorkspace(t *testing.T) {
 			first = h
 		}
 	}
+	// At the cap, a waiting request sent again gets its approval, as below it.
+	if again := d.held(t, "/v1/runs", fmt.Sprintf(`{"workspace":%q,"code":"print(0)"}`, ws)); again.ApprovalID != first.ApprovalID {
+		t.Fatalf("the same request again at the cap: %s, first %s", again.ApprovalID, first.ApprovalID)
+	}
 	if err := os.Symlink("/etc/passwd", filepath.Join(d.workspaces, ws, "files", "link")); err != nil {
 		t.Fatal(err)
 	}

@@ -194,7 +194,7 @@ func (s *Server) sql(c echo.Context) error {
 				"the statement writes, and no one can approve this caller's writes: they are refused").with(class))
 		}
 		ap, err := s.o.Approvals.Request(ActionSQLWrite, caller, map[string]any{"workspace": w.ID, "db": body.DB,
-			"sql": body.SQL, "params": body.Params, "classification": out.Classification, "db_sha256": out.DBSHA256}, digest)
+			"sql": body.SQL, "params": body.Params, "classification": out.Classification, "db_sha256": out.DBSHA256}, digest, "")
 		if err != nil {
 			return refused(fail(wire.CodeTooManyPending, err.Error()))
 		}

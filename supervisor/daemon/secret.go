@@ -2,12 +2,14 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -48,19 +50,38 @@ const compileTimeout = 10 * time.Minute
 type generation struct {
 	dir     string
 	made    time.Time
+	seed    uint32          // the snapshot's hash seed
 	modules map[bool]string // .cwasm path, by whether fuel metering is on
 	cpu     time.Duration   // the CPU time its compile took (0: not made by this daemon)
 	peakRSS int64           // the compile's peak resident set, bytes
 }
 
-// checkGeneration returns the generation in dir if each engine variant's module
-// passes bundle.CheckPrecompiled.
-func checkGeneration(dir string) (*generation, error) {
+// checkGeneration returns the generation in dir if it is a directory (not a link)
+// named by a time that has come, each engine variant's module passes
+// bundle.CheckPrecompiled, and both were made with the seed of its hash-seed file,
+// which is not avoid's (the seed of the modules it would replace: a copy of those
+// is no secret of its own).
+func checkGeneration(dir string, avoid uint32) (*generation, error) {
 	made, err := time.Parse(generationLayout, filepath.Base(dir))
 	if err != nil {
 		return nil, fmt.Errorf("%s is not a generation's name", filepath.Base(dir))
 	}
-	g := &generation{dir: dir, made: made, modules: map[bool]string{}}
+	if made.After(time.Now().Add(time.Minute)) {
+		// A clock set back, or a planted name: kept, it would never be replaced.
+		return nil, fmt.Errorf("%s was made in the future", filepath.Base(dir))
+	}
+	if st, err := os.Lstat(dir); err != nil || !st.IsDir() {
+		return nil, fmt.Errorf("%s is not a directory", dir)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, bundle.HashSeedName))
+	if err != nil {
+		return nil, err
+	}
+	seed, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32)
+	if err != nil || uint32(seed) == avoid {
+		return nil, fmt.Errorf("%s: no hash seed of its own", dir)
+	}
+	g := &generation{dir: dir, made: made, seed: uint32(seed), modules: map[bool]string{}}
 	for _, fuel := range []bool{false, true} {
 		e := engine.New(engine.Options{Fuel: fuel})
 		key := bundle.Key(e.Fingerprint(), bundle.Pinned().Wasm.SHA256)
@@ -68,37 +89,53 @@ func checkGeneration(dir string) (*generation, error) {
 		if err := bundle.CheckPrecompiled(e, p, key); err != nil {
 			return nil, err
 		}
+		if s, err := moduleSeed(p); err != nil || s != g.seed {
+			return nil, fmt.Errorf("%s: made with another hash seed than its directory's", p)
+		}
 		g.modules[fuel] = p
 	}
 	return g, nil
 }
 
+// moduleSeed is the hash seed the sidecar of the .cwasm at path records.
+func moduleSeed(path string) (uint32, error) {
+	b, err := os.ReadFile(path + ".json")
+	if err != nil {
+		return 0, err
+	}
+	var sc bundle.Sidecar
+	if err := json.Unmarshal(b, &sc); err != nil {
+		return 0, err
+	}
+	return sc.HashSeed, nil
+}
+
 // newestGeneration returns the newest generation beneath root that passes
-// checkGeneration (nil if none does), and removes every other entry there: older
-// generations, and what a compile that was killed left.
-func newestGeneration(root string) *generation {
+// checkGeneration, or nil.
+func newestGeneration(root string, avoid uint32) *generation {
 	entries, _ := os.ReadDir(root)
-	names := make([]string, 0, len(entries))
-	for _, e := range entries {
-		names = append(names, e.Name())
-	}
-	slices.Sort(names) // the layout sorts by time
-	var newest *generation
-	for _, name := range slices.Backward(names) {
-		if newest == nil {
-			if g, err := checkGeneration(filepath.Join(root, name)); err == nil {
-				newest = g
-				continue
-			}
+	for _, e := range slices.Backward(entries) { // by name: the layout sorts by time
+		if g, err := checkGeneration(filepath.Join(root, e.Name()), avoid); err == nil {
+			return g
 		}
-		os.RemoveAll(filepath.Join(root, name))
 	}
-	return newest
+	return nil
+}
+
+// pruneGenerations removes every entry beneath root but the directories keep: older
+// generations, and what a compile that was killed or a person left.
+func pruneGenerations(root string, keep ...string) {
+	entries, _ := os.ReadDir(root)
+	for _, e := range entries {
+		if p := filepath.Join(root, e.Name()); !slices.Contains(keep, p) {
+			os.RemoveAll(p)
+		}
+	}
 }
 
 // makeGeneration compiles a new generation beneath root in a child process
 // (bundle.PrecompileCommand, niced where setpriority(2) is allowed, killed with the
-// daemon or after compileTimeout): the compiler's memory, 433 MB at its peak, is
+// daemon or after compileTimeout): the compiler's memory, 430-500 MB at its peak, is
 // never the daemon's.
 func (d *Daemon) makeGeneration(ctx context.Context, root string) (*generation, error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
@@ -134,7 +171,8 @@ func (d *Daemon) makeGeneration(ctx context.Context, root string) (*generation, 
 	if err := os.Rename(tmp, dir); err != nil {
 		return nil, err
 	}
-	g, err := checkGeneration(dir)
+	avoid, _ := moduleSeed(d.report.Load().Modules[false])
+	g, err := checkGeneration(dir, avoid)
 	if err != nil {
 		return nil, err
 	}
@@ -179,8 +217,9 @@ func (d *Daemon) canary(g *generation, lib string) error {
 }
 
 // adopt makes g's modules those of new runs, sessions and warm workers, after a
-// canary passes with g's plain module, and forgets the modules it replaces. It
-// refuses once the daemon is stopping.
+// canary passes with g's plain module, and forgets the sealed copies of every other
+// module (a run queued before still finds its module's file: see rotateHashSecret).
+// It refuses once the daemon is stopping.
 func (d *Daemon) adopt(g *generation) error {
 	if err := d.canary(g, d.report.Load().LibDir); err != nil {
 		return err
@@ -191,47 +230,55 @@ func (d *Daemon) adopt(g *generation) error {
 		return errors.New("the daemon is stopping")
 	}
 	next := *d.report.Load()
-	old := next.Modules
 	next.Modules = map[bool]string{false: g.modules[false], true: g.modules[true]}
 	d.report.Store(&next)
 	d.secretMade.Store(&g.made)
 	cfg := d.cfg.Load()
 	pol, _ := cfg.Policy()
 	d.warm(*cfg, pol)
-	for _, p := range old {
-		d.sp.Forget(p)
-	}
+	d.sp.ForgetExcept(g.modules[false], g.modules[true])
 	return nil
 }
 
 // ownHashSecret puts the newest generation beneath state.dir in r, the start-up
-// self-test's report before it is in force, if it is younger than period and its
-// canary passes, and says how long until the next is due: at once when there is
-// none.
+// self-test's report before it is in force, if its canary passes (one older than
+// period too: better than the bundle's, which every installation of the package
+// shares), removes the others, and says how long until the next is due: at once
+// when there is none or it is older than period.
 func (d *Daemon) ownHashSecret(r *selftest.Report, period time.Duration) time.Duration {
-	g := newestGeneration(filepath.Join(d.cfg.Load().State.Dir, generationsDir))
-	if g == nil || time.Since(g.made) >= period {
+	root := filepath.Join(d.cfg.Load().State.Dir, generationsDir)
+	avoid, _ := moduleSeed(r.Modules[false])
+	g := newestGeneration(root, avoid)
+	if g != nil {
+		if err := d.canary(g, r.LibDir); err != nil {
+			d.log.Warn("hash secret: this daemon's generation cannot be used; making another", "dir", g.dir, "error", err)
+			g = nil
+		}
+	}
+	if g == nil {
+		pruneGenerations(root)
 		return 0
 	}
-	if err := d.canary(g, r.LibDir); err != nil {
-		d.log.Warn("hash secret: this daemon's generation cannot be used; making another", "dir", g.dir, "error", err)
-		return 0
-	}
-	for _, p := range r.Modules {
-		d.sp.Forget(p)
-	}
+	pruneGenerations(root, g.dir)
+	d.sp.ForgetExcept(g.modules[false], g.modules[true])
 	r.Modules = map[bool]string{false: g.modules[false], true: g.modules[true]}
 	d.secretMade.Store(&g.made)
 	d.log.Info("hash secret: this daemon's own", "made", g.made, "dir", g.dir)
-	return time.Until(g.made.Add(period))
+	return max(time.Until(g.made.Add(period)), 0)
 }
 
 // rotateHashSecret makes a generation after wait, then each period (see the comment
-// at the top of this file), and adopts it. One that cannot be made or adopted is
-// logged and tried again after a backoff, from a minute up to the period; runs keep
-// the modules they had. It ends with bg.
+// at the top of this file), and adopts it. It keeps the generation it replaces until
+// the next is adopted: a run queued before the rotation (a queue holds runs for
+// minutes, the period is an hour at least) still finds its module. One that cannot
+// be made or adopted is logged and tried again after a backoff, from a minute up to
+// the period; runs keep the modules they had. It ends with bg.
 func (d *Daemon) rotateHashSecret(period, wait time.Duration) {
 	root := filepath.Join(d.cfg.Load().State.Dir, generationsDir)
+	current := "" // the generation in force, "" while it is the bundle's
+	if r := d.report.Load(); d.secretMade.Load() != nil {
+		current = filepath.Dir(r.Modules[false])
+	}
 	backoff := time.Minute
 	for {
 		select {
@@ -240,6 +287,7 @@ func (d *Daemon) rotateHashSecret(period, wait time.Duration) {
 		case <-time.After(wait):
 		}
 		start := time.Now()
+		pruneGenerations(root, current) // the one before it has had its period
 		g, err := d.makeGeneration(d.bg, root)
 		if err == nil {
 			err = d.adopt(g)
@@ -255,7 +303,7 @@ func (d *Daemon) rotateHashSecret(period, wait time.Duration) {
 		}
 		d.log.Info("hash secret: rotated", "made", g.made, "dir", g.dir, "took", time.Since(start).Round(time.Millisecond).String(),
 			"cpu", g.cpu.Round(time.Millisecond).String(), "peak_rss_bytes", g.peakRSS)
-		newestGeneration(root) // the older ones go
-		wait, backoff = period, time.Minute
+		pruneGenerations(root, current, g.dir)
+		current, wait, backoff = g.dir, period, time.Minute
 	}
 }

@@ -268,11 +268,12 @@ func RunText(v wire.View) string {
 		fmt.Fprintf(&b, "; %s", d)
 	}
 	b.WriteString("\n")
+	stdout, stderr := r.Streams() // held in pieces or as one slice each
 	for _, s := range []struct {
 		name string
 		out  []byte
 		cut  bool
-	}{{"stdout", r.Stdout, r.StdoutTruncated}, {"stderr", r.Stderr, r.StderrTruncated}} {
+	}{{"stdout", stdout.Bytes(), r.StdoutTruncated}, {"stderr", stderr.Bytes(), r.StderrTruncated}} {
 		if len(s.out) == 0 && !s.cut {
 			continue
 		}
