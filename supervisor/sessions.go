@@ -258,9 +258,20 @@ func (m *Sessions) Open(ctx context.Context, req protocol.Request, caller Caller
 		m.forget(s)
 		return nil, err
 	}
+	m.ready(s)
+	return s, nil
+}
+
+// ready ends the opening of s (a new session or a fork): persisted, its idle time
+// counted from now (not from when it was reserved: a worker slow to start on a
+// loaded machine must not make it due for a pause before its answer), open to
+// cells.
+func (m *Sessions) ready(s *Session) {
+	s.mu.Lock()
+	s.used = time.Now().UTC()
+	s.mu.Unlock()
 	m.persist(s)
 	s.busy.Store(false)
-	return s, nil
 }
 
 // reserve makes caller's new session s, held busy, counted within the bounds.

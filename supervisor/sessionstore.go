@@ -472,8 +472,7 @@ func (m *Sessions) Fork(ctx context.Context, id string, caller Caller) (*Session
 	s.mu.Lock()
 	s.resumed, s.restored = time.Now().UTC(), true
 	s.mu.Unlock()
-	m.persist(s)
-	s.busy.Store(false)
+	m.ready(s)
 	m.budget()
 	return s, nil
 }
