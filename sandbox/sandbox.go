@@ -443,6 +443,9 @@ func (s *Spawner) runStreaming(ctx context.Context, req protocol.Request, observ
 	}
 	defer wsDir.Close()
 
+	if req.Backend == protocol.BackendNative {
+		return s.runNative(ctx, req, wsDir, observe)
+	}
 	if w := s.pooled(&req); w != nil {
 		if res, ran, err := s.runWarm(ctx, w, req, observe); ran {
 			return res, err
@@ -493,7 +496,11 @@ func (s *Spawner) runStreaming(ctx context.Context, req protocol.Request, observ
 // identity, the host's namespaces, and whether the worker shares the network
 // namespace.
 func (s *Spawner) prepare(req *protocol.Request) (*os.File, error) {
-	wsDir, err := openWorkspace(req.Workspace, append([]string{filepath.Dir(req.ModulePath), req.LibDir}, s.Protected...))
+	protected := []string{filepath.Dir(req.ModulePath), req.LibDir}
+	if req.Backend == protocol.BackendNative {
+		protected = []string{req.RootDir}
+	}
+	wsDir, err := openWorkspace(req.Workspace, append(protected, s.Protected...))
 	if err != nil {
 		return nil, err
 	}
@@ -665,6 +672,8 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 	go func() { defer wg.Done(); stderr.read(p.errR, req.Limits.MaxStderrBytes, kill) }()
 	var rep protocol.Report
 	var repErr error
+	var execd bool                 // the worker became the guest (native): rep holds the contract alone
+	var guestRep *protocol.Report // what the guest's runner said (untrusted), if anything
 	go func() {
 		defer wg.Done()
 		if frame != nil {
@@ -675,10 +684,19 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 			}
 		}
 		var f protocol.Frame
-		if f, repErr = protocol.Receive(p.ctl, protocol.StepReport); repErr != nil {
+		if f, repErr = protocol.Receive(p.ctl, protocol.StepReport, protocol.StepExec); repErr != nil {
 			return
 		}
 		rep = *f.Report
+		if f.Step == protocol.StepExec {
+			// The guest's own process from here (see protocol.StepExec): at most
+			// one report of its runner's, read until the process ends.
+			execd = true
+			if g, err := protocol.Receive(p.ctl, protocol.StepReport); err == nil {
+				guestRep = g.Report
+			}
+			return
+		}
 		// A worker closes its output before it reports; one that did not (it
 		// crashed half-way) is ended now, so the reads end.
 		go func() {
@@ -727,7 +745,7 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 		// finish before it was killed, so the same program always ends the same way.
 		res.ExitCode = -1
 		res.Reason = protocol.OutputLimit
-	case repErr == nil:
+	case repErr == nil && !execd:
 		res.ExitCode = rep.ExitCode
 		res.Reason = rep.Reason
 		res.FuelConsumed = rep.FuelConsumed
@@ -752,6 +770,13 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 		if stopDetail != "" {
 			res.Diagnostics = []string{stopDetail}
 		}
+	case execd:
+		guestEnded(&res, exitState(), guestRep, req)
+		if missing := checkContract(rep, req.Hardening.Require); missing != "" {
+			res.ExitCode = -1
+			res.Reason = protocol.InternalError
+			res.Diagnostics = append(res.Diagnostics, missing)
+		}
 	case cpuBackstop(exitState(), req.Hardening.Rlimits.CPU):
 		res.ExitCode = -1
 		res.Reason = protocol.CPULimit
@@ -762,18 +787,85 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 		res.Reason = protocol.InternalError
 		res.Diagnostics = []string{"worker ended without a report: " + describeExit(p.werr)}
 	}
+	if execd {
+		// The contract the worker verified before it became the guest holds however
+		// the run ended.
+		res.Enforcement = rep.Enforcement
+	}
 	if res.WorkerMaxRSSBytes == 0 {
 		if ru, ok := exitState().SysUsage().(*syscall.Rusage); ok {
 			res.WorkerMaxRSSBytes = ru.Maxrss << 10 // ru_maxrss is in KiB on Linux
+			if execd {
+				res.PeakMemoryBytes = res.WorkerMaxRSSBytes
+			}
 		}
 	}
 	return res
 }
 
+// guestEnded fills res from how a native guest's process ended (ps) and what its
+// runner reported (rep, untrusted: only a MemoryError for a program that ended with
+// status 1 is taken from it, the one thing the exit status cannot say, and which the
+// program could as well have raised itself).
+func guestEnded(res *protocol.Result, ps *os.ProcessState, rep *protocol.Report, req protocol.Request) {
+	ws, _ := ps.Sys().(syscall.WaitStatus)
+	switch {
+	case ws.Exited():
+		res.ExitCode, res.Reason = ws.ExitStatus(), protocol.Exited
+		if rep != nil && rep.Reason == protocol.MemoryLimit && res.ExitCode == 1 {
+			res.Reason = protocol.MemoryLimit
+			res.Diagnostics = []string{fmt.Sprintf("the program ran out of memory: an allocation was refused "+
+				"(uncaught MemoryError; private memory limit %d MiB, RLIMIT_DATA)", req.Hardening.Rlimits.DATA>>20)}
+		}
+		if rep != nil && rep.Reason == protocol.InternalError {
+			res.ExitCode, res.Reason = -1, protocol.InternalError
+			res.Diagnostics = []string{"the native interpreter could not be started"}
+		}
+	case cpuBackstop(ps, req.Hardening.Rlimits.CPU):
+		res.ExitCode, res.Reason = -1, protocol.CPULimit
+		res.Diagnostics = []string{fmt.Sprintf("the program used its CPU time (RLIMIT_CPU, %d s)", req.Hardening.Rlimits.CPU)}
+	case ws.Signaled():
+		res.ExitCode, res.Reason = -1, protocol.Trap
+		res.Diagnostics = []string{fmt.Sprintf("the interpreter was killed by signal %d (%s)", int(ws.Signal()), ws.Signal())}
+	default:
+		res.ExitCode, res.Reason = -1, protocol.InternalError
+		res.Diagnostics = []string{"the interpreter ended without an exit status"}
+	}
+}
+
+// runNative runs req on the native backend: a cold worker, which hardens itself and
+// becomes the guest (see protocol.StepExec). Namespaces are not optional here: the
+// worker's own mount namespace is what gives the guest the native root.
+func (s *Spawner) runNative(ctx context.Context, req protocol.Request, wsDir *os.File, observe Observer) (protocol.Result, error) {
+	frame, err := protocol.Encode(protocol.Frame{Step: protocol.StepRun, Request: &req})
+	if err != nil {
+		return protocol.Result{}, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
+	}
+	p, err := s.launch(true, req.Hardening.SharedNetwork, wsDir, nil)
+	if err != nil {
+		return protocol.Result{ExitCode: -1, Reason: protocol.Rejected, Diagnostics: []string{
+			"cannot start the worker in new user, network, mount, pid, IPC and UTS namespaces (" + err.Error() +
+				"), without which the native backend cannot run; no code was run"}}, nil
+	}
+	return p.collect(ctx, frame, req, observe), nil
+}
+
 // check refuses requests that cannot be run before a worker is spent on them.
 func check(req *protocol.Request) error {
-	if req.ModulePath == "" || req.LibDir == "" || req.Workspace == "" {
-		return fmt.Errorf("%w: module path, library directory and workspace are required", ErrBadRequest)
+	switch req.Backend {
+	case "", protocol.BackendWasm:
+		if req.ModulePath == "" || req.LibDir == "" || req.Workspace == "" {
+			return fmt.Errorf("%w: module path, library directory and workspace are required", ErrBadRequest)
+		}
+	case protocol.BackendNative:
+		if req.RootDir == "" || req.Workspace == "" {
+			return fmt.Errorf("%w: the native root and the workspace are required", ErrBadRequest)
+		}
+		if req.Limits.Fuel > 0 {
+			return fmt.Errorf("%w: fuel is counted by the wasm engine; the native backend has none", ErrBadRequest)
+		}
+	default:
+		return fmt.Errorf("%w: unknown backend %q (known: %s)", ErrBadRequest, req.Backend, strings.Join(protocol.Backends(), ", "))
 	}
 	if req.Code != "" && req.Path != "" {
 		return fmt.Errorf("%w: give code or path, not both", ErrBadRequest)

@@ -60,6 +60,12 @@ type Policy struct {
 	// (for hosts where one breaks; a disabled layer that Require names makes every
 	// run, and the start-up self-test, fail).
 	Disable []string
+	// NativeProcesses lets native-backend guests start processes (see
+	// protocol.Hardening.Processes); off by default.
+	NativeProcesses bool
+	// NativeTmpBytes is the size of a native guest's private /tmp, in bytes; zero
+	// means DefaultNativeTmpBytes.
+	NativeTmpBytes int64
 }
 
 // Disableable are the names Policy.Disable accepts.
@@ -97,6 +103,36 @@ func (p Policy) Hardening(l protocol.Limits) protocol.Hardening {
 		Require: p.Require,
 	}
 }
+
+// NativeHardening returns the hardening of a run with limits l (resolved) on the
+// native backend: Hardening's, with the native seccomp profile (see
+// seccomp.NativeRules; an operator's profile is the wasm worker's and does not
+// apply), the memory limit as RLIMIT_DATA, a CPU limit kept by RLIMIT_CPU to the
+// second (the wasm engine's epoch deadline has no native twin), namespaces always
+// (the worker's mount namespace holds the native root), and processes as
+// NativeProcesses says.
+func (p Policy) NativeHardening(l protocol.Limits) protocol.Hardening {
+	h := p.Hardening(l)
+	if h.Seccomp != nil {
+		r := seccomp.NativeRules(p.NativeProcesses)
+		h.Seccomp = &r
+	}
+	h.Namespaces = true
+	h.Processes = p.NativeProcesses
+	h.Rlimits.DATA = uint64(l.MemoryBytes)
+	if l.CPUMS > 0 {
+		h.Rlimits.CPU = uint64((l.CPUMS + 999) / 1000)
+	}
+	h.TmpBytes = p.NativeTmpBytes
+	if h.TmpBytes <= 0 {
+		h.TmpBytes = DefaultNativeTmpBytes
+	}
+	return h
+}
+
+// DefaultNativeTmpBytes is the size of a native guest's private /tmp unless policy
+// says otherwise (64 MiB).
+const DefaultNativeTmpBytes = 64 * MiB
 
 // Default returns the built-in policy: 30 s wall clock (at most 10 min), 256 MiB of
 // guest memory (at most 4 GiB), 1 MiB each of stdout and stderr (at most 64 MiB), no

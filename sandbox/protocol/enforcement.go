@@ -60,6 +60,13 @@ type Hardening struct {
 	// Require names the layers (see Layers) that must be active, or the guest does
 	// not run and the run ends rejected.
 	Require []string `json:"require,omitempty"`
+	// Processes (native backend) lets the guest start processes (fork, vfork,
+	// clone without CLONE_THREAD), which stay in its namespaces, under its limits,
+	// and die with it; off, the seccomp profile refuses them and threads alone work.
+	Processes bool `json:"processes,omitempty"`
+	// TmpBytes (native backend) is the size of the guest's private /tmp (a tmpfs of
+	// the worker's own mount namespace), in bytes.
+	TmpBytes int64 `json:"tmp_bytes,omitempty"`
 }
 
 // Rlimits are resource limits in setrlimit(2) units; 0 leaves a limit as inherited.
@@ -78,11 +85,19 @@ type Rlimits struct {
 	// CPU is a backstop on the worker's CPU time, in seconds (SIGKILL one second
 	// after the soft limit); the engine's CPU limit and the wall clock act first.
 	CPU uint64 `json:"cpu"`
+	// DATA (native backend) is the most private writable memory the guest's process
+	// may map, in bytes (RLIMIT_DATA: the heap, anonymous mappings, thread stacks;
+	// not the read-only mappings of Debian's libraries). The wasm backend's memory
+	// limit is the engine's instead.
+	DATA uint64 `json:"data,omitempty"`
 }
 
 // Enforcement is the contract: what a worker verified to be in force, layer by layer,
 // before its guest ran.
 type Enforcement struct {
+	// Backend is the backend the guest ran on (BackendWasm or BackendNative); empty
+	// in a contract of a worker from before there were two, which is wasm.
+	Backend  string        `json:"backend,omitempty"`
 	Seccomp  SeccompState  `json:"seccomp"`
 	Landlock LandlockState `json:"landlock"`
 	// Namespaces maps each namespace layer (userns, netns, ...) to whether the worker

@@ -86,8 +86,9 @@ import (
 // version 4 the steps of the exchange as frames of their own; version 5 sessions:
 // StepSession, StepCell, StepInterrupt, CellEnd, RolledBack; version 6 a session's
 // state saved and resumed: StepSave, StepCheckpoint, Resume; version 7 a cell's
-// value apart from its output: ValueMark).
-const Version = 7
+// value apart from its output: ValueMark; version 8 the native backend: Backend,
+// RootDir, StepExec).
+const Version = 8
 
 // Step is a frame's place in the exchange (see the package doc).
 type Step string
@@ -132,6 +133,14 @@ const (
 	// the parent sends it right after a StepSession whose Request says Resume, and
 	// the worker restores it before it reports the session open.
 	StepCheckpoint Step = "checkpoint"
+	// StepExec (worker to parent, with a Report carrying only the Enforcement): a
+	// native worker (Backend "native") is hardened and now replaces itself with the
+	// guest's interpreter (execve(2)), which keeps every layer. What follows on the
+	// control fd comes from the guest's own process and is not trusted: at most one
+	// StepReport from the interpreter's runner, of which the parent reads only the
+	// reason memory_limit for a program that ended with status 1. The run's exit
+	// status is the process's own, from wait(2).
+	StepExec Step = "exec"
 )
 
 // Frame is one message on the control fd.
@@ -141,7 +150,7 @@ type Frame struct {
 	Step    Step `json:"step"`
 	// Request is the member of StepRun, StepTemplate and StepClaim.
 	Request *Request `json:"request,omitempty"`
-	// Report is the member of StepReport.
+	// Report is the member of StepReport and StepExec.
 	Report *Report `json:"report,omitempty"`
 	// Interrupt is the member of StepInterrupt: the reason the cell ends with.
 	Interrupt Reason `json:"interrupt,omitempty"`
@@ -184,7 +193,7 @@ func Receive(r io.Reader, want ...Step) (Frame, error) {
 		if f.Request == nil {
 			return f, fmt.Errorf("%w: %q without its request", ErrStep, f.Step)
 		}
-	case StepReport:
+	case StepReport, StepExec:
 		if f.Report == nil {
 			return f, fmt.Errorf("%w: %q without its report", ErrStep, f.Step)
 		}
@@ -271,9 +280,31 @@ type Limits struct {
 	MaxStderrBytes int64 `json:"max_stderr_bytes"`
 }
 
+// The backends: where the guest's Python runs (see Request.Backend).
+const (
+	// BackendWasm runs the bundle's CPython compiled to WebAssembly inside the
+	// worker's wasmtime: the guest never executes native code.
+	BackendWasm = "wasm"
+	// BackendNative runs Debian's CPython and its scientific stack from a read-only
+	// root filesystem as the worker process itself, after the worker has hardened it:
+	// the kernel's system call surface, narrowed by the seccomp profile for native
+	// code, is the boundary.
+	BackendNative = "native"
+)
+
+// Backends lists the backends, the default first.
+func Backends() []string { return []string{BackendWasm, BackendNative} }
+
 // Request is a run, or a warm worker's template: the member of StepRun, StepClaim
 // and StepTemplate.
 type Request struct {
+	// Backend is BackendWasm (or "", the same) or BackendNative. A native request
+	// names RootDir instead of ModulePath and LibDir.
+	Backend string `json:"backend,omitempty"`
+	// RootDir (native) is the host directory of the native backend's root file
+	// system, verified by the parent against its manifest; the worker mounts it
+	// read-only as the guest's "/".
+	RootDir string `json:"root_dir,omitempty"`
 	// ModulePath is the host path of the precompiled module (.cwasm) to run. The
 	// parent has verified it against the bundle, and hands the worker a sealed copy
 	// of it as fd 5; the worker never opens this path.

@@ -37,6 +37,7 @@ type hardened struct {
 	library   string
 	guestRoot string // host directory preopened as the guest's "/", or "" (then the workspace is /ws)
 	warm      bool   // prepared before the run was known (see prepare)
+	native    bool   // the native backend: the root is Debian's, the guest is exec'd (see native.go)
 	capLock   error  // lockCapabilities' error
 
 	seccomp    *seccomp.Program // compiled ahead by a warm worker, or nil
@@ -56,11 +57,15 @@ type hardened struct {
 func prepare(req *protocol.Request, warm bool) *hardened {
 	h := req.Hardening
 	st := &hardened{
-		enf: protocol.Enforcement{Namespaces: map[string]bool{}, Rlimits: map[string]uint64{},
-			Errors: map[string]string{}},
+		enf: protocol.Enforcement{Backend: protocol.BackendWasm, Namespaces: map[string]bool{},
+			Rlimits: map[string]uint64{}, Errors: map[string]string{}},
 		workspace: fmt.Sprintf("/proc/self/fd/%d", protocol.WorkspaceFD),
 		library:   req.LibDir,
 		warm:      warm,
+		native:    req.Backend == protocol.BackendNative,
+	}
+	if st.native {
+		st.enf.Backend = protocol.BackendNative
 	}
 	fail := func(layer string, err error) { st.enf.Errors[layer] = err.Error() }
 	for layer, name := range protocol.Namespaces() {
@@ -86,7 +91,15 @@ func prepare(req *protocol.Request, warm bool) *hardened {
 		if warm {
 			ws = ""
 		}
-		if err := pivot(ws, req.LibDir, req.Roots, st.enf.Namespaces[protocol.LayerPidNS]); err != nil {
+		if st.native {
+			if err := pivotNative(req, st.enf.Namespaces[protocol.LayerPidNS]); err != nil {
+				st.enf.Namespaces[protocol.LayerMountNS] = false
+				fail(protocol.LayerMountNS, err)
+			} else {
+				st.workspace, st.library, st.guestRoot = GuestWorkdir, "/", "/"
+				st.enf.MountRoot = nativeMountRoot(st.enf.Namespaces[protocol.LayerPidNS])
+			}
+		} else if err := pivot(ws, req.LibDir, req.Roots, st.enf.Namespaces[protocol.LayerPidNS]); err != nil {
 			st.enf.Namespaces[protocol.LayerMountNS] = false
 			fail(protocol.LayerMountNS, err)
 		} else {
@@ -268,6 +281,7 @@ func setRlimits(h protocol.Hardening, st *hardened, fail func(string, error)) {
 		{"FSIZE", unix.RLIMIT_FSIZE, h.Rlimits.FSIZE, h.Rlimits.FSIZE},
 		{"CPU", unix.RLIMIT_CPU, cpu, cpu + 1}, // SIGXCPU at soft, SIGKILL at hard
 		{"NPROC", unix.RLIMIT_NPROC, h.Rlimits.NPROC, h.Rlimits.NPROC},
+		{"DATA", unix.RLIMIT_DATA, h.Rlimits.DATA, h.Rlimits.DATA},
 	}
 	var errs []string
 	for _, r := range set {
@@ -670,11 +684,18 @@ func restrictLandlock(st *hardened) error {
 		landlock.PathAccess(read&cfg.HandledAccessFS, st.library),
 		landlock.PathAccess(cfg.HandledAccessFS&^denied, st.workspace),
 	}
+	if st.native {
+		native, err := nativeLandlockRules(cfg.HandledAccessFS, denied)
+		if err != nil {
+			return fmt.Errorf("landlock ABI %d: %w", abi, err)
+		}
+		rules = append(rules, native...)
+	}
 	// libcap's psx lists this process's threads for every later change made on
 	// all of them (the capabilities): that directory stays readable, nothing in it.
 	rules = append(rules, landlock.PathAccess(llsys.AccessFSReadDir&cfg.HandledAccessFS,
 		fmt.Sprintf("/proc/%d/task", os.Getpid())))
-	if st.guestRoot != "" {
+	if st.guestRoot != "" && !st.native {
 		// The guest may list its "/" (which holds only "ws").
 		rules = append(rules, landlock.PathAccess(llsys.AccessFSReadDir&cfg.HandledAccessFS, st.guestRoot))
 	}

@@ -151,6 +151,8 @@ func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int {
 		}
 	case f.Step == protocol.StepSession:
 		session(r, f.Request)
+	case f.Request.Backend == protocol.BackendNative:
+		native(r, f.Request)
 	default:
 		cold(r, f.Request, body)
 	}

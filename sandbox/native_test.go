@@ -1,0 +1,234 @@
+package sandbox_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// nativeRoot returns the native backend's root file system for the tests:
+// $SANDCELL_NATIVE_ROOT, or the bundle's (make native). Under make (the bundle
+// directory set) a missing root fails the test; elsewhere it skips, saying so.
+func nativeRoot(t *testing.T) string {
+	t.Helper()
+	if d := os.Getenv("SANDCELL_NATIVE_ROOT"); d != "" {
+		return d
+	}
+	d := filepath.Join(os.Getenv("SANDCELL_BUNDLE_DIR"), "native", "rootfs")
+	if _, err := os.Stat(filepath.Join(d, "usr/bin/python3.13")); err != nil {
+		if os.Getenv("SANDCELL_BUNDLE_DIR") != "" {
+			t.Fatalf("no native root (make native): %v", err)
+		}
+		t.Skip("no native root: set SANDCELL_NATIVE_ROOT or SANDCELL_BUNDLE_DIR (make native)")
+	}
+	return d
+}
+
+// runNative executes code on the native backend with the default policy, changed by
+// edit, in a fresh workspace.
+func runNative(t *testing.T, code string, edit func(*protocol.Request, *policy.Policy)) (protocol.Result, string) {
+	t.Helper()
+	pol := policy.Default()
+	req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Code: code, Workspace: t.TempDir()}
+	if edit != nil {
+		edit(&req, &pol)
+	}
+	limits, err := pol.Resolve(req.Limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Limits = limits
+	req.Hardening = pol.NativeHardening(limits)
+	sp, done := spawnerFor(t, req, "")
+	res, err := sp.Run(context.Background(), req)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	done()
+	return res, req.Workspace
+}
+
+func TestNativePrint(t *testing.T) {
+	t.Parallel()
+	res, ws := runNative(t, `import sys, os
+print(sys.version_info[:2], sys.implementation.name, os.getcwd(), sys.argv)
+open("out.txt", "w").write("hi")
+print(sorted(os.listdir("/")))
+`, nil)
+	wantExit(t, res, 0)
+	if !strings.Contains(string(res.Stdout), "(3, 13) cpython /ws ['-c']") {
+		t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
+	if b, err := os.ReadFile(filepath.Join(ws, "out.txt")); err != nil || string(b) != "hi" {
+		t.Fatalf("out.txt: %q %v", b, err)
+	}
+	e := res.Enforcement
+	if e == nil || e.Backend != protocol.BackendNative || len(e.Missing(protocol.Layers())) > 0 {
+		t.Fatalf("contract %+v", e)
+	}
+	t.Logf("stdout %s\nstderr %s\ncontract %+v", res.Stdout, res.Stderr, e)
+}
+
+// TestNativeBoundaries runs probes of what the native guest must not do, and of what
+// it must still be able to, each in a run of its own; a probe prints "ok" when the
+// system answered as the contract says.
+func TestNativeBoundaries(t *testing.T) {
+	t.Parallel()
+	probes := map[string]string{
+		"root read-only": `
+try:
+    open("/etc/x", "w")
+except OSError as e:
+    print("ok", e.errno)`,
+		"tmp private and writable": `
+import os
+open("/tmp/a", "w").write("x"); print("ok" if sorted(os.listdir("/tmp")) == [".matplotlib", "a"] else os.listdir("/tmp"))`,
+		"no fork": `
+import os
+try:
+    os.fork()
+except OSError as e:
+    print("ok", e.errno)`,
+		"no subprocess": `
+import subprocess
+try:
+    subprocess.run(["/usr/bin/python3", "-c", "1"])
+except OSError as e:
+    print("ok", e.errno)`,
+		"no socket": `
+import socket
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+except OSError as e:
+    print("ok", e.errno)`,
+		"socketpair works": `
+import socket
+a, b = socket.socketpair(); a.send(b"x"); print("ok" if b.recv(1) == b"x" else "no")`,
+		"no executable anonymous memory": `
+import mmap
+try:
+    mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+except OSError as e:
+    print("ok", e.errno)`,
+		"no mprotect to executable": `
+import ctypes, mmap
+libc = ctypes.CDLL(None)
+m = mmap.mmap(-1, 4096)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+print("ok" if libc.mprotect(ctypes.c_void_p(addr), 4096, 7) == -1 and ctypes.get_errno() in (0, 1) else "no")`,
+		"no memfd": `
+import os
+try:
+    os.memfd_create("x")
+except OSError as e:
+    print("ok", e.errno)`,
+		"no code from the workspace": `
+import shutil, ctypes, glob
+lib = glob.glob("/usr/lib/*-linux-gnu/libz.so.1")[0]
+shutil.copy(lib, "/ws/libx.so")
+try:
+    ctypes.CDLL("/ws/libx.so")
+except OSError as e:
+    print("ok", "failed to map" in str(e) or "not permitted" in str(e), e)`,
+		"no write to own memory through proc": `
+try:
+    open("/proc/self/mem", "wb")
+except OSError as e:
+    print("ok", e.errno)`,
+		"no ptrace": `
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print("ok" if libc.ptrace(0, 0, 0, 0) == -1 and ctypes.get_errno() == 1 else "no")`,
+		"no other devices": `
+import os
+print("ok", sorted(os.listdir("/dev")))
+open("/dev/null", "w").write("x")
+try:
+    os.mknod("/tmp/n", 0o20666, os.makedev(1, 3))
+except OSError as e:
+    print("ok", e.errno)`,
+		"threads work": `
+import threading
+out = []
+ts = [threading.Thread(target=out.append, args=(i,)) for i in range(8)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print("ok" if sorted(out) == list(range(8)) else out)`,
+		"no network": `
+lines = open("/proc/self/net/dev").read().split("\n")[2:]
+devs = [l.split(":")[0].strip() for l in lines if l.strip()]
+print("ok" if devs == ["lo"] else devs)`,
+	}
+	for name, code := range probes {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			res, _ := runNative(t, code, nil)
+			wantExit(t, res, 0)
+			if !strings.HasPrefix(string(res.Stdout), "ok") || strings.Contains(string(res.Stdout), "ok False") {
+				t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+			}
+			t.Logf("%s", res.Stdout)
+		})
+	}
+}
+
+// TestNativeLimits: memory, CPU, wall clock, output and threads end in their typed
+// reasons on the native backend.
+func TestNativeLimits(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, code string
+		edit       func(*protocol.Request, *policy.Policy)
+		want       protocol.Reason
+	}{
+		{"memory", "b = bytearray(1 << 30)", nil, protocol.MemoryLimit},
+		{"cpu", "while True: pass", func(r *protocol.Request, _ *policy.Policy) { r.Limits.CPUMS = 1000 }, protocol.CPULimit},
+		{"wall clock", "import time; time.sleep(60)", func(r *protocol.Request, _ *policy.Policy) { r.Limits.TimeoutMS = 1000 }, protocol.Timeout},
+		{"output", "while True: print('x' * 1000)", nil, protocol.OutputLimit},
+		{"exit status", "raise SystemExit(3)", nil, protocol.Exited},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			res, _ := runNative(t, c.code, c.edit)
+			if res.Reason != c.want {
+				t.Fatalf("reason %s exit %d, want %s\nstderr %.1000s\ndiagnostics %v", res.Reason, res.ExitCode, c.want, res.Stderr, res.Diagnostics)
+			}
+			if res.Enforcement == nil || res.Enforcement.Backend != protocol.BackendNative {
+				t.Fatalf("no native contract: %+v", res.Enforcement)
+			}
+		})
+	}
+	t.Run("thread bomb", func(t *testing.T) {
+		t.Parallel()
+		res, _ := runNative(t, `
+import threading, time
+n = 0
+try:
+    while True:
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start(); n += 1
+except RuntimeError as e:
+    print("stopped", n < 300, e)
+`, nil)
+		wantExit(t, res, 0)
+		if !strings.HasPrefix(string(res.Stdout), "stopped True") {
+			t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+		}
+	})
+	t.Run("processes when policy allows", func(t *testing.T) {
+		t.Parallel()
+		res, _ := runNative(t, `
+import os, subprocess
+r = subprocess.run(["/usr/bin/python3", "-c", "import os; print(os.getpid() < 100, os.readlink('/proc/self/ns/pid') == %r)" % os.readlink("/proc/self/ns/pid")], capture_output=True, text=True)
+print("child", r.returncode, r.stdout.strip(), r.stderr[-300:])
+`, func(_ *protocol.Request, p *policy.Policy) { p.NativeProcesses = true })
+		wantExit(t, res, 0)
+		if !strings.HasPrefix(string(res.Stdout), "child 0 True True") {
+			t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+		}
+	})
+}

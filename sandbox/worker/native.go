@@ -1,0 +1,341 @@
+package worker
+
+import (
+	"debug/elf"
+	_ "embed"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/landlock-lsm/go-landlock/landlock"
+	llsys "github.com/landlock-lsm/go-landlock/landlock/syscall"
+	"golang.org/x/sys/unix"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// The native backend. The worker hardens itself exactly as for a wasm run (the same
+// namespaces, rlimits, capabilities, Landlock and no_new_privs, with the native
+// seccomp profile and a root of Debian's files instead of the interpreter's
+// library), reports the contract (StepExec), and then replaces itself with the
+// root's python3 (execve(2)), which keeps every layer: nothing of the worker's Go
+// code is left in the guest's process.
+//
+// The guest's root, in the worker's mount namespace:
+//
+//	/       the native root (read-only, nosuid, nodev: its files alone may be mapped executable)
+//	/ws     the workspace (read-write, nosuid, nodev, noexec)
+//	/tmp    a private tmpfs of Hardening.TmpBytes (read-write, nosuid, nodev, noexec)
+//	/proc   a procfs of the worker's pid namespace (subset=pid, read-only)
+//	/dev    a read-only tmpfs holding null, zero, full, random and urandom (the host's
+//	        devices, bound; nosuid, noexec) and the fd, stdin, stdout, stderr links
+const (
+	nativePython = "/usr/bin/python3.13"
+	nativeTmp    = "/tmp"
+)
+
+// nativeDevices are the device nodes the native guest gets in /dev, and whether it
+// may write to each.
+var nativeDevices = map[string]bool{"null": true, "zero": true, "full": true, "random": false, "urandom": false}
+
+// nativeRunner is the Python program the guest's interpreter starts with (`-c`): it
+// reads the program from stdin as the wasm bootstrap does and runs it as __main__.
+//
+//go:embed native.py
+var nativeRunner string
+
+// native serves a run on the native backend: prepare (namespaces, the native root),
+// stdin, narrow, the contract, then the exec. It returns only if the guest could not
+// be started; the reply then says why.
+func native(r *reply, req *protocol.Request) {
+	var rep protocol.Report
+	defer func() { recoverReport(&rep); r.send(rep) }()
+	if msg := check(req); msg != "" {
+		rep = failed(msg)
+		return
+	}
+	if req.RootDir == "" {
+		rep = failed("a native run names no root file system")
+		return
+	}
+	st := prepare(req, false)
+	if err := nativeStdin(req); err != nil {
+		rep = failed("cannot prepare stdin: " + err.Error())
+		return
+	}
+	narrow(req, st)
+	var ok bool
+	if rep, ok = contract(req, st); !ok {
+		return
+	}
+	r.st = st
+	if !st.enf.Namespaces[protocol.LayerMountNS] {
+		// Without a root of its own the worker cannot reach the native root's
+		// interpreter by its guest path: refuse rather than run the host's.
+		rep = failed("the native backend needs the worker's own mount namespace (mntns): " + st.enf.Errors[protocol.LayerMountNS])
+		return
+	}
+	enf := st.enf
+	if err := protocol.Send(r.ctl, protocol.Frame{Step: protocol.StepExec, Report: &protocol.Report{Enforcement: &enf}}); err != nil {
+		r.ok = false
+		r.once.Do(func() {}) // the parent is gone: nothing to report to
+		return
+	}
+	err := unix.Exec(nativePython, []string{"python3", "-I", "-B", "-c", nativeRunner}, nativeEnv(req.Env))
+	rep = failed("cannot start the native interpreter: " + err.Error())
+}
+
+// nativeEnv is the guest's environment: a few defaults for the root's libraries
+// (matplotlib draws to files, in /tmp; a UTF-8 locale), then the request's, which
+// policy has filtered and which may override them.
+func nativeEnv(env map[string]string) []string {
+	all := map[string]string{
+		"HOME": nativeTmp, "LANG": "C.UTF-8", "PATH": "/usr/bin",
+		"MPLBACKEND": "Agg", "MPLCONFIGDIR": nativeTmp + "/.matplotlib",
+	}
+	maps.Copy(all, env)
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(all)) {
+		out = append(out, k+"="+all[k])
+	}
+	return out
+}
+
+// nativeStdin makes fd 0 a sealed memory file holding req's program (the header
+// the runner reads, see Program) and then its stdin: a file, since the worker that
+// would feed a pipe is gone after the exec; sealed, so the guest cannot grow it.
+// It is made before the seccomp filter, which refuses memfd_create.
+func nativeStdin(req *protocol.Request) error {
+	prog, err := Program(req)
+	if err != nil {
+		return err
+	}
+	fd, err := unix.MemfdCreate("stdin", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		return err
+	}
+	f := os.NewFile(uintptr(fd), "stdin")
+	defer f.Close()
+	if _, err := f.Write(append(prog, req.Stdin...)); err != nil {
+		return err
+	}
+	if _, err := f.Seek(0, 0); err != nil {
+		return err
+	}
+	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE
+	if _, err := unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, seals); err != nil {
+		return err
+	}
+	return unix.Dup3(fd, 0, 0)
+}
+
+// pivotNative gives the worker the native root (see the layout above) and pivots
+// into it. As in pivot, every mount is made detached from a path reopened in this
+// namespace and the workspace is checked to be the directory the parent opened.
+func pivotNative(req *protocol.Request, ownPid bool) error {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	data := uint64(unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC)
+	var fds []int
+	defer func() {
+		for _, fd := range fds {
+			unix.Close(fd)
+		}
+	}()
+	keep := func(fd int, err error) (int, error) {
+		if err == nil {
+			fds = append(fds, fd)
+		}
+		return fd, err
+	}
+	root, err := keep(cloneTree(req.RootDir, -1, unix.MOUNT_ATTR_RDONLY|unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV))
+	if err != nil {
+		return fmt.Errorf("native root: %w", err)
+	}
+	ws, err := keep(cloneTree(req.Workspace, protocol.WorkspaceFD, data))
+	if err != nil {
+		return fmt.Errorf("workspace: %w", err)
+	}
+	proc, err := keep(procMount(ownPid))
+	if err != nil {
+		return err
+	}
+	size := req.Hardening.TmpBytes
+	if size <= 0 {
+		size = 64 << 20
+	}
+	tmp, err := keep(tmpfs(fmt.Sprintf("size=%d,mode=1777,nr_inodes=16384", size), data))
+	if err != nil {
+		return fmt.Errorf("/tmp: %w", err)
+	}
+	dev, err := keep(tmpfs("size=64k,mode=0755,nr_inodes=64", unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NOEXEC))
+	if err != nil {
+		return fmt.Errorf("/dev: %w", err)
+	}
+	nodes := map[string]int{}
+	for _, name := range slices.Sorted(maps.Keys(nativeDevices)) {
+		f, err := unix.Openat(dev, name, unix.O_CREAT|unix.O_EXCL|unix.O_WRONLY|unix.O_CLOEXEC, 0o666)
+		if err != nil {
+			return fmt.Errorf("/dev/%s: %w", name, err)
+		}
+		unix.Close(f)
+		if nodes[name], err = keep(cloneDevice("/dev/" + name)); err != nil {
+			return fmt.Errorf("/dev/%s: %w", name, err)
+		}
+	}
+	for name, target := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0",
+		"stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
+		if err := unix.Symlinkat(target, dev, name); err != nil {
+			return fmt.Errorf("/dev/%s: %w", name, err)
+		}
+	}
+	// Attach the root somewhere in this (private) namespace so that mounts can go
+	// beneath it and pivot_root accepts it; where does not matter once pivoted.
+	if err := unix.MoveMount(root, "", unix.AT_FDCWD, req.RootDir, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("attach the native root: %w", err)
+	}
+	for _, m := range []struct {
+		fd   int
+		at   int
+		name string
+	}{{ws, root, "ws"}, {tmp, root, "tmp"}, {proc, root, "proc"}, {dev, root, "dev"}} {
+		if err := unix.MoveMount(m.fd, "", m.at, m.name, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("mount /%s: %w", m.name, err)
+		}
+	}
+	for name, node := range nodes {
+		if err := unix.MoveMount(node, "", dev, name, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			return fmt.Errorf("mount /dev/%s: %w", name, err)
+		}
+	}
+	if err := unix.MountSetattr(dev, "", unix.AT_EMPTY_PATH, &unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY}); err != nil {
+		return fmt.Errorf("/dev read-only: %w", err)
+	}
+	if err := unix.Fchdir(root); err != nil {
+		return fmt.Errorf("chdir new root: %w", err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root: %w", err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detach old root: %w", err)
+	}
+	if err := unix.Chdir(GuestWorkdir); err != nil {
+		return err
+	}
+	if err := sameDir(GuestWorkdir, protocol.WorkspaceFD); err != nil {
+		return err
+	}
+	return unix.Close(protocol.WorkspaceFD)
+}
+
+// tmpfs returns a detached tmpfs mounted with options (comma-separated key=value)
+// and attrs.
+func tmpfs(options string, attrs uint64) (int, error) {
+	fs, err := unix.Fsopen("tmpfs", unix.FSOPEN_CLOEXEC)
+	if err != nil {
+		return -1, fmt.Errorf("fsopen tmpfs: %w", err)
+	}
+	defer unix.Close(fs)
+	for _, kv := range strings.Split(options, ",") {
+		k, v, _ := strings.Cut(kv, "=")
+		if err := unix.FsconfigSetString(fs, k, v); err != nil {
+			return -1, fmt.Errorf("tmpfs %s: %w", kv, err)
+		}
+	}
+	if err := unix.FsconfigCreate(fs); err != nil {
+		return -1, fmt.Errorf("tmpfs: %w", err)
+	}
+	m, err := unix.Fsmount(fs, unix.FSMOUNT_CLOEXEC, int(attrs))
+	if err != nil {
+		return -1, fmt.Errorf("fsmount tmpfs: %w", err)
+	}
+	return m, nil
+}
+
+// nativeMountRoot is the contract's description of the native root.
+func nativeMountRoot(ownPid bool) []string {
+	proc := "/proc (read-only, this pid namespace's processes only)"
+	if !ownPid {
+		proc = "/proc (read-only, the parent's, its masks kept)"
+	}
+	return []string{"/ (the native root, read-only)", "/ws (read-write, noexec)",
+		"/tmp (read-write, private tmpfs, noexec)", proc,
+		"/dev (read-only: null, zero, full, random, urandom)"}
+}
+
+// interpreterPath returns the program interpreter (PT_INTERP, the dynamic loader)
+// of the ELF file at path, which Landlock must let be executed with it.
+func interpreterPath(path string) (string, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			b := make([]byte, p.Filesz)
+			if _, err := p.ReadAt(b, 0); err != nil {
+				return "", err
+			}
+			return strings.TrimRight(string(b), "\x00"), nil
+		}
+	}
+	return "", errors.New("no program interpreter")
+}
+
+// nativeLandlockRules are the native guest's paths beyond the root (read-only, from
+// the caller's first rule) and the workspace: /tmp as the workspace; the interpreter
+// and its dynamic loader executable, and nothing else; the writable devices read
+// and written, the random ones read.
+func nativeLandlockRules(handled landlock.AccessFSSet, denied landlock.AccessFSSet) ([]landlock.Rule, error) {
+	loader, err := interpreterPath(nativePython)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", nativePython, err)
+	}
+	exec := landlock.AccessFSSet(llsys.AccessFSExecute|llsys.AccessFSReadFile) & handled
+	rules := []landlock.Rule{
+		landlock.PathAccess(handled&^denied, nativeTmp),
+		landlock.PathAccess(exec, nativePython, loader),
+	}
+	rw := landlock.AccessFSSet(llsys.AccessFSReadFile|llsys.AccessFSWriteFile|llsys.AccessFSTruncate) & handled
+	for _, name := range slices.Sorted(maps.Keys(nativeDevices)) {
+		access := landlock.AccessFSSet(llsys.AccessFSReadFile) & handled
+		if nativeDevices[name] {
+			access = rw
+		}
+		rules = append(rules, landlock.PathAccess(access, "/dev/"+name))
+	}
+	return rules, nil
+}
+
+// cloneDevice returns a detached bind mount (nosuid, noexec) of the character device
+// at path.
+func cloneDevice(path string) (int, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return -1, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
+		return -1, errors.New("not a character device")
+	}
+	tree, err := unix.OpenTree(fd, "", unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_EMPTY_PATH)
+	if err != nil {
+		return -1, openTreeError(err)
+	}
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &unix.MountAttr{
+		Attr_set: unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NOEXEC}); err != nil {
+		unix.Close(tree)
+		return -1, fmt.Errorf("mount_setattr: %w", err)
+	}
+	return tree, nil
+}
