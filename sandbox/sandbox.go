@@ -672,7 +672,7 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 	go func() { defer wg.Done(); stderr.read(p.errR, req.Limits.MaxStderrBytes, kill) }()
 	var rep protocol.Report
 	var repErr error
-	var execd bool                 // the worker became the guest (native): rep holds the contract alone
+	var execd bool                // the worker became the guest (native): rep holds the contract alone
 	var guestRep *protocol.Report // what the guest's runner said (untrusted), if anything
 	go func() {
 		defer wg.Done()
