@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
@@ -150,7 +151,20 @@ func (l *localTools) Run(ctx context.Context, r wire.RunRequest) (wire.View, err
 		return wire.View{}, refuse(wire.CodeLimitExceeded, strings.Join(policy.Describe(err,
 			func(e *policy.LimitError, v int64) (string, string) { return e.Field, strconv.FormatInt(v, 10) }), "; "))
 	}
-	req, err := l.base(limits)
+	var req protocol.Request
+	switch r.Backend {
+	case "", protocol.BackendWasm:
+		req, err = l.base(limits)
+	case protocol.BackendNative:
+		var root *bundle.NativeRoot
+		if root, err = bundle.OpenNative(l.bundleDir); err != nil {
+			return wire.View{}, refuse(wire.CodeBackendUnavailable, "the native backend is unavailable: "+err.Error())
+		}
+		req = protocol.Request{Backend: protocol.BackendNative, RootDir: root.Dir, Limits: limits,
+			Hardening: l.pol.NativeHardening(limits), Workspace: l.ws.Dir()}
+	default:
+		return wire.View{}, refuse(wire.CodeBadRequest, fmt.Sprintf("backend %q: one of %s", r.Backend, strings.Join(protocol.Backends(), ", ")))
+	}
 	if err != nil {
 		return wire.View{}, err
 	}

@@ -46,6 +46,7 @@ type runFlags struct {
 	require   []string
 	profile   string
 	socket    string
+	backend   string
 }
 
 func newRunCmd() *cobra.Command {
@@ -87,6 +88,7 @@ ends the run as rejected (exit 126) with no code run.`,
 	fl.StringVar(&f.cacheDir, "cache-dir", defaultCacheDir(), "where a rebuilt .cwasm is kept ($SANDCELL_CACHE_DIR)")
 	fl.StringSliceVar(&f.require, "require", protocol.Layers(), "enforcement layers without which no code runs (comma-separated; \"none\" for none)")
 	fl.StringVar(&f.profile, "seccomp-profile", "", "OCI seccomp profile (JSON) to use instead of the built-in one")
+	fl.StringVar(&f.backend, "backend", protocol.BackendWasm, "where the code runs: wasm, or native (Debian's CPython with numpy, pandas, matplotlib, scipy, scikit-learn; the bundle's native root, make native)")
 	fl.StringVar(&f.socket, "socket", os.Getenv("SANDCELL_SOCKET"), "run through the daemon listening on this Unix socket ($SANDCELL_SOCKET) instead of a local worker")
 	return cmd
 }
@@ -157,6 +159,16 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 		return rejected{err}
 	}
 	req.Hardening = pol.Hardening(limits)
+	switch f.backend {
+	case protocol.BackendWasm:
+	case protocol.BackendNative:
+		if f.fuel > 0 {
+			return rejected{errors.New("--fuel: fuel is counted by the wasm engine; the native backend has none (use --cpu)")}
+		}
+		req.Backend, req.Hardening = protocol.BackendNative, pol.NativeHardening(limits)
+	default:
+		return rejected{fmt.Errorf("--backend %q: one of %s", f.backend, strings.Join(protocol.Backends(), ", "))}
+	}
 	if len(f.env) > 0 {
 		req.Env = map[string]string{}
 		for _, kv := range f.env {
@@ -195,7 +207,13 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 		req.Workspace = dir
 	}
 
-	if req.ModulePath, req.LibDir, err = precompiled(f.bundleDir, f.cacheDir, req.Limits.Fuel > 0); err != nil {
+	if req.Backend == protocol.BackendNative {
+		root, err := bundle.OpenNative(f.bundleDir)
+		if err != nil {
+			return err
+		}
+		req.RootDir = root.Dir
+	} else if req.ModulePath, req.LibDir, err = precompiled(f.bundleDir, f.cacheDir, req.Limits.Fuel > 0); err != nil {
 		return err
 	}
 
@@ -220,7 +238,7 @@ func runRemote(cmd *cobra.Command, f *runFlags, req protocol.Request) error {
 			return rejected{fmt.Errorf("--%s applies to local runs; the daemon has its own (see sandcell config)", local)}
 		}
 	}
-	rr := wire.RunRequest{Code: req.Code, Args: req.Args, Stdin: string(req.Stdin), Env: req.Env}
+	rr := wire.RunRequest{Code: req.Code, Args: req.Args, Stdin: string(req.Stdin), Env: req.Env, Backend: req.Backend}
 	if !utf8.Valid(req.Stdin) {
 		// JSON strings carry text: other bytes go as base64.
 		rr.Stdin, rr.StdinEncoding = base64.StdEncoding.EncodeToString(req.Stdin), "base64"

@@ -66,6 +66,9 @@ type Policy struct {
 	// NativeTmpBytes is the size of a native guest's private /tmp, in bytes; zero
 	// means DefaultNativeTmpBytes.
 	NativeTmpBytes int64
+	// NativeRequire names the layers without which no native code runs; empty
+	// means Require.
+	NativeRequire []string
 }
 
 // Disableable are the names Policy.Disable accepts.
@@ -119,6 +122,9 @@ func (p Policy) NativeHardening(l protocol.Limits) protocol.Hardening {
 	}
 	h.Namespaces = true
 	h.Processes = p.NativeProcesses
+	if len(p.NativeRequire) > 0 {
+		h.Require = p.NativeRequire
+	}
 	h.Rlimits.DATA = uint64(l.MemoryBytes)
 	if l.CPUMS > 0 {
 		h.Rlimits.CPU = uint64((l.CPUMS + 999) / 1000)
@@ -140,10 +146,11 @@ const DefaultNativeTmpBytes = 64 * MiB
 // 1 GiB, 256 descriptors, 256 threads, and every enforcement layer required.
 func Default() Policy {
 	return Policy{
-		Require:      append([]string(nil), protocol.Layers()...),
-		MaxFileBytes: 1024 * MiB,
-		MaxOpenFiles: 256,
-		MaxThreads:   256,
+		Require:        append([]string(nil), protocol.Layers()...),
+		NativeTmpBytes: DefaultNativeTmpBytes,
+		MaxFileBytes:   1024 * MiB,
+		MaxOpenFiles:   256,
+		MaxThreads:     256,
 		Default: protocol.Limits{
 			TimeoutMS:      30_000,
 			MemoryBytes:    256 * MiB,
@@ -176,6 +183,12 @@ func (p Policy) Validate() error {
 	}
 	if err := protocol.CheckLayers(p.Require); err != nil {
 		errs = multierror.Append(errs, fmt.Errorf("require: %w", err))
+	}
+	if err := protocol.CheckLayers(p.NativeRequire); err != nil {
+		errs = multierror.Append(errs, fmt.Errorf("native require: %w", err))
+	}
+	if p.NativeTmpBytes < 0 || p.NativeTmpBytes > 64<<30 {
+		errs = multierror.Append(errs, fmt.Errorf("native tmp: %d bytes is out of range (0 to 64 GiB)", p.NativeTmpBytes))
 	}
 	for _, d := range p.Disable {
 		if !contains(Disableable(), d) {

@@ -35,17 +35,19 @@ func TestReceiveChecksTheStep(t *testing.T) {
 		frame string
 		want  error
 	}{
-		{`{"version":7,"step":"ack"}`, ErrStep},         // not expected
-		{`{"version":7,"step":"report"}`, ErrStep},      // no report
-		{`{"version":6,"step":"ready"}`, ErrVersion},    // an older worker (no cell values)
-		{`{"version":7,"step":"ready","x":1}`, nil},     // unknown members are ignored
+		{`{"version":8,"step":"ack"}`, ErrStep},         // not expected
+		{`{"version":8,"step":"report"}`, ErrStep},      // no report
+		{`{"version":7,"step":"ready"}`, ErrVersion},    // an older worker (no native backend)
+		{`{"version":8,"step":"ready","x":1}`, nil},     // unknown members are ignored
 		{`{"code":"print(1)","version":3}`, ErrVersion}, // a version-3 request
-		{`{"version":7,"step":"run","request":{}}`, ErrStep},
+		{`{"version":8,"step":"run","request":{}}`, ErrStep},
+		{`{"version":8,"step":"exec"}`, ErrStep}, // no contract
+		{`{"version":8,"step":"exec","report":{"reason":""}}`, nil},
 	} {
 		var buf bytes.Buffer
 		binary.Write(&buf, binary.BigEndian, uint32(len(c.frame)))
 		buf.WriteString(c.frame)
-		_, err := Receive(&buf, StepReady, StepReport)
+		_, err := Receive(&buf, StepReady, StepReport, StepExec)
 		if c.want == nil && err != nil || c.want != nil && !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.frame, err, c.want)
 		}
@@ -124,13 +126,13 @@ func TestSessionSteps(t *testing.T) {
 		frame string
 		want  error
 	}{
-		{`{"version":7,"step":"interrupt"}`, ErrStep},
-		{`{"version":7,"step":"interrupt","interrupt":"timeout"}`, nil},
-		{`{"version":7,"step":"cell"}`, ErrStep},
-		{`{"version":7,"step":"cell","request":{"code":"1"}}`, nil},
-		{`{"version":7,"step":"session"}`, ErrStep},
-		{`{"version":7,"step":"checkpoint"}`, ErrStep},
-		{`{"version":7,"step":"checkpoint","checkpoint":{"memory_bytes":65536}}`, nil},
+		{`{"version":8,"step":"interrupt"}`, ErrStep},
+		{`{"version":8,"step":"interrupt","interrupt":"timeout"}`, nil},
+		{`{"version":8,"step":"cell"}`, ErrStep},
+		{`{"version":8,"step":"cell","request":{"code":"1"}}`, nil},
+		{`{"version":8,"step":"session"}`, ErrStep},
+		{`{"version":8,"step":"checkpoint"}`, ErrStep},
+		{`{"version":8,"step":"checkpoint","checkpoint":{"memory_bytes":65536}}`, nil},
 	} {
 		var buf bytes.Buffer
 		binary.Write(&buf, binary.BigEndian, uint32(len(c.frame)))

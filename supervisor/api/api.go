@@ -121,6 +121,9 @@ type Options struct {
 	MaxBodyBytes int64
 	// Module returns the precompiled module and library directory for a run.
 	Module func(fuel bool) (module, lib string, err error)
+	// Native returns the verified native root for a run on the native backend, or
+	// why there is none; nil means the backend is not offered.
+	Native func() (root string, err error)
 	// Disabled reports the kill switch.
 	Disabled func() bool
 	// Ready reports whether the sandbox has been verified, and why not.

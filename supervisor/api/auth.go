@@ -44,10 +44,7 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 				allowed = allowed || s.access().Allows(peer, role)
 			}
 			if !allowed {
-				who := fmt.Sprintf("uid %d", peer.UID)
-				if peer.Token != "" {
-					who = fmt.Sprintf("token %q", peer.Token)
-				}
+				who := peer.who()
 				c.Response().Header().Set("Connection", "close") // nor wait for its body
 				e := failf(wire.CodeForbidden, "%s is not allowed the %s role", who, role)
 				e.kind, e.record = store.AccessDenied, map[string]any{"method": c.Request().Method, "path": c.Path(),
@@ -91,4 +88,12 @@ func callerOf(ctx context.Context) supervisor.Caller {
 		return peer.Caller()
 	}
 	return supervisor.Caller{UID: -1}
+}
+
+// who names the caller in a refusal: its uid, or its token's name.
+func (p Peer) who() string {
+	if p.Token != "" {
+		return fmt.Sprintf("token %q", p.Token)
+	}
+	return fmt.Sprintf("uid %d", p.UID)
 }

@@ -81,7 +81,7 @@ func statusOf(code string) int {
 		return http.StatusUnsupportedMediaType
 	case wire.CodeQueueFull, wire.CodeCallerLimit, wire.CodeConnLimit, wire.CodeTooManyPending, wire.CodeSessionLimit:
 		return http.StatusTooManyRequests
-	case wire.CodeDisabled, wire.CodeNotReady, wire.CodeNotAlive, wire.CodeStopping, wire.CodeAuditDown:
+	case wire.CodeDisabled, wire.CodeNotReady, wire.CodeNotAlive, wire.CodeStopping, wire.CodeAuditDown, wire.CodeBackendUnavailable:
 		return http.StatusServiceUnavailable
 	case wire.CodeQuota:
 		return http.StatusInsufficientStorage

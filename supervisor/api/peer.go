@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
@@ -642,6 +644,9 @@ func (p Principals) Has(peer Peer) bool {
 // Access maps callers to roles.
 type Access struct {
 	Runners, Approvers, Admins Principals
+	// Native is who of the callers that may run code may run it on the native
+	// backend ([native] runners).
+	Native NativeAccess
 	// Tokens are the bearer tokens TCP callers may present.
 	Tokens Tokens
 }
@@ -707,4 +712,47 @@ func ListenUnix(path string, mode os.FileMode, gid int) (*net.UnixListener, erro
 		return nil, fmt.Errorf("socket mode: %w", err)
 	}
 	return l, nil
+}
+
+// NativeAccess is who may run code on the native backend: every runner (All), or
+// the listed principals and TCP tokens.
+type NativeAccess struct {
+	All        bool
+	Principals Principals
+	Tokens     []string // token names
+}
+
+// ResolveNative turns [native] runners entries into a NativeAccess: "*" is every
+// runner, "token:NAME" a TCP token, anything else as ResolvePrincipals reads it.
+func ResolveNative(entries []string) (NativeAccess, error) {
+	var n NativeAccess
+	var rest []string
+	for _, e := range entries {
+		switch name, ok := strings.CutPrefix(e, "token:"); {
+		case e == "*":
+			n.All = true
+		case ok:
+			n.Tokens = append(n.Tokens, name)
+		default:
+			rest = append(rest, e)
+		}
+	}
+	var err error
+	n.Principals, err = ResolvePrincipals(rest)
+	return n, err
+}
+
+// MayUseBackend reports whether peer, who may run code, may run it on backend.
+// The wasm backend is every runner's.
+func (a Access) MayUseBackend(peer Peer, backend string) bool {
+	if backend != protocol.BackendNative {
+		return true
+	}
+	if a.Native.All {
+		return true
+	}
+	if peer.Token != "" {
+		return slices.Contains(a.Native.Tokens, peer.Token)
+	}
+	return a.Native.Principals.Has(peer)
 }

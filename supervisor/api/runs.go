@@ -9,6 +9,7 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -37,6 +38,9 @@ func (s *Server) createRun(c echo.Context) error {
 	}
 	req, err := s.request(body)
 	if err != nil {
+		return err
+	}
+	if err := s.mayUseBackend(peer, req.Backend); err != nil {
 		return err
 	}
 	acquired := ""
@@ -97,7 +101,7 @@ func (s *Server) createRun(c echo.Context) error {
 	// path's file as read), its arguments, its whole stdin and environment, and the
 	// limits policy resolved.
 	approval, err := s.admitCode(ctx, codeRequest{kind: "run", dir: req.Workspace, approval: body.Approval, held: held,
-		subject: map[string]any{"code": req.Code, "path": body.Path, "args": body.Args, "stdin": string(req.Stdin),
+		subject: map[string]any{"backend": req.Backend, "code": req.Code, "path": body.Path, "args": body.Args, "stdin": string(req.Stdin),
 			"stdin_sha256": sha256Hex(req.Stdin), "env": req.Env, "workspace": body.Workspace, "limits": req.Limits}})
 	if err != nil {
 		return err
@@ -111,7 +115,7 @@ func (s *Server) createRun(c echo.Context) error {
 	sum := sha256.Sum256([]byte(req.Code))
 	detail := map[string]any{"code_sha256": hex.EncodeToString(sum[:]), "limits": req.Limits,
 		"args": len(req.Args), "stdin_bytes": len(req.Stdin), "env": envNames(req.Env),
-		"workspace": body.Workspace}
+		"workspace": body.Workspace, "backend": req.Backend}
 	if req.Path != "" {
 		detail["path"] = req.Path
 	}
@@ -229,12 +233,43 @@ func (s *Server) request(b wire.RunRequest) (protocol.Request, error) {
 	if err := sandbox.CheckProgram(&protocol.Request{Code: b.Code, Path: b.Path, Args: b.Args, Stdin: stdin, Env: env}); err != nil {
 		return protocol.Request{}, fail(wire.CodeBadRequest, err.Error())
 	}
-	req, err := s.base(limits)
+	backend := cmp.Or(b.Backend, protocol.BackendWasm)
+	if !slices.Contains(protocol.Backends(), backend) {
+		return protocol.Request{}, failf(wire.CodeBadRequest, "backend %q: one of %s", b.Backend, strings.Join(protocol.Backends(), ", "))
+	}
+	if backend == protocol.BackendNative && limits.Fuel > 0 {
+		return protocol.Request{}, fail(wire.CodeBadRequest, "limits.fuel: fuel is counted by the wasm engine; the native backend has none (use limits.cpu_ms)")
+	}
+	req, err := s.baseOn(backend, limits)
 	if err != nil {
 		return protocol.Request{}, err
 	}
 	req.Code, req.Path, req.Args, req.Stdin, req.Env = b.Code, b.Path, b.Args, stdin, env
 	return req, nil
+}
+
+// baseOn is base for a job on backend: for the native backend, the verified root
+// and policy's native hardening instead of the module.
+func (s *Server) baseOn(backend string, limits protocol.Limits) (protocol.Request, error) {
+	if backend != protocol.BackendNative {
+		return s.base(limits)
+	}
+	if s.o.Native == nil {
+		return protocol.Request{}, fail(wire.CodeBackendUnavailable, "the native backend is not offered by this daemon")
+	}
+	root, err := s.o.Native()
+	if err != nil {
+		return protocol.Request{}, fail(wire.CodeBackendUnavailable, "the native backend is unavailable: "+err.Error())
+	}
+	return protocol.Request{Backend: backend, RootDir: root, Limits: limits, Hardening: s.policy().NativeHardening(limits)}, nil
+}
+
+// mayUseBackend refuses a caller whom policy does not let run code on backend.
+func (s *Server) mayUseBackend(peer Peer, backend string) error {
+	if s.access().MayUseBackend(peer, backend) {
+		return nil
+	}
+	return failf(wire.CodeForbidden, "%s may not run code on the %s backend (native.runners)", peer.who(), backend)
 }
 
 // base is the worker request every job starts from, runs and statements alike:

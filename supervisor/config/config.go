@@ -77,6 +77,8 @@ type Config struct {
 	Limits   Limits   `toml:"limits" envPrefix:"LIMITS_"`
 	// Sandbox is the worker's hardening.
 	Sandbox Sandbox `toml:"sandbox" envPrefix:"SANDBOX_"`
+	// Native configures the native backend.
+	Native Native `toml:"native" envPrefix:"NATIVE_"`
 	// Access maps callers (SO_PEERCRED uid and gid) to roles.
 	Access Access `toml:"access" envPrefix:"ACCESS_"`
 }
@@ -271,6 +273,24 @@ type Sandbox struct {
 	Disable []string `toml:"disable" env:"DISABLE"`
 }
 
+// Native configures the native backend: Debian's CPython with its scientific stack
+// (numpy, pandas, matplotlib, scipy, scikit-learn), run from the bundle's verified
+// native root as a hardened process (see docs/security.md, "The two backends").
+type Native struct {
+	// Runners may run code on the native backend: entries as in [access] (a user,
+	// a uid, "@group", "@gid"), "token:NAME" for a TCP token, or "*" for every
+	// caller who may run code at all. Empty: nobody (the backend is off).
+	Runners []string `toml:"runners" env:"RUNNERS"`
+	// Require names the enforcement layers without which no native code runs;
+	// empty means the same as sandbox.require.
+	Require []string `toml:"require" env:"REQUIRE"`
+	// Processes lets native guests start processes (fork, subprocess), which stay
+	// in the run's namespaces and limits; off, only threads.
+	Processes bool `toml:"processes" env:"PROCESSES"`
+	// TmpMiB is the size of a native guest's private /tmp (a tmpfs), in MiB.
+	TmpMiB int64 `toml:"tmp_mib" env:"TMP_MIB"`
+}
+
 // Access lists who may do what. An entry is a user name, a uid, "@group" or "@gid".
 type Access struct {
 	// Runners may run code and use workspaces.
@@ -306,6 +326,7 @@ func Default() Config {
 		Sandbox: Sandbox{Require: p.Require, MaxFileBytes: p.MaxFileBytes, MaxOpenFiles: p.MaxOpenFiles,
 			MaxThreads: p.MaxThreads, EnvAllow: []string{}, Disable: []string{}},
 		Access: Access{Runners: []string{"@sandcell"}, Approvers: []string{}, Admins: []string{"root"}},
+		Native: Native{Runners: []string{"*"}, Require: []string{}, TmpMiB: p.NativeTmpBytes / policy.MiB},
 	}
 }
 
@@ -538,6 +559,10 @@ func (c Config) policy() policy.Policy {
 		MaxOpenFiles: c.Sandbox.MaxOpenFiles,
 		MaxThreads:   c.Sandbox.MaxThreads,
 		Disable:      c.Sandbox.Disable,
+
+		NativeRequire:   c.Native.Require,
+		NativeProcesses: c.Native.Processes,
+		NativeTmpBytes:  c.Native.TmpMiB * policy.MiB,
 	}
 }
 

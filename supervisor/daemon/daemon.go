@@ -205,6 +205,7 @@ func Open(o Options) (_ *Daemon, err error) {
 		MaxBodyBytes:    cfg.Runs.MaxRequestBytes,
 		ReadTimeout:     cfg.Runs.RequestTimeout.Duration,
 		Module:          d.module,
+		Native:          d.native,
 		Disabled:        func() bool { return d.cfg.Load().Disabled },
 		Health:          d.health,
 		Info:            d.info,
@@ -445,6 +446,19 @@ func (d *Daemon) module(fuel bool) (string, string, error) {
 	return r.Modules[fuel], r.LibDir, nil
 }
 
+// native returns the verified native root for a run, or why the native backend is
+// not offered (see selftest's native check).
+func (d *Daemon) native() (string, error) {
+	r := d.report.Load()
+	switch {
+	case r == nil:
+		return "", errors.New("the sandbox has not been verified")
+	case r.NativeRoot == "":
+		return "", errors.New(r.NativeWhy)
+	}
+	return r.NativeRoot, nil
+}
+
 // prepareSession gives a session being resumed the module, library and hardening
 // the daemon runs with now.
 func (d *Daemon) prepareSession(req *protocol.Request) error {
@@ -634,6 +648,10 @@ func (d *Daemon) access(cfg config.Config) (api.Access, error) {
 			// An entry that names nobody on this host grants nothing: fail closed.
 			d.log.Warn("access entries that name nobody on this host grant nothing", "list", "access."+a.name, "error", err)
 		}
+	}
+	var err error
+	if access.Native, err = api.ResolveNative(cfg.Native.Runners); err != nil {
+		d.log.Warn("access entries that name nobody on this host grant nothing", "list", "native.runners", "error", err)
 	}
 	return access, nil
 }

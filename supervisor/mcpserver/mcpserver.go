@@ -576,7 +576,7 @@ func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in too
 		return nil, nil, err
 	}
 	rr := wire.RunRequest{Code: in.Code, Path: in.Path, Args: in.Args, Stdin: in.Stdin, Workspace: ws,
-		Limits: wire.RunLimits{TimeoutMS: in.TimeoutMS}, Approval: in.Approval}
+		Limits: wire.RunLimits{TimeoutMS: in.TimeoutMS}, Approval: in.Approval, Backend: in.Backend}
 	if id, err := answered(ctx, req, b); err != nil {
 		return nil, nil, err
 	} else if id != "" {

@@ -53,6 +53,12 @@ type Report struct {
 	Modules map[bool]string `json:"-"`
 	// LibDir is the interpreter's standard library directory.
 	LibDir string `json:"-"`
+	// NativeRoot is the verified native root whose canary passed, or "" (then
+	// NativeWhy says why the native backend is not offered).
+	NativeRoot string `json:"-"`
+	NativeWhy  string `json:"-"`
+	// NativeEnforcement is the native canary's contract, when one ran.
+	NativeEnforcement *protocol.Enforcement `json:"native_enforcement,omitempty"`
 }
 
 // OK reports whether no check failed.
@@ -130,7 +136,102 @@ func Run(ctx context.Context, o Options) *Report {
 	}
 	r.canary(ctx, o, CanaryProgram)
 	r.poolRoots(o.PoolRoots)
+	if r.OK() {
+		r.native(ctx, o)
+	}
 	return r
+}
+
+// NativeCanaryProgram is the native backend's canary: numpy computes 6*7, then each
+// escape probe's outcome is printed as JSON. Each must come out "denied".
+const NativeCanaryProgram = `import json, os, mmap
+import numpy
+r = {"answer": int(numpy.int64(6) * 7)}
+try:
+    import socket
+    socket.socket(socket.AF_INET, socket.SOCK_STREAM).connect(("127.0.0.1", 22))
+    r["network"] = "connected"
+except OSError:
+    r["network"] = "denied"
+try:
+    with open("/sandcell-canary", "w") as f:
+        f.write("x")
+    r["write_outside"] = "written"
+except OSError:
+    r["write_outside"] = "denied"
+try:
+    mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    r["executable_memory"] = "mapped"
+except OSError:
+    r["executable_memory"] = "denied"
+try:
+    open("/proc/self/mem", "r+b")
+    r["own_memory"] = "writable"
+except OSError:
+    r["own_memory"] = "denied"
+with open("/ws/canary", "w") as f:
+    f.write("x")
+os.remove("/ws/canary")
+r["workspace"] = "written"
+print(json.dumps(r, sort_keys=True))
+`
+
+// native verifies the bundle's native root, if it has one, against its pinned
+// manifest, and runs the native canary under the policy's native hardening. A
+// bundle without one, or one that fails, leaves the native backend not offered
+// (NativeWhy); the wasm backend is unaffected, so it is a warning, not a failure.
+func (r *Report) native(ctx context.Context, o Options) {
+	if o.Slow != nil {
+		o.Slow("native root")
+	}
+	root, err := bundle.OpenNative(o.BundleDir)
+	if errors.Is(err, bundle.ErrNoNative) {
+		r.NativeWhy = "not installed (make native)"
+		r.add("native", OK, "not installed: the wasm backend alone is offered")
+		return
+	}
+	if err != nil {
+		r.NativeWhy = err.Error()
+		r.add("native", Warn, "not offered: %v", err)
+		return
+	}
+	limits, err := o.Policy.Resolve(protocol.Limits{TimeoutMS: 30_000})
+	if err != nil {
+		r.NativeWhy = err.Error()
+		r.add("native", Warn, "not offered: %v", err)
+		return
+	}
+	res, err := runIn(ctx, o, protocol.Request{Backend: protocol.BackendNative, RootDir: root.Dir, Code: NativeCanaryProgram,
+		Limits: limits, Hardening: o.Policy.NativeHardening(limits)})
+	var out map[string]any
+	switch {
+	case err != nil:
+	case res.Reason != protocol.Exited || res.ExitCode != 0:
+		err = fmt.Errorf("the native canary ended %s (exit %d): %s %s", res.Reason, res.ExitCode,
+			strings.Join(res.Diagnostics, "; "), tail(res.Stderr))
+	case json.Unmarshal(res.Stdout, &out) != nil || out["answer"] != float64(42):
+		err = fmt.Errorf("the native canary printed %q", tail(res.Stdout))
+	case res.Enforcement == nil || res.Enforcement.Backend != protocol.BackendNative:
+		err = errors.New("the native canary reported no native contract")
+	}
+	if err == nil {
+		if miss := res.Enforcement.Missing(o.Policy.NativeHardening(limits).Require); len(miss) > 0 {
+			err = fmt.Errorf("required layers not active on the native backend: %v", miss)
+		}
+	}
+	for _, probe := range []string{"network", "write_outside", "executable_memory", "own_memory"} {
+		if err == nil && out[probe] != "denied" {
+			err = fmt.Errorf("native probe %s: %v (want denied)", probe, out[probe])
+		}
+	}
+	if err != nil {
+		r.NativeWhy = err.Error()
+		r.add("native", Warn, "not offered: %v", err)
+		return
+	}
+	r.NativeRoot, r.NativeEnforcement = root.Dir, res.Enforcement
+	r.add("native", OK, "root verified (%d entries, %d MiB, manifest %s); canary with numpy in %.0f ms; probes denied: network, write outside, executable memory, own memory",
+		root.Entries, root.Bytes>>20, root.ManifestSHA256[:16], res.ElapsedMS)
 }
 
 // poolRoots reports whether the warm pool's workers can hold each of its roots
@@ -259,6 +360,12 @@ func runCanary(ctx context.Context, o Options, module, lib, program string) (pro
 	if err != nil {
 		return protocol.Result{}, err
 	}
+	return runIn(ctx, o, protocol.Request{Code: program, Isolated: true, Limits: limits,
+		Hardening: o.Policy.Hardening(limits), ModulePath: module, LibDir: lib})
+}
+
+// runIn runs req in a fresh workspace of o.WorkDir, removed after.
+func runIn(ctx context.Context, o Options, req protocol.Request) (protocol.Result, error) {
 	if err := os.MkdirAll(o.WorkDir, 0o700); err != nil {
 		return protocol.Result{}, err
 	}
@@ -267,8 +374,8 @@ func runCanary(ctx context.Context, o Options, module, lib, program string) (pro
 		return protocol.Result{}, err
 	}
 	defer os.RemoveAll(ws)
-	return o.Spawner.Run(ctx, protocol.Request{Code: program, Isolated: true, Workspace: ws, Limits: limits,
-		Hardening: o.Policy.Hardening(limits), ModulePath: module, LibDir: lib})
+	req.Workspace = ws
+	return o.Spawner.Run(ctx, req)
 }
 
 // Light is the periodic canary: `print(6*7)` in a worker with every required layer.

@@ -61,6 +61,7 @@ type RunPythonArgs struct {
 	TimeoutMS int64    `json:"timeout_ms,omitempty" jsonschema:"wall-clock limit in milliseconds (default: the daemon's; at most its maximum)"`
 	Workspace string   `json:"workspace,omitempty" jsonschema:"workspace id (default: the one this session's caller works in, named in every result)"`
 	Approval  string   `json:"approval,omitempty" jsonschema:"where runs need approval: the id of one an approver gave for exactly this call"`
+	Backend   string   `json:"backend,omitempty" jsonschema:"where the code runs: wasm (default: the standard library and pure-Python packages) or native (Debian's CPython with numpy, pandas, matplotlib, scipy, scikit-learn, seaborn, statsmodels), where the daemon offers it to this caller"`
 	// SaveOutput keeps the run's whole output in the workspace, as SaveOutput.stdout
 	// and SaveOutput.stderr, for read_file, where the answer's text clips it.
 	SaveOutput string `json:"save_output,omitempty" jsonschema:"also keep the whole output as the workspace files SAVE_OUTPUT.stdout and SAVE_OUTPUT.stderr (the answer shows at most 16 KiB of each)"`

@@ -49,6 +49,7 @@ const (
 	CodeSessionLimit        = "session_limit"        // 429: this caller (or the daemon) has as many MCP sessions, or interpreter sessions, open as may be
 	CodeSessionBusy         = "session_busy"         // 409: a cell of the session is running
 	CodeSessionLost         = "session_lost"         // 410: the session's interpreter state was lost (a cell past its limits ended it)
+	CodeBackendUnavailable  = "backend_unavailable"  // 503: the backend asked for is not installed here, or its files failed verification
 )
 
 // Codes lists every problem code (TestOpenAPI keeps the document's list equal).
@@ -57,7 +58,7 @@ func Codes() []string {
 		CodeNotFound, CodeMethod, CodeBodyTooLarge, CodeQueueFull, CodeCallerLimit, CodeDisabled, CodeNotReady, CodeNotAlive, CodeStopping,
 		CodeInternal, CodeUnsupportedMed, CodeUnauthorized, CodeAuditDown, CodeConnLimit, CodeTimeout, CodeUnsafeFile, CodeQuota,
 		CodeStatementRefused, CodeApprovalRequired, CodeApprovalUnavailable, CodeApprovalInvalid, CodeSQLError,
-		CodeTooManyPending, CodeWorkspaceBusy, CodeSessionLimit, CodeSessionBusy, CodeSessionLost}
+		CodeTooManyPending, CodeWorkspaceBusy, CodeSessionLimit, CodeSessionBusy, CodeSessionLost, CodeBackendUnavailable}
 }
 
 // Problem is an RFC 9457 problem document.
@@ -158,6 +159,13 @@ type Workspace struct {
 
 // RunRequest is the body of POST /v1/runs.
 type RunRequest struct {
+	// Backend is where the code runs: "wasm" (the default: CPython compiled to
+	// WebAssembly, the standard library and a pure-Python site layer) or "native"
+	// (Debian's CPython with numpy, pandas, matplotlib, scipy, scikit-learn, seaborn
+	// and statsmodels, as a hardened process), where policy lets the caller
+	// ([native] runners; 403 forbidden otherwise, 503 backend_unavailable where it
+	// is not installed). The result's enforcement contract names it.
+	Backend string `json:"backend,omitempty"`
 	// Code is the Python source to run. Exactly one of Code and Path is set.
 	Code string `json:"code,omitempty"`
 	// Path is a .py file of the workspace (relative to it; Workspace must be set)

@@ -1,0 +1,27 @@
+package worker
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// The native runner writes its report frame itself, in Python: its version must be
+// this build's, or the parent refuses the frame and loses a MemoryError's reason.
+func TestNativeRunnerSpeaksThisProtocol(t *testing.T) {
+	if want := fmt.Sprintf(`'{"version":%d,"step":"report","report":%%s}'`, protocol.Version); !strings.Contains(nativeRunner, want) {
+		t.Fatalf("native.py does not write %s", want)
+	}
+}
+
+// The guest's environment: the defaults for the root's libraries, which the
+// request's own variables override, in a stable order.
+func TestNativeEnv(t *testing.T) {
+	got := strings.Join(nativeEnv(map[string]string{"MPLBACKEND": "svg", "A": "1"}), " ")
+	want := "A=1 HOME=/tmp LANG=C.UTF-8 MPLBACKEND=svg MPLCONFIGDIR=/tmp/.matplotlib PATH=/usr/bin"
+	if got != want {
+		t.Fatalf("got %s\nwant %s", got, want)
+	}
+}
