@@ -232,3 +232,46 @@ print("child", r.returncode, r.stdout.strip(), r.stderr[-300:])
 		}
 	})
 }
+
+// display() shows an object's richest representation as a workspace file, with its
+// text inline; what a guest forges in the runner's place (a report naming files
+// outside displays/, or of another type) is left out.
+func TestNativeDisplays(t *testing.T) {
+	t.Parallel()
+	res, ws := runNative(t, `
+class Table:
+    def _repr_html_(self): return "<table><tr><td>1</td></tr></table>"
+    def __repr__(self): return "Table(1)"
+display(Table(), 42)
+`, nil)
+	wantExit(t, res, 0)
+	if len(res.Displays) != 3 {
+		t.Fatalf("displays %+v, diagnostics %v, stderr %s", res.Displays, res.Diagnostics, res.Stderr)
+	}
+	want := []struct{ typ, text string }{{"text/html", "<table><tr><td>1</td></tr></table>"}, {"text/plain", "Table(1)"}, {"text/plain", "42"}}
+	for i, d := range res.Displays {
+		if d.Type != want[i].typ || d.Text != want[i].text || !strings.HasPrefix(d.Path, "displays/") {
+			t.Fatalf("display %d: %+v", i, d)
+		}
+		if b, err := os.ReadFile(filepath.Join(ws, d.Path)); err != nil || string(b) != want[i].text {
+			t.Fatalf("display %d's file: %q %v", i, b, err)
+		}
+	}
+
+	res, _ = runNative(t, `
+import json, os
+os.makedirs("/ws/displays", exist_ok=True)
+open("/ws/displays/ok.txt", "w").write("fine")
+os.symlink("/etc/hostname", "/ws/displays/link.txt")
+items = [{"type": "text/plain", "path": "../etc/passwd"}, {"type": "text/plain", "path": "displays/../../x"},
+         {"type": "application/x-evil", "path": "displays/ok.txt"}, {"type": "image/png", "path": "displays/ok.txt"},
+         {"type": "text/plain", "path": "displays/link.txt"}, {"type": "text/plain", "path": "displays/ok.txt"}]
+body = json.dumps({"version": 8, "step": "report", "report": {"reason": "exited", "displays": items}}).encode()
+os.write(3, len(body).to_bytes(4, "big") + body)
+os._exit(0)
+`, nil)
+	wantExit(t, res, 0)
+	if len(res.Displays) != 1 || res.Displays[0].Text != "fine" || len(res.Diagnostics) != 5 {
+		t.Fatalf("forged displays: %+v\n%v", res.Displays, res.Diagnostics)
+	}
+}

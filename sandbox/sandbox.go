@@ -791,6 +791,9 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 		// The contract the worker verified before it became the guest holds however
 		// the run ended.
 		res.Enforcement = rep.Enforcement
+		if guestRep != nil {
+			res.Displays = guestRep.Displays // unchecked: runNative checks them
+		}
 	}
 	if res.WorkerMaxRSSBytes == 0 {
 		if ru, ok := exitState().SysUsage().(*syscall.Rusage); ok {
@@ -847,7 +850,11 @@ func (s *Spawner) runNative(ctx context.Context, req protocol.Request, wsDir *os
 			"cannot start the worker in new user, network, mount, pid, IPC and UTS namespaces (" + err.Error() +
 				"), without which the native backend cannot run; no code was run"}}, nil
 	}
-	return p.collect(ctx, frame, req, observe), nil
+	res := p.collect(ctx, frame, req, observe)
+	var diags []string
+	res.Displays, diags = checkDisplays(wsDir, res.Displays) // as the guest named them: checked here
+	res.Diagnostics = append(res.Diagnostics, diags...)
+	return res, nil
 }
 
 // check refuses requests that cannot be run before a worker is spent on them.

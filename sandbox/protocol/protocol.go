@@ -397,7 +397,46 @@ type Report struct {
 	RolledBack bool `json:"rolled_back,omitempty"`
 	// PeakRSSBytes is the worker's peak resident set (VmHWM, proc(5)).
 	PeakRSSBytes int64 `json:"peak_rss_bytes,omitempty"`
+	// Displays (from a native guest's runner: untrusted) name the files of what
+	// the program displayed; the parent checks each before it becomes a Display of
+	// the Result.
+	Displays []Display `json:"displays,omitempty"`
 }
+
+// Display is one item a program displayed, in order: a figure open at its end, an
+// object given to display() (its richest representation, as IPython defines them:
+// _repr_mimebundle_, _repr_png_, _repr_svg_, _repr_html_, _repr_json_, then its
+// repr as text/plain). The whole item is a workspace file (Path); the parent has
+// checked it is a regular file of at most MaxDisplayBytes, of its type.
+type Display struct {
+	// Type is the MIME type: one of DisplayTypes.
+	Type string `json:"type"`
+	// Path is the file's path in the workspace (under displays/).
+	Path string `json:"path"`
+	// Bytes is the file's size.
+	Bytes int64 `json:"bytes"`
+	// Width and Height are an image's size in pixels (image/png).
+	Width  int `json:"width,omitempty"`
+	Height int `json:"height,omitempty"`
+	// Text is the content of a text type (text/plain, text/html, application/json)
+	// when it is at most MaxDisplayText bytes of UTF-8; larger, read the file.
+	Text string `json:"text,omitempty"`
+}
+
+// DisplayTypes are the MIME types a Display may have.
+func DisplayTypes() []string {
+	return []string{"image/png", "image/svg+xml", "text/html", "application/json", "text/plain"}
+}
+
+// Bounds of displays: at most MaxDisplays per run, each file at most
+// MaxDisplayBytes (16 MiB), a PNG at most MaxDisplayPixels (40 megapixels), text
+// carried inline up to MaxDisplayText bytes (64 KiB).
+const (
+	MaxDisplays      = 64
+	MaxDisplayBytes  = 16 << 20
+	MaxDisplayPixels = 40_000_000
+	MaxDisplayText   = 64 << 10
+)
 
 // Result is the outcome of one run as the parent reports it to callers.
 //
@@ -428,6 +467,8 @@ type Result struct {
 	// Enforcement is the worker's contract: the layers that were in force while the
 	// guest ran (see Enforcement).
 	Enforcement *Enforcement `json:"enforcement,omitempty"`
+	// Displays are what the program displayed, in order (see Display).
+	Displays []Display `json:"displays,omitempty"`
 }
 
 // resultJSON is Result's wire form; see Result.

@@ -485,9 +485,13 @@ func (d *Daemon) info() any {
 		"pool":    d.sp.PoolStats(),
 		"runs":    map[string]int{"max_concurrent": cfg.Concurrency(), "queue_length": cfg.Runs.QueueLength, "max_per_caller": cfg.PerCaller()},
 	}
+	native := map[string]any{"offered": false, "manifest_sha256": bundle.NativeManifestSHA256(),
+		"runners": cfg.Native.Runners, "require": pol.NativeHardening(pol.Default).Require, "processes": cfg.Native.Processes}
 	if r := d.report.Load(); r != nil {
 		info["enforcement"] = r.Enforcement
+		native["offered"], native["why_not"], native["enforcement"] = r.NativeRoot != "", r.NativeWhy, r.NativeEnforcement
 	}
+	info["backends"] = map[string]any{protocol.BackendWasm: map[string]any{"offered": true}, protocol.BackendNative: native}
 	secret := map[string]any{"rotation": cfg.Bundle.HashSecretRotation.String(), "made": nil}
 	if t := d.secretMade.Load(); t != nil {
 		secret["made"] = t.UTC().Format(time.RFC3339)

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	sandcellclient "github.com/sandcell/sandcell/client"
+)
+
+// dataProgram uses the native backend's stack as agents' programs do: a DataFrame,
+// a fitted model, a statistic, a figure saved to the workspace.
+const dataProgram = `import numpy as np, pandas as pd, matplotlib.pyplot as plt, scipy.stats, sklearn.linear_model, seaborn, statsmodels.api
+df = pd.DataFrame({"a": [1, 2, 3], "b": [2.0, 4.1, 5.9]})
+m = sklearn.linear_model.LinearRegression().fit(df[["a"]], df["b"])
+plt.plot(df.a, df.b); plt.savefig("/ws/fig.png")
+print(df.sum().to_dict(), round(float(m.coef_[0]), 2), round(float(scipy.stats.pearsonr(df.a, df.b)[0]), 3), np.__version__[:2])
+`
+
+const dataOutput = "{'a': 6, 'b': 12.0} 1.95 0.999 2."
+
+// needNative fails the test where make has no native root to give the daemon.
+func needNative(t *testing.T, bundleDir string) {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(bundleDir, "native", "MANIFEST")); err != nil {
+		t.Fatalf("the bundle has no native root (make native): %v", err)
+	}
+}
+
+// The native backend through the daemon, as each kind of caller reaches it: the API
+// over the socket, the CLI locally and through the daemon, and MCP's run_python over
+// streamable HTTP with a token. Policy's native.runners names who may.
+func TestNativeBackend(t *testing.T) {
+	d := startMCPDaemon(t)
+	client := sandcellclient.HTTP(d.sock)
+	resp, err := client.Get("http://sandcell/v1/info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		Backends map[string]struct {
+			Offered bool   `json:"offered"`
+			WhyNot  string `json:"why_not"`
+		} `json:"backends"`
+	}
+	json.NewDecoder(resp.Body).Decode(&info)
+	resp.Body.Close()
+	if n := info.Backends["native"]; !n.Offered {
+		t.Fatalf("native backend not offered: %+v", info)
+	}
+
+	body, _ := json.Marshal(map[string]any{"code": dataProgram, "backend": "native", "limits": map[string]any{"memory_mib": 1024}})
+	resp, err = client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var run struct {
+		Result struct {
+			Stdout, Stderr string
+			Reason         string
+			Enforcement    struct{ Backend string }
+		}
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	json.Unmarshal(b, &run)
+	if resp.StatusCode != 200 || !strings.HasPrefix(run.Result.Stdout, dataOutput) || run.Result.Enforcement.Backend != "native" {
+		t.Fatalf("native run: %d %s", resp.StatusCode, b)
+	}
+
+	// Fuel is the wasm engine's: refused on the native backend.
+	resp, err = client.Post("http://sandcell/v1/runs", "application/json",
+		strings.NewReader(`{"code":"1","backend":"native","limits":{"fuel":1000}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 400 {
+		t.Fatalf("native run with fuel: %d", resp.StatusCode)
+	}
+
+	if r := cli(t, "", "run", "--socket", d.sock, "--backend", "native", "-c", "import pandas; print(pandas.__version__[:2])"); r.code != 0 || r.stdout != "2.\n" {
+		t.Fatalf("run --socket --backend native: %+v", r)
+	}
+	if r := cli(t, "", "run", "--backend", "native", "--memory", "1024", "-c", dataProgram); r.code != 0 || !strings.HasPrefix(r.stdout, dataOutput) {
+		t.Fatalf("run --backend native: %+v", r)
+	}
+
+	c := mcp.NewClient(&mcp.Implementation{Name: "go-test", Version: "1"}, nil)
+	cs, err := c.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: d.url, HTTPClient: bearer(d.token)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "run_python",
+		Arguments: map[string]any{"code": "import numpy; print(int(numpy.arange(10).sum()))", "backend": "native"}})
+	if err != nil || res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "\n45\n") {
+		t.Fatalf("MCP run_python on the native backend: %+v %v", res, err)
+	}
+}
+
+// A caller that native.runners does not name is refused the native backend (403),
+// and keeps the wasm one.
+func TestNativeBackendPolicy(t *testing.T) {
+	d := startMCPDaemon(t, "[native]", `runners = ["token:someone-else"]`)
+	client := sandcellclient.HTTP(d.sock)
+	for backend, want := range map[string]int{"native": 403, "wasm": 200} {
+		resp, err := client.Post("http://sandcell/v1/runs", "application/json",
+			strings.NewReader(`{"code":"print(1)","backend":`+strconv.Quote(backend)+`}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("%s: %d %s, want %d", backend, resp.StatusCode, b, want)
+		}
+	}
+}
+
+// bearer is an HTTP client that sends token as its bearer token.
+func bearer(token string) *http.Client {
+	return &http.Client{Transport: bearerTransport{token}}
+}
+
+type bearerTransport struct{ token string }
+
+func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	return http.DefaultTransport.RoundTrip(r)
+}
