@@ -288,6 +288,9 @@ func report(f *runFlags, res protocol.Result, limits protocol.Limits) error {
 		for _, line := range notes(res, limits) {
 			fmt.Fprintln(os.Stderr, "sandcell:", line)
 		}
+		for _, d := range res.Displays {
+			fmt.Fprintf(os.Stderr, "sandcell: displayed %s in the workspace's %s (%d bytes)\n", d.Type, d.Path, d.Bytes)
+		}
 	}
 	if code := exitStatus(res); code != 0 {
 		return exitCode(code)

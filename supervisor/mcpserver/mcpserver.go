@@ -612,7 +612,13 @@ func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in too
 			text += "(the whole output is in " + strings.Join(out.Saved, " and ") + ")\n"
 		}
 	}
-	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}
+	var shown []mcp.Content
+	if v.Result != nil && len(v.Result.Displays) > 0 {
+		var about string
+		shown, about = displayContent(ctx, b, ws, v.Result.Displays)
+		text += about
+	}
+	res := &mcp.CallToolResult{Content: append([]mcp.Content{&mcp.TextContent{Text: text}}, shown...)}
 	// A run that did not exit 0 is an error the agent sees as one.
 	res.IsError = v.Result == nil || v.Result.ExitCode != 0 || v.Result.Reason != "exited"
 	return res, out, nil
