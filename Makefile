@@ -15,7 +15,7 @@ BUNDLE   := build/bundle
 export SANDCELL_BUNDLE_DIR := $(CURDIR)/$(BUNDLE)
 export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 
-.PHONY: help prereqs build interpreter interpreter-verify bundle demo mcp-client test test-short bench fuzz soak chaos limits check clean stage deb rpm lint-packages test-packages image-root image test-image
+.PHONY: help prereqs build interpreter interpreter-verify native native-verify bundle demo mcp-client test test-short bench fuzz soak chaos limits check clean stage deb rpm lint-packages test-packages image-root image test-image
 
 # Packages: the version comes from `git describe` (a v* tag), else 0.1.0 with the
 # commit count and hash; SOURCE_DATE_EPOCH (the last commit's time) dates everything.
@@ -73,16 +73,36 @@ interpreter-verify: build build/wasirun ## Rebuild the interpreter in a fresh ro
 	  $(BIN) bundle verify --dir "$$d" --all=false --snapshot
 	@echo "interpreter-verify: a fresh build reproduced the pinned python.wasm, python313.zip and site.zip, and its snapshot is reproducible"
 
-bundle: build interpreter ## Install the verified interpreter into build/bundle and precompile its .cwasm files
-	$(BIN) bundle verify >/dev/null 2>&1 || { \
-	  $(BIN) bundle install build/interpreter && $(BIN) bundle precompile; }
-	$(BIN) bundle verify
+# The native backend's root file system: Debian trixie's python3 and data stack from
+# the packages bundle/native/recipe.sh pins by SHA-256, unpacked without maintainer
+# scripts, byte-compiled and normalised (see bundle/native/README.md).
+native: ## Build the native backend's root from pinned Debian trixie packages (cached; first time a few minutes, root)
+	bundle/native/build.sh build/native
 
-demo: bundle ## Run the sample program in the sandbox
+native-verify: native ## Rebuild the native root in a fresh directory and check its MANIFEST equals the cached build's
+	rm -rf build/native-verify
+	bundle/native/build.sh build/native-verify --fresh
+	cmp build/native/MANIFEST build/native-verify/MANIFEST
+	@echo "native-verify: a fresh build reproduced the native root byte for byte (MANIFEST $$(sha256sum build/native/MANIFEST | cut -c1-16))"
+
+# The native root goes into the bundle as native/ (rootfs and MANIFEST), replaced whole
+# (by one rename) when its MANIFEST differs from the built one's.
+bundle: build interpreter native ## Install the verified interpreter and the native root into build/bundle and precompile its .cwasm files
+	$(BIN) bundle verify --native never >/dev/null 2>&1 || { \
+	  $(BIN) bundle install build/interpreter && $(BIN) bundle precompile; }
+	cmp -s build/native/MANIFEST $(BUNDLE)/native/MANIFEST || { \
+	  rm -rf $(BUNDLE)/native.tmp $(BUNDLE)/native && mkdir -p $(BUNDLE)/native.tmp && \
+	  cp -a build/native/rootfs build/native/MANIFEST $(BUNDLE)/native.tmp/ && mv $(BUNDLE)/native.tmp $(BUNDLE)/native; }
+	$(BIN) bundle verify --native required
+
+demo: bundle ## Run the sample programs in the sandbox: the wasm backend's, then the native backend's (pandas, a figure)
 	@ws=$$(mktemp -d) && trap 'rm -rf "$$ws"' EXIT && \
 	  echo "$$ $(BIN) run --workspace $$ws examples/demo.py" && \
 	  $(BIN) run --workspace "$$ws" examples/demo.py && \
-	  echo "on the host, $$ws/hello.txt says: $$(cat "$$ws/hello.txt")"
+	  echo "on the host, $$ws/hello.txt says: $$(cat "$$ws/hello.txt")" && echo && \
+	  echo "$$ $(BIN) run --backend native --workspace $$ws examples/native-demo.py" && \
+	  $(BIN) run --backend native --workspace "$$ws" examples/native-demo.py && \
+	  echo "on the host, the figure is $$(file -b "$$ws"/displays/*.png 2>/dev/null || ls "$$ws"/displays)"
 
 # The official TypeScript MCP SDK for cmd/appliance's client test, at the versions
 # test/mcp-client/package-lock.json pins (npm ci); Node.js and npm from Debian.

@@ -84,11 +84,15 @@ the hidden verb bundle.PrecompileCommand).`,
 	precompile.Flags().StringVar(&variant, "variant", "all", `engine variants to compile: "plain", "fuel" or "all"`)
 	precompile.Flags().StringVar(&into, "into", "", "compile afresh into this directory, with its own hash seed")
 	var all, snapshot bool
+	var native string
 	verify := &cobra.Command{
 		Use:   "verify",
-		Short: "Check python.wasm, MANIFEST and every .cwasm present (--snapshot: and the snapshot's bytes)",
+		Short: "Check python.wasm, MANIFEST, every .cwasm present and the native root (--snapshot: and the snapshot's bytes)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if native != "if-present" && native != "required" && native != "never" {
+				return fmt.Errorf("--native %q: if-present, required or never", native)
+			}
 			b, err := bundle.Open(dir)
 			if err != nil {
 				return err
@@ -136,10 +140,24 @@ the hidden verb bundle.PrecompileCommand).`,
 				}
 				fmt.Printf("%s: ok (fuel=%v)\n", p, fuel)
 			}
+			if native == "never" {
+				return nil
+			}
+			root, err := bundle.OpenNative(b.Dir)
+			switch {
+			case errors.Is(err, bundle.ErrNoNative) && native == "if-present":
+				fmt.Printf("%s: no native root (the wasm backend alone; make native installs one)\n", filepath.Join(b.Dir, bundle.NativeDir))
+				return nil
+			case err != nil:
+				return err
+			}
+			fmt.Printf("%s: native root ok: %d entries, %d MiB, every file as its manifest (sha256 %s) says\n",
+				root.Dir, root.Entries, root.Bytes>>20, root.ManifestSHA256)
 			return nil
 		},
 	}
 	verify.Flags().BoolVar(&all, "all", true, "fail unless every variant has its .cwasm (or its compressed form)")
+	verify.Flags().StringVar(&native, "native", "if-present", "the native root: if-present (verify it where the bundle has one), required, or never")
 	verify.Flags().BoolVar(&snapshot, "snapshot", false, "also make the snapshot with hash seed 0 twice and check the two are the same bytes (seconds)")
 	cmd.AddCommand(install, precompile, verify)
 	return cmd
