@@ -54,7 +54,10 @@ func NativeManifestSHA256() string { return nativeManifestSHA256 }
 // process's user. It reads every file (about 400 MB, hashed on every CPU). A bundle
 // without the native part gives ErrNoNative; any difference is an error naming the
 // first entries that differ, expected and actual.
-func OpenNative(dir string) (*NativeRoot, error) {
+func OpenNative(dir string) (*NativeRoot, error) { return openNative(dir, nativeManifestSHA256) }
+
+// openNative is OpenNative with the manifest's digest pinned.
+func openNative(dir, pinned string) (*NativeRoot, error) {
 	base := filepath.Join(dir, NativeDir)
 	manifest, err := os.ReadFile(filepath.Join(base, NativeManifest))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -63,19 +66,84 @@ func OpenNative(dir string) (*NativeRoot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bundle: native manifest: %w", err)
 	}
-	if got := hashBytes(manifest); got != nativeManifestSHA256 {
-		return nil, fmt.Errorf("bundle: native manifest: SHA-256 %s, pinned %s (a root built from other packages or by another recipe)", got, nativeManifestSHA256)
+	if got := hashBytes(manifest); got != pinned {
+		return nil, fmt.Errorf("bundle: native manifest: SHA-256 %s, pinned %s (a root built from other packages or by another recipe)", got, pinned)
 	}
 	want, err := parseManifest(manifest)
 	if err != nil {
 		return nil, err
 	}
 	root := filepath.Join(base, NativeRootDir)
-	n := &NativeRoot{Dir: root, ManifestSHA256: nativeManifestSHA256, Entries: len(want)}
+	n := &NativeRoot{Dir: root, ManifestSHA256: pinned, Entries: len(want)}
 	if err := checkTree(root, want, n); err != nil {
 		return nil, fmt.Errorf("bundle: native root %s: %w", root, err)
 	}
 	return n, nil
+}
+
+// nativeStamp is the name, in NativeDir, of the record of the last full
+// verification: the manifest's digest and the stat digest (see statDigest) of the
+// root as it was then.
+const nativeStamp = "VERIFIED"
+
+// OpenNativeStamped is OpenNative for a daemon's start and the CLI's runs: a root
+// whose every entry has the same device, inode, type, permissions, size and times
+// (the change time included, which any write or chmod moves and no unprivileged
+// caller can set back) as when OpenNative last verified it whole, recorded in
+// NativeDir/VERIFIED where the bundle directory is writable, is not read again
+// (about 60 ms of stat calls instead of hashing 570 MB). Any difference, or no
+// record, verifies it whole and records it.
+func OpenNativeStamped(dir string) (*NativeRoot, error) {
+	return openNativeStamped(dir, nativeManifestSHA256)
+}
+
+func openNativeStamped(dir, pinned string) (*NativeRoot, error) {
+	base := filepath.Join(dir, NativeDir)
+	root := filepath.Join(base, NativeRootDir)
+	before, entries, size, statErr := statDigest(root)
+	if statErr == nil {
+		if rec, err := os.ReadFile(filepath.Join(base, nativeStamp)); err == nil && string(rec) == pinned+" "+before+"\n" {
+			if st, err := os.Stat(filepath.Join(base, nativeStamp)); err == nil && checkOwner(st) == nil {
+				return &NativeRoot{Dir: root, ManifestSHA256: pinned, Entries: entries, Bytes: size}, nil
+			}
+		}
+	}
+	n, err := openNative(dir, pinned)
+	if err != nil || statErr != nil {
+		return n, err
+	}
+	// The digest taken before the whole verification: an entry changed while it
+	// ran has another change time, and is verified again next time.
+	writeAtomic(filepath.Join(base, nativeStamp), []byte(pinned+" "+before+"\n"), 0o644)
+	return n, nil
+}
+
+// statDigest is the SHA-256 of every entry of the tree at root as lstat(2) sees
+// it (path, device, inode, mode, size, change and modification times), with the
+// number of entries and the files' total size.
+func statDigest(root string) (string, int, int64, error) {
+	h := sha256.New()
+	entries, size := 0, int64(0)
+	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		st, ok := info.Sys().(*syscall.Stat_t)
+		if !ok {
+			return errors.New("no stat")
+		}
+		entries++
+		if info.Mode().IsRegular() {
+			size += info.Size()
+		}
+		fmt.Fprintf(h, "%s\t%d\t%d\t%o\t%d\t%d\t%d\n", p, st.Dev, st.Ino, st.Mode, st.Size, st.Ctim.Nano(), st.Mtim.Nano())
+		return nil
+	})
+	return hex.EncodeToString(h.Sum(nil)), entries, size, err
 }
 
 // manifestEntry is one line of a manifest.

@@ -157,7 +157,7 @@ func (l *localTools) Run(ctx context.Context, r wire.RunRequest) (wire.View, err
 		req, err = l.base(limits)
 	case protocol.BackendNative:
 		var root *bundle.NativeRoot
-		if root, err = bundle.OpenNative(l.bundleDir); err != nil {
+		if root, err = bundle.OpenNativeStamped(l.bundleDir); err != nil {
 			return wire.View{}, refuse(wire.CodeBackendUnavailable, "the native backend is unavailable: "+err.Error())
 		}
 		req = protocol.Request{Backend: protocol.BackendNative, RootDir: root.Dir, Limits: limits,

@@ -24,7 +24,7 @@ plt.plot(df.a, df.b); plt.savefig("/ws/fig.png")
 print(df.sum().to_dict(), round(float(m.coef_[0]), 2), round(float(scipy.stats.pearsonr(df.a, df.b)[0]), 3), np.__version__[:2])
 `
 
-const dataOutput = "{'a': 6, 'b': 12.0} 1.95 0.999 2."
+const dataOutput = "{'a': 6.0, 'b': 12.0} 1.95 0.999 2."
 
 // needNative fails the test where make has no native root to give the daemon.
 func needNative(t *testing.T, bundleDir string) {

@@ -208,7 +208,7 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 	}
 
 	if req.Backend == protocol.BackendNative {
-		root, err := bundle.OpenNative(f.bundleDir)
+		root, err := bundle.OpenNativeStamped(f.bundleDir)
 		if err != nil {
 			return err
 		}

@@ -184,7 +184,7 @@ func (r *Report) native(ctx context.Context, o Options) {
 	if o.Slow != nil {
 		o.Slow("native root")
 	}
-	root, err := bundle.OpenNative(o.BundleDir)
+	root, err := bundle.OpenNativeStamped(o.BundleDir)
 	if errors.Is(err, bundle.ErrNoNative) {
 		r.NativeWhy = "not installed (make native)"
 		r.add("native", OK, "not installed: the wasm backend alone is offered")
