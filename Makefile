@@ -102,7 +102,7 @@ demo: bundle ## Run the sample programs in the sandbox: the wasm backend's, then
 	  echo "on the host, $$ws/hello.txt says: $$(cat "$$ws/hello.txt")" && echo && \
 	  echo "$$ $(BIN) run --backend native --workspace $$ws examples/native-demo.py" && \
 	  $(BIN) run --backend native --workspace "$$ws" examples/native-demo.py && \
-	  echo "on the host, the figure is $$(file -b "$$ws"/displays/*.png 2>/dev/null || ls "$$ws"/displays)"
+	  echo "on the host, the figure is $$(ls "$$ws"/displays/*.png)"
 
 # The official TypeScript MCP SDK for cmd/appliance's client test, at the versions
 # test/mcp-client/package-lock.json pins (npm ci); Node.js and npm from Debian.
