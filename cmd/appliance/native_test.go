@@ -75,6 +75,26 @@ func TestNativeBackend(t *testing.T) {
 		t.Fatalf("native run: %d %s", resp.StatusCode, b)
 	}
 
+	// The figure left open is a display: in the result, and an event of the run's stream.
+	body, _ = json.Marshal(map[string]any{"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])", "backend": "native", "wait": false})
+	resp, err = client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var started struct{ ID string }
+	json.NewDecoder(resp.Body).Decode(&started)
+	resp.Body.Close()
+	resp, err = client.Get("http://sandcell/v1/runs/" + started.ID + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), "event: display\ndata: {\"type\":\"image/png\",\"path\":\"displays/") ||
+		!strings.Contains(string(b), "\"width\":640,\"height\":480") {
+		t.Fatalf("events: %s", b)
+	}
+
 	// Fuel is the wasm engine's: refused on the native backend.
 	resp, err = client.Post("http://sandcell/v1/runs", "application/json",
 		strings.NewReader(`{"code":"1","backend":"native","limits":{"fuel":1000}}`))

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bufio"
+	"encoding/json"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -81,8 +82,9 @@ const sseCoalesce = 20 * time.Millisecond
 // HTML "Server-sent events" format): "stdout" and "stderr" events carrying the
 // output from the start of the run, as it is produced, each chunk's last event with
 // an id (its index, so a client reconnecting with Last-Event-ID resumes after it; a
-// chunk over eventPiece bytes is several events), then one "result"
-// event with the run as GET /v1/runs/{id} shows it, after which the stream ends.
+// chunk over eventPiece bytes is several events), then a "display" event for each
+// of its displays (protocol.Display, in order), then one "result" event with the
+// run as GET /v1/runs/{id} shows it, after which the stream ends.
 func (s *Server) runEvents(c echo.Context) error {
 	run, err := s.o.Service.Get(c.Param("id"))
 	if err != nil || !s.visible(c, run) {
@@ -118,9 +120,18 @@ func (s *Server) runEvents(c echo.Context) error {
 		}
 		next = after
 		if done {
-			// One data line: JSON escapes every newline inside strings.
+			// One data line each: JSON escapes every newline inside strings.
+			view := run.View()
+			if view.Result != nil {
+				for _, d := range view.Result.Displays {
+					b, _ := json.Marshal(d)
+					bw.WriteString("event: display\ndata: ")
+					bw.Write(b)
+					bw.WriteString("\n\n")
+				}
+			}
 			bw.WriteString("event: result\ndata: ")
-			run.View().WriteJSON(bw)
+			view.WriteJSON(bw)
 			bw.WriteString("\n\n")
 			bw.Flush()
 			w.Flush()

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/image/draw"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/tools"
 )
 
 // Agent hosts bound the images a tool result may carry (Claude's API: at most 8000
@@ -48,7 +49,7 @@ func displayContent(ctx context.Context, b Backend, ws string, ds []protocol.Dis
 					MIMEType: d.Type, Size: &d.Bytes,
 					Description: "the whole figure (read_file with encoding base64 reads it)"})
 		case d.Text != "":
-			fmt.Fprintf(&text, ":\n%s\n", clip(d.Text, 4<<10))
+			fmt.Fprintf(&text, ":\n%s\n", tools.Clip([]byte(d.Text), 4<<10))
 		default:
 			text.WriteString(" (read_file reads it)\n")
 		}
@@ -87,16 +88,4 @@ func fitImage(data []byte) ([]byte, error) {
 		}
 	}
 	return nil, fmt.Errorf("no smaller PNG fits in %d bytes", maxImageBytes)
-}
-
-// clip keeps at most n bytes of s (at a rune boundary), saying how much was left out.
-func clip(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n
-	for cut > 0 && (s[cut]&0xC0) == 0x80 {
-		cut--
-	}
-	return s[:cut] + fmt.Sprintf("\n[... %d more bytes]", len(s)-cut)
 }

@@ -129,6 +129,9 @@ func Definitions() []Definition {
 			Description: "Run Python 3.13 (the standard library; no network, no processes, no host files) in a fresh " +
 				"sandboxed interpreter whose working directory is the workspace, /ws. Give code, or the path of a .py " +
 				"file in the workspace. Files the program writes under /ws stay for later calls; nothing else does. " +
+				"With backend \"native\" (where the daemon offers it) the interpreter has numpy, pandas, matplotlib, " +
+				"scipy, scikit-learn, seaborn and statsmodels; figures left open, and objects given to display(), come " +
+				"back as images or text. " +
 				"Where the daemon holds runs for approval, the person at the client is asked to confirm the code. " +
 				"The answer leads with how the run ended (exit status, reason, time), then its output; output past " +
 				MiB(MaxShownOutput) + " per stream keeps its head and tail."},
@@ -196,6 +199,8 @@ func bounds(s *jsonschema.Schema) {
 			p.Minimum, p.Maximum = num(1), num(100_000)
 		case "encoding":
 			p.Enum = []any{"text", "base64"}
+		case "backend":
+			p.Enum = []any{"wasm", "native"}
 		case "params":
 			s.Properties[name] = &jsonschema.Schema{Types: []string{"array", "object"}, Description: p.Description}
 		}

@@ -204,6 +204,9 @@ type SessionRequest struct {
 	Limits RunLimits `json:"limits,omitempty"`
 	// Env is the session's environment (names in policy's allowlist).
 	Env map[string]string `json:"env,omitempty"`
+	// Backend is the session's backend: "wasm" (the default and, for now, the only
+	// one a session runs on: "native" is refused with 400 bad_request).
+	Backend string `json:"backend,omitempty"`
 }
 
 // CellRequest is the body of POST /v1/sessions/{id}/cells.
