@@ -2,8 +2,8 @@ package api
 
 import (
 	"bufio"
-	"encoding/json"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
