@@ -85,6 +85,9 @@ func (ss *Session) Save(w io.Writer) (int64, error) {
 	if ss.lost != "" {
 		return 0, fmt.Errorf("%w: %s", ErrSessionLost, ss.lost)
 	}
+	if ss.native != nil {
+		return 0, ErrNoCheckpoint
+	}
 	if err := protocol.Send(ss.p.ctl, protocol.Frame{Step: protocol.StepSave}); err != nil {
 		ss.lose("the worker is gone")
 		return 0, fmt.Errorf("%w: the worker is gone", ErrSessionLost)

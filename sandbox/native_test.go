@@ -2,11 +2,14 @@ package sandbox_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
@@ -273,5 +276,67 @@ os._exit(0)
 	wantExit(t, res, 0)
 	if len(res.Displays) != 1 || res.Displays[0].Text != "fine" || len(res.Diagnostics) != 5 {
 		t.Fatalf("forged displays: %+v\n%v", res.Displays, res.Diagnostics)
+	}
+}
+
+// A native session keeps its interpreter across cells: a value, the last
+// expression's value apart from the output, an exception that leaves the state as it
+// was, a DataFrame-like value's rich form as a display; a cell past its wall clock
+// ends the session (no checkpoint to roll back to), and Save says there is none.
+func TestNativeSession(t *testing.T) {
+	t.Parallel()
+	pol := policy.Default()
+	limits, err := pol.Resolve(protocol.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Workspace: t.TempDir(),
+		Limits: limits, Hardening: pol.NativeHardening(limits)}
+	sp, done := spawnerFor(t, req, "")
+	defer done()
+	ss, err := sp.OpenSession(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	if e := ss.Enforcement(); e.Backend != protocol.BackendNative || len(e.Missing(protocol.Layers())) > 0 {
+		t.Fatalf("contract %+v", e)
+	}
+	cell := func(code string) sandbox.Cell {
+		t.Helper()
+		c, err := ss.Run(context.Background(), protocol.Request{Code: code, Limits: protocol.Limits{TimeoutMS: 5000,
+			MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	if c := cell("x = 6\nprint('hi')\nx * 7"); c.Reason != protocol.Exited || string(c.Stdout) != "hi\n" || c.Value != "42" {
+		t.Fatalf("cell 1: %+v value %q stdout %q stderr %q", c.Result, c.Value, c.Stdout, c.Stderr)
+	}
+	if c := cell("x += 1\n1/0"); c.ExitCode != 1 || !strings.Contains(string(c.Stderr), "ZeroDivisionError") {
+		t.Fatalf("cell 2: %+v stderr %q", c.Result, c.Stderr)
+	}
+	c := cell(`class T:
+    def _repr_html_(self): return "<b>%d</b>" % x
+    def __repr__(self): return "T(%d)" % x
+T()`)
+	if c.Value != "T(7)" || len(c.Displays) != 2 || c.Displays[0].Text != "<b>7</b>" {
+		t.Fatalf("cell 3: value %q displays %+v diagnostics %v stderr %s", c.Value, c.Displays, c.Diagnostics, c.Stderr)
+	}
+	if _, err := ss.Save(io.Discard); !errors.Is(err, sandbox.ErrNoCheckpoint) {
+		t.Fatalf("save: %v", err)
+	}
+	if c := cell("x"); c.Value != "7" {
+		t.Fatalf("after save: %q", c.Value)
+	}
+	c, err = ss.Run(context.Background(), protocol.Request{Code: "import time; time.sleep(30)",
+		Limits: protocol.Limits{TimeoutMS: 300, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}})
+	if err != nil || c.Reason != protocol.Timeout || c.RolledBack {
+		t.Fatalf("timeout cell: %+v %v", c.Result, err)
+	}
+	if _, err := ss.Run(context.Background(), protocol.Request{Code: "x", Limits: protocol.Limits{TimeoutMS: 5000,
+		MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}}); !errors.Is(err, sandbox.ErrSessionLost) {
+		t.Fatalf("after a timeout: %v", err)
 	}
 }

@@ -21,6 +21,11 @@ import (
 // ended it. Its interpreter state went with it.
 var ErrSessionLost = errors.New("sandbox: the session's interpreter state is lost")
 
+// ErrNoCheckpoint is returned by Save for a session on the native backend, whose
+// interpreter is a process the sandbox cannot yet save (nothing is lost: the
+// session goes on).
+var ErrNoCheckpoint = errors.New("sandbox: a native session keeps no checkpoint")
+
 // openTimeout bounds how long a session's worker may take to harden itself and
 // instantiate the snapshot.
 const openTimeout = 30 * time.Second
@@ -35,7 +40,8 @@ const SessionCPU = time.Hour
 // It serves one cell at a time (Run holds it). Create it with OpenSession; Close it.
 type Session struct {
 	p      *proc
-	memory int64 // the memory limit: a saved checkpoint is at most that
+	native *os.File // a native session's workspace (its displays are read there), or nil
+	memory int64    // the memory limit: a saved checkpoint is at most that
 	opened protocol.Enforcement
 	mu     sync.Mutex
 	lost   string // why the state is lost, once it is
@@ -97,16 +103,28 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 		return nil, err
 	}
 	defer wsDir.Close()
-	module, err := s.sealedModule(req.ModulePath)
-	if err != nil {
-		return nil, fmt.Errorf("sandbox: module: %w", err)
+	native := req.Backend == protocol.BackendNative
+	if native && resume != nil {
+		return nil, fmt.Errorf("%w: a native session keeps no checkpoint to resume", ErrBadRequest)
 	}
-	defer module.Close()
-	p, err := s.launch(req.Hardening.Namespaces, req.Hardening.SharedNetwork, wsDir, module)
+	var module *os.File
+	if !native {
+		if module, err = s.sealedModule(req.ModulePath); err != nil {
+			return nil, fmt.Errorf("sandbox: module: %w", err)
+		}
+		defer module.Close()
+	}
+	p, err := s.launch(req.Hardening.Namespaces || native, req.Hardening.SharedNetwork, wsDir, module)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: start the session's worker: %w", err)
 	}
 	ss := &Session{p: p, memory: req.Limits.MemoryBytes}
+	if native {
+		if ss.native, err = dupFile(wsDir); err != nil {
+			p.kill()
+			return nil, fmt.Errorf("sandbox: session: %w", err)
+		}
+	}
 	if err := protocol.Send(p.ctl, protocol.Frame{Step: protocol.StepSession, Request: &req}); err != nil {
 		ss.Close()
 		return nil, fmt.Errorf("sandbox: session: %w", err)
@@ -121,6 +139,14 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 		}
 	}
 	rep, err := ss.wait(ctx, ch, openTimeout)
+	if native && err == nil && rep.Reason == "" && rep.Enforcement != nil {
+		// The worker's contract (StepExec); the interpreter it became says the
+		// session is open with a report of its own.
+		contract := rep.Enforcement
+		if rep, err = ss.wait(ctx, ss.next(), openTimeout); err == nil {
+			rep.Enforcement = contract
+		}
+	}
 	switch {
 	case err != nil:
 		ss.Close()
@@ -173,7 +199,7 @@ type received struct {
 func (ss *Session) next() <-chan received {
 	ch := make(chan received, 1)
 	go func() {
-		f, err := protocol.Receive(ss.p.ctl, protocol.StepReport, protocol.StepAck)
+		f, err := protocol.Receive(ss.p.ctl, protocol.StepReport, protocol.StepAck, protocol.StepExec)
 		switch {
 		case err != nil:
 			ch <- received{err: err}
@@ -317,7 +343,12 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 			}
 		}
 	}
-	if why != "" {
+	if why != "" && ss.native != nil {
+		// No checkpoint to roll back to: the cell ends its session.
+		ss.p.kill()
+		got = <-ch
+		got.err = errors.New("the native backend keeps no checkpoint to roll back to")
+	} else if why != "" {
 		grace := time.NewTimer(interruptGrace)
 		defer grace.Stop()
 		if protocol.Send(ss.p.ctl, protocol.Frame{Step: protocol.StepInterrupt, Interrupt: why}) != nil {
@@ -361,6 +392,11 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	res.StdoutPieces, res.StdoutTruncated = stdout.out, stdout.truncated
 	res.StderrPieces, res.StderrTruncated = stderr.out, stderr.truncated
 	res.ElapsedMS = float64(time.Since(began).Microseconds()) / 1000
+	if ss.native != nil && got.err == nil {
+		var diags []string
+		res.Displays, diags = checkDisplays(ss.native, got.rep.Displays)
+		res.Diagnostics = append(res.Diagnostics, diags...)
+	}
 	c := Cell{Result: res, RolledBack: rolledBack}
 	if stdout.value != nil && stdout.value.closed && res.Reason == protocol.Exited && !rolledBack {
 		c.Value, c.ValueTruncated = string(stdout.value.buf), stdout.value.truncated
@@ -396,6 +432,9 @@ func (ss *Session) Close() error {
 	<-ss.p.exited
 	ss.p.outR.Close()
 	ss.p.errR.Close()
+	if ss.native != nil {
+		ss.native.Close()
+	}
 	return nil
 }
 

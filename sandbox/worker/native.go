@@ -47,10 +47,11 @@ var nativeDevices = map[string]bool{"null": true, "zero": true, "full": true, "r
 //go:embed native.py
 var nativeRunner string
 
-// native serves a run on the native backend: prepare (namespaces, the native root),
-// stdin, narrow, the contract, then the exec. It returns only if the guest could not
-// be started; the reply then says why.
-func native(r *reply, req *protocol.Request) {
+// native serves a run (or, with session, a session: StepSession) on the native
+// backend: prepare (namespaces, the native root), stdin, narrow, the contract, then
+// the exec. It returns only if the guest could not be started; the reply then says
+// why.
+func native(r *reply, req *protocol.Request, session bool) {
 	var rep protocol.Report
 	defer func() { recoverReport(&rep); r.send(rep) }()
 	if msg := check(req); msg != "" {
@@ -61,8 +62,16 @@ func native(r *reply, req *protocol.Request) {
 		rep = failed("a native run names no root file system")
 		return
 	}
+	if session && (req.Resume || req.Fork) {
+		rep = failed("a native session keeps no checkpoint to resume or fork from")
+		return
+	}
 	st := prepare(req, false)
-	if err := nativeStdin(req); err != nil {
+	args := []string{"python3", "-I", "-B", "-c", nativeRunner}
+	if session {
+		// Cells come on the control fd; stdin stays the parent's /dev/null.
+		args = append(args, "session")
+	} else if err := nativeStdin(req); err != nil {
 		rep = failed("cannot prepare stdin: " + err.Error())
 		return
 	}
@@ -84,7 +93,7 @@ func native(r *reply, req *protocol.Request) {
 		r.once.Do(func() {}) // the parent is gone: nothing to report to
 		return
 	}
-	err := unix.Exec(nativePython, []string{"python3", "-I", "-B", "-c", nativeRunner}, nativeEnv(req.Env))
+	err := unix.Exec(nativePython, args, nativeEnv(req.Env))
 	rep = failed("cannot start the native interpreter: " + err.Error())
 }
 

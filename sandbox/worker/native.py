@@ -165,17 +165,147 @@ class _Displays:
 
 
 def _sandcell_report(reason):
-    # One StepReport frame on the control fd (see sandbox/protocol): the parent
-    # reads its reason (memory_limit) only for a program that ended with status 1,
-    # and its displays only as files it finds and checks itself.
-    import json
-    import os
-    report = json.dumps({"exit_code": 0, "reason": reason, "displays": _Displays.items})
-    body = ('{"version":8,"step":"report","report":%s}' % report).encode()
+    # The run's report: the parent reads its reason (memory_limit) only for a
+    # program that ended with status 1, and its displays only as files it finds and
+    # checks itself.
     try:
-        os.write(3, len(body).to_bytes(4, "big") + body)
+        _sandcell_send({"exit_code": 0, "reason": reason, "displays": _Displays.items}, "report")
     except OSError:
         pass
 
 
-_sandcell_run()
+def _sandcell_session():
+    # A session: the interpreter stays, and runs the cells the parent sends on the
+    # control fd (protocol.StepCell) one at a time in one namespace, as the wasm
+    # bootstrap does: a last expression's value goes between the cell's value marks
+    # on stdout (and, where it has a rich representation, to the displays), the
+    # figures left open are displays, and the cell's end marker follows its output on
+    # both streams before its report. No checkpoint is kept: the parent ends the
+    # session when a cell does not end by itself.
+    import ast
+    import base64
+    import io
+    import json
+    import linecache
+    import os
+    import sys
+    import types
+
+    def recv():
+        head = os.read(3, 4)
+        if len(head) < 4:
+            return None
+        n, body = int.from_bytes(head, "big"), b""
+        while len(body) < n:
+            c = os.read(3, n - len(body))
+            if not c:
+                return None
+            body += c
+        return json.loads(body)
+
+    def write_all(fd, b):
+        b = memoryview(b)
+        while len(b):
+            b = b[os.write(fd, b):]
+
+    def flush():
+        for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+            try:
+                if f is not None and not f.closed:
+                    f.flush()
+            except BaseException:
+                pass
+
+    def show(value, mark):
+        if value is None:
+            return
+        if type(value).__module__.startswith("matplotlib") or any(
+                hasattr(value, m) for m in ("_repr_mimebundle_", "_repr_png_", "_repr_svg_", "_repr_html_", "_repr_json_")):
+            try:
+                _Displays.display(value)
+            except BaseException as e:
+                print("sandcell: the value could not be displayed: %r" % e, file=sys.stderr)
+        shown, saved = io.StringIO(), sys.stdout
+        sys.stdout = shown
+        try:
+            sys.displayhook(value)
+        finally:
+            sys.stdout = saved
+        text = shown.getvalue()
+        if text.endswith("\n"):
+            text = text[:-1]
+        if text:
+            flush()
+            write_all(1, b"\0\x1bsandcell-value " + mark.encode() + b"\0" + text.encode("utf-8", "surrogateescape") +
+                      b"\0\x1bsandcell-end " + mark.encode() + b"\0")
+
+    def run(src, name, g, mark):
+        linecache.cache[name] = (len(src), None, src.splitlines(True), name)
+        try:
+            tree = compile(src, name, "exec", ast.PyCF_ONLY_AST)
+            last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+            exec(compile(tree, name, "exec"), g)
+            if last is not None:
+                show(eval(compile(ast.Expression(last.value), name, "eval"), g), mark)
+        except SystemExit as e:
+            code = e.code
+            if code is None:
+                return 0
+            if isinstance(code, int):
+                code = int.__int__(code)
+                return (code if -(2**63) <= code < 2**63 else -1) & 0xFF
+            print(code, file=sys.stderr)
+            return 1
+        except BaseException as e:
+            tb = e.__traceback__
+            sys.excepthook(type(e), e, tb.tb_next if tb is not None else None)
+            return 130 if isinstance(e, KeyboardInterrupt) else 1
+        return 0
+
+    main = types.ModuleType("__main__")
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    sys.argv[:] = [""]
+    sys.path.insert(0, "")
+    import builtins
+    builtins.display = _Displays.display
+    _sandcell_send({"exit_code": 0, "reason": "exited"}, "report")  # open
+    while True:
+        f = recv()
+        if f is None or f.get("step") != "cell":
+            os._exit(0)
+        req = f["request"]
+        _sandcell_send(None, "ack")
+        os.environ.update(req.get("env") or {})
+        sys.stdin = io.TextIOWrapper(io.BytesIO(base64.b64decode(req.get("stdin") or "")), encoding="utf-8",
+                                     errors="surrogateescape")
+        status = run(req.get("code", ""), req.get("filename") or "<cell>", main.__dict__, req.get("value_mark", ""))
+        try:
+            _Displays.figures()
+        except BaseException as e:
+            print("sandcell: the open figures could not be shown: %r" % e, file=sys.stderr)
+        flush()
+        end = base64.b64decode(req.get("cell_end") or "")
+        write_all(1, end)
+        write_all(2, end)
+        _sandcell_send({"exit_code": status, "reason": "exited", "displays": _Displays.items}, "report")
+        _Displays.items = []
+
+
+def _sandcell_send(report, step):
+    # One frame on the control fd (see sandbox/protocol).
+    import json
+    import os
+    body = ('{"version":8,"step":"%s"%s}' % (step, "" if report is None else ',"report":' + json.dumps(report))).encode()
+    b = memoryview(len(body).to_bytes(4, "big") + body)
+    while len(b):
+        b = b[os.write(3, b):]
+
+
+import sys as _sys  # noqa: E402
+if _sys.argv[1:] == ["session"]:
+    del _sys
+    _sandcell_session()
+else:
+    del _sys
+    _sandcell_run()

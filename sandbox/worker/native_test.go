@@ -11,7 +11,7 @@ import (
 // The native runner writes its report frame itself, in Python: its version must be
 // this build's, or the parent refuses the frame and loses a MemoryError's reason.
 func TestNativeRunnerSpeaksThisProtocol(t *testing.T) {
-	if want := fmt.Sprintf(`'{"version":%d,"step":"report","report":%%s}'`, protocol.Version); !strings.Contains(nativeRunner, want) {
+	if want := fmt.Sprintf(`'{"version":%d,"step":"%%s"%%s}'`, protocol.Version); !strings.Contains(nativeRunner, want) {
 		t.Fatalf("native.py does not write %s", want)
 	}
 }

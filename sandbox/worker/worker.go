@@ -149,10 +149,10 @@ func Serve(body func(req *protocol.Request, env *Env) protocol.Report) int {
 		if !warm(r, f.Request, body) {
 			return 1
 		}
-	case f.Step == protocol.StepSession:
+	case f.Step == protocol.StepSession && f.Request.Backend != protocol.BackendNative:
 		session(r, f.Request)
 	case f.Request.Backend == protocol.BackendNative:
-		native(r, f.Request)
+		native(r, f.Request, f.Step == protocol.StepSession)
 	default:
 		cold(r, f.Request, body)
 	}
