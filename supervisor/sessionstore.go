@@ -129,6 +129,11 @@ func (m *Sessions) pause(s *Session, why string) error {
 	if s.dir == "" || ss == nil {
 		return errors.New("the session cannot be paused here")
 	}
+	if s.req.Backend == protocol.BackendNative {
+		// Not a failure to count or retry: a native session stays live until it
+		// ends (idle_timeout, close), and the daemon's stop loses it, saying why.
+		return sandbox.ErrNoCheckpoint
+	}
 	// One pause at a time per caller when its paused sessions are bounded (the
 	// daemon's stop pauses all at once): each then counts what the others really
 	// wrote.
@@ -416,6 +421,9 @@ func (m *Sessions) Fork(ctx context.Context, id string, caller Caller) (*Session
 	src.mu.Unlock()
 	if lost != "" {
 		return nil, fmt.Errorf("%w: %s", ErrSessionLost, lost)
+	}
+	if req.Backend == protocol.BackendNative {
+		return nil, fmt.Errorf("%w: a native session keeps no checkpoint to fork from", sandbox.ErrBadRequest)
 	}
 	req.Workspace = ""
 	s, err := m.reserve(caller, req, "")

@@ -77,11 +77,10 @@ func (l *localTools) OpenSession(ctx context.Context, r wire.SessionRequest) (wi
 	if err != nil {
 		return wire.SessionView{}, err
 	}
-	req, err := l.base(limits)
+	req, err := l.baseOn(r.Backend, limits)
 	if err != nil {
 		return wire.SessionView{}, err
 	}
-	req.Workspace = l.ws.Dir()
 	s, err := l.sessions.Open(ctx, req, l.me, "")
 	if err != nil {
 		return wire.SessionView{}, refusal(err)
@@ -132,6 +131,22 @@ func (l *localTools) base(limits protocol.Limits) (protocol.Request, error) {
 		Workspace: l.ws.Dir()}, nil
 }
 
+// baseOn is base on backend: the native one's verified root and hardening.
+func (l *localTools) baseOn(backend string, limits protocol.Limits) (protocol.Request, error) {
+	switch backend {
+	case "", protocol.BackendWasm:
+		return l.base(limits)
+	case protocol.BackendNative:
+		root, err := bundle.OpenNativeStamped(l.bundleDir)
+		if err != nil {
+			return protocol.Request{}, refuse(wire.CodeBackendUnavailable, "the native backend is unavailable: "+err.Error())
+		}
+		return protocol.Request{Backend: protocol.BackendNative, RootDir: root.Dir, Limits: limits,
+			Hardening: l.pol.NativeHardening(limits), Workspace: l.ws.Dir()}, nil
+	}
+	return protocol.Request{}, refuse(wire.CodeBadRequest, fmt.Sprintf("backend %q: one of %s", backend, strings.Join(protocol.Backends(), ", ")))
+}
+
 func (l *localTools) check(id string) error {
 	if id != workspace.DirectoryID {
 		return refuse(wire.CodeNotFound, "no workspace "+id+": this server has one, "+workspace.DirectoryID)
@@ -151,20 +166,7 @@ func (l *localTools) Run(ctx context.Context, r wire.RunRequest) (wire.View, err
 		return wire.View{}, refuse(wire.CodeLimitExceeded, strings.Join(policy.Describe(err,
 			func(e *policy.LimitError, v int64) (string, string) { return e.Field, strconv.FormatInt(v, 10) }), "; "))
 	}
-	var req protocol.Request
-	switch r.Backend {
-	case "", protocol.BackendWasm:
-		req, err = l.base(limits)
-	case protocol.BackendNative:
-		var root *bundle.NativeRoot
-		if root, err = bundle.OpenNativeStamped(l.bundleDir); err != nil {
-			return wire.View{}, refuse(wire.CodeBackendUnavailable, "the native backend is unavailable: "+err.Error())
-		}
-		req = protocol.Request{Backend: protocol.BackendNative, RootDir: root.Dir, Limits: limits,
-			Hardening: l.pol.NativeHardening(limits), Workspace: l.ws.Dir()}
-	default:
-		return wire.View{}, refuse(wire.CodeBadRequest, fmt.Sprintf("backend %q: one of %s", r.Backend, strings.Join(protocol.Backends(), ", ")))
-	}
+	req, err := l.baseOn(r.Backend, limits)
 	if err != nil {
 		return wire.View{}, err
 	}

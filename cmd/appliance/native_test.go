@@ -113,6 +113,44 @@ func TestNativeBackend(t *testing.T) {
 		t.Fatalf("run --backend native: %+v", r)
 	}
 
+	// A session on the native backend: state across cells, a DataFrame's value as
+	// text and its HTML as a display; no fork (no checkpoint).
+	post := func(path, body string) (int, []byte) {
+		t.Helper()
+		resp, err := client.Post("http://sandcell"+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	code, b := post("/v1/sessions", `{"backend":"native"}`)
+	var sess struct{ ID string }
+	json.Unmarshal(b, &sess)
+	if code != 201 || sess.ID == "" {
+		t.Fatalf("native session: %d %s", code, b)
+	}
+	if code, b := post("/v1/sessions/"+sess.ID+"/cells", `{"code":"import pandas as pd\ndf = pd.DataFrame({'a': [1, 2]})"}`); code != 200 {
+		t.Fatalf("cell 1: %d %s", code, b)
+	}
+	code, b = post("/v1/sessions/"+sess.ID+"/cells", `{"code":"df.assign(b=df.a * 2)"}`)
+	var ans struct {
+		State  string
+		Value  string
+		Result struct {
+			Displays []struct{ Type, Text string }
+		}
+	}
+	json.Unmarshal(b, &ans)
+	if code != 200 || ans.State != "preserved" || !strings.Contains(ans.Value, "a  b") || len(ans.Result.Displays) != 2 ||
+		ans.Result.Displays[0].Type != "text/html" || !strings.Contains(ans.Result.Displays[0].Text, "<table") {
+		t.Fatalf("cell 2: %d %s", code, b)
+	}
+	if code, b := post("/v1/sessions/"+sess.ID+"/fork", ``); code != 400 {
+		t.Fatalf("fork of a native session: %d %s", code, b)
+	}
+
 	c := mcp.NewClient(&mcp.Implementation{Name: "go-test", Version: "1"}, nil)
 	cs, err := c.Connect(t.Context(), &mcp.StreamableClientTransport{Endpoint: d.url, HTTPClient: bearer(d.token)}, nil)
 	if err != nil {
@@ -123,6 +161,20 @@ func TestNativeBackend(t *testing.T) {
 		Arguments: map[string]any{"code": "import numpy; print(int(numpy.arange(10).sum()))", "backend": "native"}})
 	if err != nil || res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "\n45\n") {
 		t.Fatalf("MCP run_python on the native backend: %+v %v", res, err)
+	}
+	// run_cell's interpreter on the native backend; a figure comes back as an image.
+	res, err = cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "run_cell",
+		Arguments: map[string]any{"code": "import numpy as np\nv = np.arange(4)", "backend": "native"}})
+	if err != nil || res.IsError {
+		t.Fatalf("MCP run_cell on the native backend: %+v %v", res, err)
+	}
+	res, err = cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "run_cell",
+		Arguments: map[string]any{"code": "import matplotlib.pyplot as plt\nplt.plot(v)\nint(v.sum())"}})
+	if err != nil || res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "--- value ---\n6\n") || len(res.Content) != 3 {
+		t.Fatalf("MCP run_cell, second cell: %+v %v", res, err)
+	}
+	if img, ok := res.Content[1].(*mcp.ImageContent); !ok || img.MIMEType != "image/png" || len(img.Data) < 1000 {
+		t.Fatalf("MCP run_cell's figure: %+v", res.Content[1])
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/sandcell/sandcell/sandbox"
-	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
@@ -41,13 +40,11 @@ func (s *Server) createSession(c echo.Context) error {
 	if err := s.decode(c, &body); err != nil {
 		return err
 	}
-	if body.Backend != "" && body.Backend != protocol.BackendWasm {
-		// A native session's checkpoint (rollback, pause, fork) is not built yet:
-		// refused by name rather than run as a wasm one.
-		return failf(wire.CodeBadRequest, "backend %q: sessions run on the wasm backend only for now; runs (POST /v1/runs) take \"native\"", body.Backend)
-	}
-	req, err := s.request(wire.RunRequest{Code: "pass", Limits: body.Limits, Env: body.Env})
+	req, err := s.request(wire.RunRequest{Code: "pass", Limits: body.Limits, Env: body.Env, Backend: body.Backend})
 	if err != nil {
+		return err
+	}
+	if err := s.mayUseBackend(peer, req.Backend); err != nil {
 		return err
 	}
 	req.Code = ""

@@ -666,7 +666,7 @@ func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools
 	}
 	fresh := id == ""
 	if fresh {
-		v, err := b.OpenSession(ctx, wire.SessionRequest{Workspace: ws})
+		v, err := b.OpenSession(ctx, wire.SessionRequest{Workspace: ws, Backend: in.Backend})
 		if err != nil {
 			s.opening.Unlock()
 			return nil, nil, done(err)
@@ -738,7 +738,13 @@ func (s *Server) runCell(ctx context.Context, req *mcp.CallToolRequest, in tools
 		}
 		fmt.Fprintf(&text, " ---\n%s\n", tools.Clip([]byte(a.Value), tools.MaxShownOutput))
 	}
-	res := &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text.String()}}}
+	var shown []mcp.Content
+	if len(a.Result.Displays) > 0 {
+		var about string
+		shown, about = displayContent(ctx, b, ws, a.Result.Displays)
+		text.WriteString(about)
+	}
+	res := &mcp.CallToolResult{Content: append([]mcp.Content{&mcp.TextContent{Text: text.String()}}, shown...)}
 	res.IsError = a.Result.ExitCode != 0 || a.Result.Reason != "exited" ||
 		a.State != wire.SessionPreserved && a.State != wire.SessionRestored
 	return res, CellResult{Workspace: ws, Cell: a, Fresh: fresh}, nil

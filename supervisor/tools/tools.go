@@ -77,6 +77,9 @@ type RunCellArgs struct {
 	Restart bool `json:"restart,omitempty" jsonschema:"start a fresh interpreter first (what earlier cells defined is gone; files in the workspace stay)"`
 	// Approval is the id of an approval an approver gave for exactly this cell.
 	Approval string `json:"approval,omitempty" jsonschema:"where code needs approval: the id of one an approver gave for exactly this call"`
+	// Backend is the interpreter's, when this call starts one (the first, or a
+	// restart); a session keeps the backend it started with.
+	Backend string `json:"backend,omitempty" jsonschema:"the interpreter's backend when this call starts one (the first call, or restart): wasm (default) or native (numpy, pandas, matplotlib, scipy, scikit-learn, seaborn, statsmodels; a native interpreter keeps no checkpoint: a cell past its time limit ends it)"`
 }
 
 // RunSQLArgs are run_sql's arguments.

@@ -204,8 +204,11 @@ type SessionRequest struct {
 	Limits RunLimits `json:"limits,omitempty"`
 	// Env is the session's environment (names in policy's allowlist).
 	Env map[string]string `json:"env,omitempty"`
-	// Backend is the session's backend: "wasm" (the default and, for now, the only
-	// one a session runs on: "native" is refused with 400 bad_request).
+	// Backend is the session's backend, as a run's (RunRequest.Backend). A native
+	// session keeps no checkpoint yet: a cell that does not end by itself (its
+	// wall clock, a cancel) ends the session, it is never paused (it lives until
+	// idle_timeout or close; the daemon's stop ends it, lost), and it cannot be
+	// forked (400).
 	Backend string `json:"backend,omitempty"`
 }
 
