@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"unicode/utf8"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
@@ -52,7 +53,9 @@ func checkDisplay(root *os.Root, d protocol.Display) (protocol.Display, error) {
 	if !fs.ValidPath(d.Path) || !strings.HasPrefix(d.Path, "displays/") {
 		return d, fmt.Errorf("not a path under displays/")
 	}
-	f, err := root.Open(d.Path)
+	// O_NONBLOCK: a FIFO named as a display must not hold the parent (its open
+	// would wait for a writer); it is then refused as not a regular file.
+	f, err := root.OpenFile(d.Path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOCTTY, 0)
 	if err != nil {
 		return d, err
 	}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/sandcell/sandcell/sandbox"
@@ -276,6 +277,23 @@ os._exit(0)
 	wantExit(t, res, 0)
 	if len(res.Displays) != 1 || res.Displays[0].Text != "fine" || len(res.Diagnostics) != 5 {
 		t.Fatalf("forged displays: %+v\n%v", res.Displays, res.Diagnostics)
+	}
+
+	// A FIFO in the workspace (the guest cannot make one: Landlock) named as a
+	// display is refused without waiting for a writer.
+	res, ws = runNative(t, "", func(r *protocol.Request, _ *policy.Policy) {
+		os.MkdirAll(filepath.Join(r.Workspace, "displays"), 0o755)
+		if err := syscall.Mkfifo(filepath.Join(r.Workspace, "displays", "f.txt"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r.Code = `import json, os
+body = json.dumps({"version": 8, "step": "report", "report": {"reason": "exited", "displays": [{"type": "text/plain", "path": "displays/f.txt"}]}}).encode()
+os.write(3, len(body).to_bytes(4, "big") + body)
+os._exit(0)`
+	})
+	wantExit(t, res, 0)
+	if len(res.Displays) != 0 || len(res.Diagnostics) != 1 || !strings.Contains(res.Diagnostics[0], "not a regular file") {
+		t.Fatalf("a FIFO as a display: %+v %v (%s)", res.Displays, res.Diagnostics, ws)
 	}
 }
 
