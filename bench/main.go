@@ -7,6 +7,14 @@
 // and python3 under bubblewrap --unshare-all; each figure also as a ratio to native
 // python3. Then a CPU-bound program, native against the sandbox.
 //
+// Then a second table (native.go): the native backend, on start-up, `import pandas`,
+// a groupby, a merge, pd.read_csv of a 100 MB file and a matplotlib figure, under the
+// native root's own python3 with no sandbox (chrooted, as root), Sandcell's native
+// backend through the CLI and through the warm daemon's API, and the wasm backend
+// for start-up; wall time p50 as a ratio to the unsandboxed python3, where the time
+// goes, and whether the issue's goal (a native run of a small pandas program cheaper
+// than plain python3) is met.
+//
 // The numbers are from a shared, noisy machine: compare the rows of one run, not runs.
 package main
 
@@ -62,8 +70,15 @@ func main() {
 	dur := flag.Duration("duration", 3*time.Second, "time per concurrency level (throughput)")
 	bin := flag.String("sandcell", "bin/sandcell", "the sandcell binary")
 	python := flag.String("python", "/usr/bin/python3", "native python3")
+	bundleDir := flag.String("bundle-dir", "", "the bundle, for the native root (default: $SANDCELL_BUNDLE_DIR, else build/bundle beside the binary's bin/)")
+	mainTable := flag.Bool("main", true, "measure the first table (print(6*7) by system) and the CPU-bound program")
+	nativeOn := flag.Bool("native", true, "measure the native backend's table")
+	nativeN := flag.Int("native-n", 5, "runs per system of each heavy program of the native table (all but start-up)")
+	nativeStartupN := flag.Int("native-startup-n", 20, "runs per system of the native table's start-up program")
 	flag.Parse()
-	if err := run(*n, *dur, *bin, *python); err != nil {
+	o := options{n: *n, dur: *dur, bin: *bin, python: *python, bundleDir: *bundleDir, main: *mainTable,
+		native: *nativeOn, nativeN: *nativeN, nativeStartupN: *nativeStartupN}
+	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -84,8 +99,30 @@ func execSystem(name string, argv ...string) system {
 	}}
 }
 
-func run(n int, dur time.Duration, bin, python string) error {
-	bin, _ = filepath.Abs(bin)
+// options are the command's flags.
+type options struct {
+	n                       int
+	dur                     time.Duration
+	bin, python, bundleDir  string
+	main, native            bool
+	nativeN, nativeStartupN int
+}
+
+// defaultBundleDir is where `sandcell` finds its bundle when run from bin/ of a
+// checkout: $SANDCELL_BUNDLE_DIR, else ../build/bundle beside the binary.
+func defaultBundleDir(bin string) string {
+	if d := os.Getenv("SANDCELL_BUNDLE_DIR"); d != "" {
+		return d
+	}
+	return filepath.Join(filepath.Dir(filepath.Dir(bin)), "build", "bundle")
+}
+
+func run(o options) error {
+	n, dur, python := o.n, o.dur, o.python
+	bin, _ := filepath.Abs(o.bin)
+	if o.bundleDir == "" {
+		o.bundleDir = defaultBundleDir(bin)
+	}
 	systems := []system{execSystem("python3 (native)", python, "-c", program)}
 	if bw, err := exec.LookPath("bwrap"); err == nil {
 		systems = append(systems, execSystem("python3 under bwrap --unshare-all", bw, "--unshare-all", "--die-with-parent",
@@ -103,7 +140,9 @@ func run(n int, dur time.Duration, bin, python string) error {
 	defer os.RemoveAll(dir)
 	daemons := map[string]*daemon{}
 	for _, d := range []struct{ name, pool string }{{"cold", "0"}, {"warm", strconv.Itoa(poolSize)}} {
-		dm, err := startDaemon(bin, filepath.Join(dir, d.name), "SANDCELL_POOL_SIZE="+d.pool)
+		// The bundle named, as `make bench` exports it: without it a daemon looks in
+		// /usr/lib/sandcell, not beside bin/.
+		dm, err := startDaemon(bin, filepath.Join(dir, d.name), "SANDCELL_POOL_SIZE="+d.pool, "SANDCELL_BUNDLE_DIR="+o.bundleDir)
 		if err != nil {
 			return err
 		}
@@ -117,6 +156,20 @@ func run(n int, dur time.Duration, bin, python string) error {
 			// full again (not timed); the throughput rows do not wait.
 			prepare: warm.waitFull},
 		system{name: "sandcell API, cold worker per run", run: cold.run, daemon: cold})
+	if o.main {
+		if err := mainTable(systems, warm, n, dur, bin, python); err != nil {
+			return err
+		}
+	}
+	if o.native {
+		return nativeTable(bin, o.bundleDir, warm, dir, o.nativeN, o.nativeStartupN)
+	}
+	return nil
+}
+
+// mainTable measures and prints the first table (systems, then the MCP tool against
+// the warm daemon), then the CPU-bound program.
+func mainTable(systems []system, warm *daemon, n int, dur time.Duration, bin, python string) error {
 	// The MCP tool run_python against the warm daemon, as an agent host calls it:
 	// over `sandcell mcp` (stdio) and over the daemon's /mcp (streamable HTTP).
 	for _, transport := range []string{"stdio", "http"} {
