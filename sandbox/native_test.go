@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
@@ -122,7 +123,7 @@ except OSError as e:
 		"no mprotect to executable": `
 import ctypes, mmap
 libc = ctypes.CDLL(None)
-m = mmap.mmap(-1, 4096)
+m = mmap.mmap(-1, 4096, flags=mmap.MAP_PRIVATE)
 addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
 print("ok" if libc.mprotect(ctypes.c_void_p(addr), 4096, 7) == -1 and ctypes.get_errno() in (0, 1) else "no")`,
 		"no memfd": `
@@ -156,6 +157,53 @@ try:
     os.mknod("/tmp/n", 0o20666, os.makedev(1, 3))
 except OSError as e:
     print("ok", e.errno)`,
+		"no set-id bits on the host's files": `
+import os
+open("/ws/f", "w").close()
+errs = []
+for f in (lambda: os.chmod("/ws/f", 0o4755), lambda: os.chmod("/ws/f", 0o2755),
+          lambda: os.open("/ws/g", os.O_CREAT | os.O_WRONLY, 0o6755)):
+    try:
+        f(); errs.append("allowed")
+    except OSError as e:
+        errs.append(e.errno)
+os.chmod("/ws/f", 0o755)
+print("ok" if errs == [1, 1, 1] and not os.path.exists("/ws/g") else errs)`,
+		"no shared anonymous memory": `
+import mmap
+try:
+    mmap.mmap(-1, 1 << 30)
+except OSError as e:
+    print("ok", e.errno)`,
+		"no writable executable file mapping": `
+import mmap
+f = open("/usr/bin/python3.13", "rb")
+try:
+    mmap.mmap(f.fileno(), 4096, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+except OSError as e:
+    print("ok", e.errno)`,
+		"no space reserved without writing": `
+import os
+fd = os.open("/ws/big", os.O_CREAT | os.O_WRONLY)
+try:
+    os.posix_fallocate(fd, 0, 1 << 20)
+    print("ok", os.stat("/ws/big").st_blocks * 512 >= 1 << 20)
+except OSError as e:
+    print("ok", e.errno)`,
+		"no leases": `
+import fcntl, os
+fd = os.open("/ws/l", os.O_CREAT | os.O_RDONLY)
+try:
+    fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+except OSError as e:
+    print("ok", e.errno)`,
+		"limits only go down": `
+import resource
+s, h = resource.getrlimit(resource.RLIMIT_STACK)
+try:
+    resource.setrlimit(resource.RLIMIT_STACK, (h, h))
+except (OSError, ValueError) as e:
+    print("ok", e)`,
 		"threads work": `
 import threading
 out = []
@@ -356,5 +404,39 @@ T()`)
 	if _, err := ss.Run(context.Background(), protocol.Request{Code: "x", Limits: protocol.Limits{TimeoutMS: 5000,
 		MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}}); !errors.Is(err, sandbox.ErrSessionLost) {
 		t.Fatalf("after a timeout: %v", err)
+	}
+}
+
+// A frame the guest writes on the control fd in one cell is not taken for the next
+// cell's: the session ends (lost), and the cell answers at once, not when its wall
+// clock would have.
+func TestNativeSessionForgedFrame(t *testing.T) {
+	t.Parallel()
+	pol := policy.Default()
+	limits, _ := pol.Resolve(protocol.Limits{})
+	req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Workspace: t.TempDir(),
+		Limits: limits, Hardening: pol.NativeHardening(limits)}
+	sp, done := spawnerFor(t, req, "")
+	defer done()
+	ss, err := sp.OpenSession(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	lim := protocol.Limits{TimeoutMS: 60_000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
+	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: `import os
+b = b'{"version":8,"step":"report","report":{"exit_code":0,"reason":"exited","rolled_back":true,"diagnostics":["forged"]}}'
+os.write(3, len(b).to_bytes(4, "big") + b)`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RolledBack || len(c.Diagnostics) > 0 {
+		t.Fatalf("forged report taken: %+v", c.Result)
+	}
+	began := time.Now()
+	_, err = ss.Run(context.Background(), protocol.Request{Limits: lim, Code: "import time; time.sleep(1000)"})
+	c, err2 := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: "1"})
+	if time.Since(began) > 20*time.Second || !errors.Is(err2, sandbox.ErrSessionLost) {
+		t.Fatalf("after a forged frame: %v / %v after %s (%+v)", err, err2, time.Since(began), c.Result)
 	}
 }

@@ -692,7 +692,7 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 			// The guest's own process from here (see protocol.StepExec): at most
 			// one report of its runner's, read until the process ends.
 			execd = true
-			if g, err := protocol.Receive(p.ctl, protocol.StepReport); err == nil {
+			if g, err := protocol.ReceiveMax(p.ctl, protocol.MaxGuestFrame, protocol.StepReport); err == nil {
 				guestRep = g.Report
 			}
 			return
@@ -809,7 +809,8 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 // guestEnded fills res from how a native guest's process ended (ps) and what its
 // runner reported (rep, untrusted: only a MemoryError for a program that ended with
 // status 1 is taken from it, the one thing the exit status cannot say, and which the
-// program could as well have raised itself).
+// program could as well have raised itself; the worker that cannot exec the
+// interpreter says so on stderr and exits 127).
 func guestEnded(res *protocol.Result, ps *os.ProcessState, rep *protocol.Report, req protocol.Request) {
 	ws, _ := ps.Sys().(syscall.WaitStatus)
 	switch {
@@ -819,10 +820,6 @@ func guestEnded(res *protocol.Result, ps *os.ProcessState, rep *protocol.Report,
 			res.Reason = protocol.MemoryLimit
 			res.Diagnostics = []string{fmt.Sprintf("the program ran out of memory: an allocation was refused "+
 				"(uncaught MemoryError; private memory limit %d MiB, RLIMIT_DATA)", req.Hardening.Rlimits.DATA>>20)}
-		}
-		if rep != nil && rep.Reason == protocol.InternalError {
-			res.ExitCode, res.Reason = -1, protocol.InternalError
-			res.Diagnostics = []string{"the native interpreter could not be started"}
 		}
 	case cpuBackstop(ps, req.Hardening.Rlimits.CPU):
 		res.ExitCode, res.Reason = -1, protocol.CPULimit

@@ -199,7 +199,11 @@ type received struct {
 func (ss *Session) next() <-chan received {
 	ch := make(chan received, 1)
 	go func() {
-		f, err := protocol.Receive(ss.p.ctl, protocol.StepReport, protocol.StepAck, protocol.StepExec)
+		max := protocol.MaxFrame
+		if ss.native != nil && ss.opened.Backend != "" {
+			max = protocol.MaxGuestFrame // the interpreter's own frames, which the guest can forge
+		}
+		f, err := protocol.ReceiveMax(ss.p.ctl, max, protocol.StepReport, protocol.StepAck, protocol.StepExec)
 		switch {
 		case err != nil:
 			ch <- received{err: err}
@@ -326,6 +330,12 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		got = <-ch
 		got.err = errors.New("the worker did not start the cell")
 	}
+	if ss.native != nil && got.err == nil && !got.ack {
+		// A report where the cell's ack was due: a frame the guest wrote in an
+		// earlier cell. Its frames cannot be told from the runner's any more.
+		ss.p.kill()
+		got = received{err: errors.New("the interpreter sent a frame out of turn")}
+	}
 	if got.err == nil && got.ack {
 		ch = ss.next()
 		got = received{}
@@ -365,6 +375,9 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	res := protocol.Result{ExitCode: -1, Reason: why}
 	rolledBack := false
 	switch {
+	case got.err == nil && ss.native != nil:
+		// The interpreter's report (untrusted): its status alone, within a shell's.
+		res.ExitCode, res.Reason = got.rep.ExitCode&0xFF, protocol.Exited
 	case got.err == nil:
 		res.ExitCode, res.Reason, res.Diagnostics = got.rep.ExitCode, got.rep.Reason, got.rep.Diagnostics
 		res.PeakMemoryBytes, res.FuelConsumed, res.WorkerMaxRSSBytes = got.rep.PeakMemoryBytes, got.rep.FuelConsumed, got.rep.PeakRSSBytes
@@ -385,6 +398,18 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	if got.err != nil || res.Reason != protocol.Exited && !rolledBack {
 		ss.lose(fmt.Sprintf("a cell ended %s and the state could not be restored", res.Reason))
 		ss.p.kill() // its streams end, so the reads do
+	}
+	if ss.native != nil {
+		// The end markers follow the report at once; a guest that forged the
+		// report (its markers never come) loses the session, not the daemon a slot.
+		streams := make(chan struct{})
+		go func() { wg.Wait(); close(streams) }()
+		select {
+		case <-streams:
+		case <-time.After(interruptGrace):
+			ss.lose("the interpreter's output did not end with its report")
+			ss.p.kill()
+		}
 	}
 	wg.Wait()
 	enf := ss.opened

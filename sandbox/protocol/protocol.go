@@ -177,9 +177,17 @@ func Send(w io.Writer, f Frame) error {
 // Receive reads one frame and checks it: this build's Version (else ErrVersion), one
 // of the steps want (else ErrStep), with the member its step carries (else ErrStep).
 // It returns io.EOF when r ends before a frame starts.
-func Receive(r io.Reader, want ...Step) (Frame, error) {
+func Receive(r io.Reader, want ...Step) (Frame, error) { return ReceiveMax(r, MaxFrame, want...) }
+
+// MaxGuestFrame bounds a frame a native guest's process sends (its runner's
+// reports, which the guest can forge): 64 KiB, so that a forged one costs the
+// parent little to read and decode.
+const MaxGuestFrame = 64 << 10
+
+// ReceiveMax is Receive for frames of at most max bytes (ErrFrameTooLarge past it).
+func ReceiveMax(r io.Reader, max int, want ...Step) (Frame, error) {
 	var f Frame
-	if err := readFrame(r, &f); err != nil {
+	if err := readFrame(r, &f, max); err != nil {
 		return f, err
 	}
 	if f.Version != Version {
@@ -601,13 +609,13 @@ func Encode(f Frame) ([]byte, error) {
 
 // readFrame reads one frame from r into v. It returns io.EOF when r ends before a
 // frame starts, and io.ErrUnexpectedEOF when it ends inside one.
-func readFrame(r io.Reader, v any) error {
+func readFrame(r io.Reader, v any, max int) error {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return err
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
-	if n > MaxFrame {
+	if int64(n) > int64(max) {
 		return fmt.Errorf("protocol: read %d bytes: %w", n, ErrFrameTooLarge)
 	}
 	body := make([]byte, n)

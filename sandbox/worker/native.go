@@ -94,7 +94,10 @@ func native(r *reply, req *protocol.Request, session bool) {
 		return
 	}
 	err := unix.Exec(nativePython, args, nativeEnv(req.Env))
-	rep = failed("cannot start the native interpreter: " + err.Error())
+	// The contract is sent: what follows is read as the guest's. Say it on the
+	// guest's stderr and end as a shell does for a program it cannot run.
+	fmt.Fprintf(os.Stderr, "sandcell: cannot start the native interpreter: %v\n", err)
+	os.Exit(127)
 }
 
 // nativeEnv is the guest's environment: a few defaults for the root's libraries
@@ -113,6 +116,9 @@ func nativeEnv(env map[string]string) []string {
 	return out
 }
 
+// mfdNoexecSeal is MFD_NOEXEC_SEAL (linux/memfd.h).
+const mfdNoexecSeal = 0x8
+
 // nativeStdin makes fd 0 a sealed memory file holding req's program (the header
 // the runner reads, see Program) and then its stdin: a file, since the worker that
 // would feed a pipe is gone after the exec; sealed, so the guest cannot grow it.
@@ -122,7 +128,12 @@ func nativeStdin(req *protocol.Request) error {
 	if err != nil {
 		return err
 	}
-	fd, err := unix.MemfdCreate("stdin", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	// Not executable (MFD_NOEXEC_SEAL, Linux 6.3): its bytes are the caller's, and
+	// must not become machine code the guest maps.
+	fd, err := unix.MemfdCreate("stdin", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|mfdNoexecSeal)
+	if errors.Is(err, unix.EINVAL) {
+		fd, err = unix.MemfdCreate("stdin", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	}
 	if err != nil {
 		return err
 	}

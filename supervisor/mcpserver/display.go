@@ -67,6 +67,11 @@ func fitImage(data []byte) ([]byte, error) {
 	if max(cfg.Width, cfg.Height) <= maxImageSide && len(data) <= maxImageBytes {
 		return data, nil
 	}
+	// What was read may not be what the daemon checked (the guest can replace the
+	// file in between): its size is checked again before it is decoded.
+	if int64(cfg.Width)*int64(cfg.Height) > protocol.MaxDisplayPixels {
+		return nil, fmt.Errorf("%dx%d pixels, over %d", cfg.Width, cfg.Height, protocol.MaxDisplayPixels)
+	}
 	src, err := png.Decode(bytes.NewReader(data))
 	if err != nil {
 		return nil, err
