@@ -8,6 +8,10 @@ import (
 // setID is the set-user-ID and set-group-ID mode bits (S_ISUID, S_ISGID).
 const setID = 0o6000
 
+// openCreates are the open(2) flags with which it reads its mode: O_CREAT and
+// O_TMPFILE's own bit (__O_TMPFILE).
+const openCreates = unix.O_CREAT | 0x400000
+
 // mapSharedAny is MAP_SHARED's bits, MAP_SHARED_VALIDATE's included (0x3).
 const mapSharedAny = 0x3
 
@@ -115,8 +119,13 @@ func NativeRules(processes bool) specs.LinuxSeccomp {
 		// No set-user-ID or set-group-ID bit on a file the guest makes or changes:
 		// the workspace is the host's, where it would be honoured. openat2's mode is
 		// in a struct the filter cannot read: ENOSYS (glibc and CPython do not use it).
-		allowIf(args(1, setID, 0), "chmod", "fchmod", "creat", "open"),
+		// (open's mode is read only with O_CREAT or O_TMPFILE: otherwise it is
+		// whatever the register held, and the call is allowed whatever it says.)
+		allowIf(args(1, setID, 0), "chmod", "fchmod", "creat"),
 		allowIf(args(2, setID, 0), "fchmodat", "fchmodat2"),
+		allowIf(args(1, openCreates, 0), "open"),
+		allowIf(args(2, setID, 0), "open"),
+		allowIf(args(2, openCreates, 0), "openat"),
 		allowIf(args(3, setID, 0), "openat"),
 		errnoRule(unix.ENOSYS, "openat2"),
 		// fcntl: descriptors, status flags, record locks, seals, pipe size read; no
