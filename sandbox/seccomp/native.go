@@ -12,8 +12,9 @@ const setID = 0o6000
 // O_TMPFILE's own bit (__O_TMPFILE).
 const openCreates = unix.O_CREAT | 0x400000
 
-// mapSharedAny is MAP_SHARED's bits, MAP_SHARED_VALIDATE's included (0x3).
-const mapSharedAny = 0x3
+// mapSharedAny is the bit MAP_SHARED (0x1) and MAP_SHARED_VALIDATE (0x3) share;
+// MAP_PRIVATE (0x2) has it clear.
+const mapSharedAny = 0x1
 
 // NativeRules returns the seccomp profile of the native backend: the worker, once
 // hardened, replaces itself with Debian's CPython (execve), which keeps this filter,
