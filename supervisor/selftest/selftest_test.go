@@ -45,10 +45,13 @@ func TestPasses(t *testing.T) {
 			t.Errorf("%+v", c)
 		}
 	}
-	if want := "bundle,module,module (fuel),layers,canary,probe network,probe host_file,probe environment,probe write_outside,probe workspace"; strings.Join(names, ",") != want {
+	if want := "bundle,module,module (fuel),layers,canary,probe network,probe host_file,probe environment,probe write_outside,probe workspace,native"; strings.Join(names, ",") != want {
 		t.Fatalf("checks %s", strings.Join(names, ","))
 	}
-	if len(slow) != 2 || r.Enforcement == nil || len(r.Enforcement.Missing(protocol.Layers())) > 0 {
+	if r.NativeRoot == "" || r.NativeEnforcement == nil || r.NativeEnforcement.Backend != protocol.BackendNative {
+		t.Fatalf("native: %q %+v", r.NativeWhy, r.NativeEnforcement)
+	}
+	if len(slow) != 3 || r.Enforcement == nil || len(r.Enforcement.Missing(protocol.Layers())) > 0 {
 		t.Fatalf("slow %v, contract %+v", slow, r.Enforcement)
 	}
 	if err := Light(context.Background(), o, r.Modules[false], r.LibDir); err != nil {
