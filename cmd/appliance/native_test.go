@@ -4,8 +4,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,14 +23,6 @@ print(df.sum().to_dict(), round(float(m.coef_[0]), 2), round(float(scipy.stats.p
 `
 
 const dataOutput = "{'a': 6.0, 'b': 12.0} 1.95 0.999 2."
-
-// needNative fails the test where make has no native root to give the daemon.
-func needNative(t *testing.T, bundleDir string) {
-	t.Helper()
-	if _, err := os.Stat(filepath.Join(bundleDir, "native", "MANIFEST")); err != nil {
-		t.Fatalf("the bundle has no native root (make native): %v", err)
-	}
-}
 
 // The native backend through the daemon, as each kind of caller reaches it: the API
 // over the socket, the CLI locally and through the daemon, and MCP's run_python over
