@@ -779,15 +779,17 @@ sys.stdout.write("no newline")
 // A worker answers a first frame of another protocol version, out of turn, or without
 // its request with a report that says so, and runs nothing.
 func TestWorkerRefusesFramesItCannotServe(t *testing.T) {
+	v := protocol.Version
+	speaks := fmt.Sprintf("version mismatch: this side speaks %d, the frame is ", v)
 	for _, c := range []struct {
 		name, frame, want string
 	}{
-		{"version 3", `{"version":3,"code":"print(1)"}`, "version mismatch: this side speaks 7, the frame is 3"},
-		{"version 6", `{"version":6,"step":"run","request":{"code":"print(1)"}}`, "version mismatch: this side speaks 7, the frame is 6"},
-		{"out of turn", `{"version":7,"step":"claim","request":{"code":"print(1)"}}`, `unexpected step: "claim"`},
-		{"no request", `{"version":7,"step":"run"}`, `"run" without its request`},
-		{"a cell first", `{"version":7,"step":"cell","request":{"code":"print(1)"}}`, `unexpected step: "cell"`},
-		{"a save first", `{"version":7,"step":"save"}`, `unexpected step: "save"`},
+		{"version 3", `{"version":3,"code":"print(1)"}`, speaks + "3"},
+		{"previous version", fmt.Sprintf(`{"version":%d,"step":"run","request":{"code":"print(1)"}}`, v-1), speaks + fmt.Sprint(v-1)},
+		{"out of turn", fmt.Sprintf(`{"version":%d,"step":"claim","request":{"code":"print(1)"}}`, v), `unexpected step: "claim"`},
+		{"no request", fmt.Sprintf(`{"version":%d,"step":"run"}`, v), `"run" without its request`},
+		{"a cell first", fmt.Sprintf(`{"version":%d,"step":"cell","request":{"code":"print(1)"}}`, v), `unexpected step: "cell"`},
+		{"a save first", fmt.Sprintf(`{"version":%d,"step":"save"}`, v), `unexpected step: "save"`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
