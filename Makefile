@@ -116,7 +116,7 @@ test/mcp-client/node_modules/.package-lock.json: test/mcp-client/package-lock.js
 	touch $@
 
 test: bundle mcp-client ## Run every test with the real interpreter and real workers, then the sandbox suite again through warm workers
-	go test -count=1 -timeout 30m ./...
+	go test -count=1 -timeout 45m ./...
 	SANDCELL_TEST_WARM=1 go test -count=1 -timeout 30m ./sandbox
 
 test-short: bundle mcp-client ## Run the tests that take seconds, not minutes

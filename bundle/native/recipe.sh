@@ -15,8 +15,14 @@ MIRROR=http://deb.debian.org/debian
 # depends on an Essential one: it holds glibc's C.UTF-8 locale (/usr/lib/locale/C.utf8;
 # without it the guest's LANG=C.UTF-8 is refused, setlocale fails and C libraries
 # see ASCII), and /etc/ld.so.conf and gai.conf; its programs go along unused.
+# python3-pytest runs the tests agents' tasks ship, and the native gate
+# (sandbox/native_gate_test.go: numpy's, pandas' and matplotlib's own test suites in
+# this root); python3-hypothesis is there because numpy's and pandas' conftest.py
+# import it. tzdata-legacy holds the old zone names (US/Eastern, US/Pacific, ...):
+# programs still use them, pandas' conftest.py needs them, the wasm bundle has them.
 NATIVE_ROOTS="python3 python3-numpy python3-pandas python3-matplotlib python3-scipy
-python3-sklearn python3-seaborn python3-statsmodels python3-pil libc-bin"
+python3-sklearn python3-seaborn python3-statsmodels python3-pil libc-bin python3-pytest
+python3-hypothesis tzdata-legacy"
 
 # Left out on purpose. pin.sh drops each Depends/Pre-Depends group that names one of
 # these (as the package or one of its alternatives), and so whatever only they would
@@ -132,8 +138,11 @@ python3-contourpy 1.3.1-1+b1 pool/main/c/contourpy/python3-contourpy_1.3.1-1+b1_
 python3-cycler 0.12.1-1 pool/main/p/python-cycler/python3-cycler_0.12.1-1_all.deb 3deb8f4ec8a7dbd094829ac1d34daa1c95a2078dd2d64830a24b4f3d41178afc
 python3-dateutil 2.9.0-4 pool/main/p/python-dateutil/python3-dateutil_2.9.0-4_all.deb c86f3b7e878e8035b0850cd4e0d0ee014a4b5ee4a8fb7386d8998e100452d06c
 python3-decorator 5.2.1-2 pool/main/p/python-decorator/python3-decorator_5.2.1-2_all.deb 2822307c88b15aed40b62910dbb79523fad7bea9585c750788a4c6d00e76b03e
+python3-exceptiongroup 1.2.2-1 pool/main/p/python-exceptiongroup/python3-exceptiongroup_1.2.2-1_all.deb bbe83be6442ce748b060ab4968b672054479c02840f5ee16e7308c858731f900
 python3-fonttools 4.57.0-1+deb13u1 pool/main/f/fonttools/python3-fonttools_4.57.0-1+deb13u1_amd64.deb d7c0772c0879f02f85d6ca2e999dc07ef9043372411cb7c4fa4d070cc0b8e401
 python3-fs 2.4.16-7 pool/main/p/python-fs/python3-fs_2.4.16-7_all.deb 9fa1f0a961abd80f00c8eff66f813a5fae5d718d37cb6762144d494ddae12efe
+python3-hypothesis 6.130.5-2 pool/main/p/python-hypothesis/python3-hypothesis_6.130.5-2_all.deb fc302cc434e7ea073641b5199cccd42301f98d40b2329a8febb56957c439f408
+python3-iniconfig 1.1.1-2 pool/main/p/python-iniconfig/python3-iniconfig_1.1.1-2_all.deb c9226a32a78fa93f9e993a4ed77fcb3ceb23c21b9d75d7ea4dc77cb016ed0d83
 python3-joblib 1.4.2-4 pool/main/j/joblib/python3-joblib_1.4.2-4_all.deb d424daaa62b34b773004d8fddcba242f8dc2546dcfb3b083659885cc02a110cc
 python3-kiwisolver 1.4.7-3+b1 pool/main/k/kiwisolver/python3-kiwisolver_1.4.7-3+b1_amd64.deb 5e6946fb8bdcddb8b296462c76312a65b49e628b7f1b5231194e3cb4ed0e7e60
 python3-lxml 5.4.0-1 pool/main/l/lxml/python3-lxml_5.4.0-1_amd64.deb d3d2ae79d21d2433305a69d28bddf226331b3c13b5e53b71443f18366a425045
@@ -149,16 +158,20 @@ python3-pandas-lib 2.2.3+dfsg-9 pool/main/p/pandas/python3-pandas-lib_2.2.3+dfsg
 python3-patsy 1.0.1-1 pool/main/p/patsy/python3-patsy_1.0.1-1_all.deb 39da389ac5ae218ea5d72be2906c6634290bd60fdd770b0a5129b05ff9b3d81a
 python3-pil 11.1.0-5+deb13u4 pool/main/p/pillow/python3-pil_11.1.0-5+deb13u4_amd64.deb df0b2a77d6e4486a656dfadc89ab9d0a8a77bc4cc7242b26fba7217dc9b02870
 python3-platformdirs 4.3.7-1 pool/main/p/platformdirs/python3-platformdirs_4.3.7-1_all.deb 53e10f9029f195496f26f224f7166e9a5dceb58cc0242a9b167485bfc16a4b97
+python3-pluggy 1.5.0-1 pool/main/p/python-pluggy/python3-pluggy_1.5.0-1_all.deb d762a370c7c54046d991b3caa9095facbee5c54792e306b5f9e32455326f82bc
 python3-pyparsing 3.1.2-1 pool/main/p/pyparsing/python3-pyparsing_3.1.2-1_all.deb f784864f3835bc7e62391350418f28958cc004f1d46690a5c03300ec0a9bcc54
+python3-pytest 8.3.5-2 pool/main/p/pytest/python3-pytest_8.3.5-2_all.deb f933f7b38d1fd2c140684a44fecc7aa23cd6d08364604384c14c4cc21de8f8f9
 python3-pytz 2025.2-3 pool/main/p/python-tz/python3-pytz_2025.2-3_all.deb a5aa854697849a1e59737373795114587e2325f1d3f9c9a87092254ca88e58fd
 python3-scipy 1.15.3-1 pool/main/s/scipy/python3-scipy_1.15.3-1_amd64.deb a13e6ad1afcaaee1d67aaba9fb6151acee2fa0879f9b698360fb1c75520297ad
 python3-seaborn 0.13.2-5 pool/main/s/seaborn/python3-seaborn_0.13.2-5_all.deb 98a903bb0804bd46eb09d58a6f311e4af2edf7d2d49d8903362113d40b1ba0db
 python3-sklearn 1.4.2+dfsg-8 pool/main/s/scikit-learn/python3-sklearn_1.4.2+dfsg-8_all.deb b2723a9092807429e9ba2cff5e1591ebdd8ab5dd7ea14aaa00b655cf2e0a7e0e
 python3-sklearn-lib 1.4.2+dfsg-8 pool/main/s/scikit-learn/python3-sklearn-lib_1.4.2+dfsg-8_amd64.deb 2f04f6286794eb19d7cf1f9ee7a992b3d8e09ea85fd970a0ec1da16fa1e75154
+python3-sortedcontainers 2.4.0-2 pool/main/s/sortedcontainers/python3-sortedcontainers_2.4.0-2_all.deb b00fd22e4fd50d8ba44442607fc3c737186082b16648d3995b2e4fca642f53e1
 python3-statsmodels 0.14.4+dfsg-1 pool/main/s/statsmodels/python3-statsmodels_0.14.4+dfsg-1_all.deb c9d4b7d5e94f9eba25ea2a18a72c3f977f04f2b61dadca0f997fe6ea35985044
 python3-statsmodels-lib 0.14.4+dfsg-1+b4 pool/main/s/statsmodels/python3-statsmodels-lib_0.14.4+dfsg-1+b4_amd64.deb c56f0754c18e67d46915bcc5583c7a5cb1a4b286a9d0ca53e3a33d40f5de4f0a
 python3-sympy 1.13.3-5 pool/main/s/sympy/python3-sympy_1.13.3-5_all.deb 62fef103cd6b536e1c49808f0a6ac2aeb2c951e355cec3d461425ae1551d5f8b
 python3-threadpoolctl 3.1.0-1 pool/main/p/python-threadpoolctl/python3-threadpoolctl_3.1.0-1_all.deb e4116f37edbbd1526270bb667631c0f0c4fcb8c3ea61dacfb6d0c663f9b9dd5e
+python3-tomli 2.2.1-2+b1 pool/main/p/python-tomli/python3-tomli_2.2.1-2+b1_amd64.deb 57d5ee29234ba145e298a36e4530ff261bf2e706e9df95d08cfeee1d7e8362a9
 python3-ufolib2 0.17.1+dfsg1-1 pool/main/u/ufolib2/python3-ufolib2_0.17.1+dfsg1-1_all.deb de5fdd51d77d379998172e525d93834318e90b8d395ca0c0476c08723cfb760d
 python3-unicodedata2 15.1.0+ds-1+b4 pool/main/p/python-unicodedata2/python3-unicodedata2_15.1.0+ds-1+b4_amd64.deb 5bedfa9491fe279b9b253daf9302cba8fab2918e5ddf8ef950cf8d1cdf5aa37f
 python3-zopfli 0.2.3.post1-1+b1 pool/main/p/python-zopfli/python3-zopfli_0.2.3.post1-1+b1_amd64.deb e46e2f93488653cfe804cc3f4682e59fdbc8421040d1c542e35667886ee28361
@@ -166,5 +179,6 @@ python3.13 3.13.5-2+deb13u5 pool/main/p/python3.13/python3.13_3.13.5-2+deb13u5_a
 python3.13-minimal 3.13.5-2+deb13u5 pool/main/p/python3.13/python3.13-minimal_3.13.5-2+deb13u5_amd64.deb c1fda9e7b1bf15b2fa75a238d8a8710e142fe14c722fc650c5fc614f078c9073
 readline-common 8.2-6 pool/main/r/readline/readline-common_8.2-6_all.deb f77e8aa0bf0de618f11cb0b21658a4ed60f177d63b3cf26d7fc3706b6d0eaaa9
 tzdata 2026f-0+deb13u1 pool/main/t/tzdata/tzdata_2026f-0+deb13u1_all.deb 2c1c561091402883430d0d47c57a3c0aa00b44afc8a6239265065a87211a5c11
+tzdata-legacy 2026f-0+deb13u1 pool/main/t/tzdata/tzdata-legacy_2026f-0+deb13u1_all.deb 92bb8f5ee8f87e6ee641ec3b24876d2d83b64dd1d7fe864b1cceac4cea7f1549
 zlib1g 1:1.3.dfsg+really1.3.1-1+deb13u1 pool/main/z/zlib/zlib1g_1.3.dfsg+really1.3.1-1+deb13u1_amd64.deb 8c27c342230503b73dfde629642c3b352e87b554e06d60cf58772f236a305ceb
 "
