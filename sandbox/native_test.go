@@ -440,3 +440,50 @@ os.write(3, len(b).to_bytes(4, "big") + b)`})
 		t.Fatalf("after a forged frame: %v / %v after %s (%+v)", err, err2, time.Since(began), c.Result)
 	}
 }
+
+// A native session's cell is held to its own CPU-time limit (the parent watches the
+// interpreter's CPU time: RLIMIT_CPU is the session's backstop), threads' time
+// included; with no checkpoint to return to, the session is then lost, saying so.
+// A cell within its limit, after others have used more, is not cut.
+func TestNativeSessionCellCPULimit(t *testing.T) {
+	t.Parallel()
+	pol := policy.Default()
+	limits, _ := pol.Resolve(protocol.Limits{})
+	req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Workspace: t.TempDir(),
+		Limits: limits, Hardening: pol.NativeHardening(limits)}
+	sp, done := spawnerFor(t, req, "")
+	defer done()
+	ss, err := sp.OpenSession(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	lim := protocol.Limits{TimeoutMS: 60_000, CPUMS: 700, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
+	spin := `import time
+def spin(s):
+    end = time.process_time() + s
+    while time.process_time() < end:
+        pass
+`
+	for i := range 3 { // 1.2 s of CPU in all, each cell within 0.7 s
+		c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: spin + "spin(0.4)"})
+		if err != nil || c.Reason != protocol.Exited || c.ExitCode != 0 {
+			t.Fatalf("cell %d within its limit: %v %+v %s", i, err, c.Result, c.Stderr)
+		}
+	}
+	began := time.Now()
+	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: `import threading
+` + spin + `
+ts = [threading.Thread(target=spin, args=(1000,)) for _ in range(2)]
+for t in ts: t.start()
+for t in ts: t.join()`})
+	if err != nil || c.Reason != protocol.CPULimit {
+		t.Fatalf("a spinning cell: %v %+v", err, c.Result)
+	}
+	if d := time.Since(began); d > 10*time.Second {
+		t.Fatalf("the cell ran %s past a 0.7 s CPU limit", d)
+	}
+	if _, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: "1"}); !errors.Is(err, sandbox.ErrSessionLost) {
+		t.Fatalf("after the limit: %v", err)
+	}
+}

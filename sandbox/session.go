@@ -341,10 +341,18 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		got = received{}
 		timer := time.NewTimer(time.Duration(l.TimeoutMS) * time.Millisecond)
 		defer timer.Stop()
+		var cpuOver <-chan struct{} // nil: never (a wasm worker enforces its own)
+		if ss.native != nil && l.CPUMS > 0 {
+			stop := make(chan struct{})
+			defer close(stop)
+			cpuOver = watchCPU(ss.p, time.Duration(l.CPUMS)*time.Millisecond, stop)
+		}
 		select {
 		case got = <-ch:
 		case <-timer.C:
 			why = protocol.Timeout
+		case <-cpuOver:
+			why = protocol.CPULimit
 		case <-ctx.Done():
 			why = protocol.Cancelled
 			var stop *Stop
