@@ -143,7 +143,9 @@ func Run(ctx context.Context, o Options) *Report {
 }
 
 // NativeCanaryProgram is the native backend's canary: numpy computes 6*7, then each
-// escape probe's outcome is printed as JSON. Each must come out "denied".
+// escape probe's outcome is printed as JSON. Each must come out "denied" ("fork"
+// only where the policy keeps processes off). An exec that worked would leave
+// another program's output where the JSON should be: the canary fails.
 const NativeCanaryProgram = `import json, os, mmap
 import numpy
 r = {"answer": int(numpy.int64(6) * 7)}
@@ -169,6 +171,23 @@ try:
     r["own_memory"] = "writable"
 except OSError:
     r["own_memory"] = "denied"
+try:
+    os.unshare(os.CLONE_NEWUSER | os.CLONE_NEWNS)
+    r["unshare"] = "unshared"
+except OSError:
+    r["unshare"] = "denied"
+try:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    r["fork"] = "forked"
+except OSError:
+    r["fork"] = "denied"
+try:
+    os.execv("/usr/bin/getconf", ["getconf", "PAGESIZE"])
+except OSError:
+    r["exec_other"] = "denied"
 with open("/ws/canary", "w") as f:
     f.write("x")
 os.remove("/ws/canary")
@@ -219,7 +238,11 @@ func (r *Report) native(ctx context.Context, o Options) {
 			err = fmt.Errorf("required layers not active on the native backend: %v", miss)
 		}
 	}
-	for _, probe := range []string{"network", "write_outside", "executable_memory", "own_memory"} {
+	probes := []string{"network", "write_outside", "executable_memory", "own_memory", "unshare", "exec_other"}
+	if !o.Policy.NativeProcesses {
+		probes = append(probes, "fork")
+	}
+	for _, probe := range probes {
 		if err == nil && out[probe] != "denied" {
 			err = fmt.Errorf("native probe %s: %v (want denied)", probe, out[probe])
 		}
@@ -230,8 +253,8 @@ func (r *Report) native(ctx context.Context, o Options) {
 		return
 	}
 	r.NativeRoot, r.NativeEnforcement = root.Dir, res.Enforcement
-	r.add("native", OK, "root verified (%d entries, %d MiB, manifest %s); canary with numpy in %.0f ms; probes denied: network, write outside, executable memory, own memory",
-		root.Entries, root.Bytes>>20, root.ManifestSHA256[:16], res.ElapsedMS)
+	r.add("native", OK, "root verified (%d entries, %d MiB, manifest %s); canary with numpy in %.0f ms; probes denied: %s",
+		root.Entries, root.Bytes>>20, root.ManifestSHA256[:16], res.ElapsedMS, strings.ReplaceAll(strings.Join(probes, ", "), "_", " "))
 }
 
 // poolRoots reports whether the warm pool's workers can hold each of its roots

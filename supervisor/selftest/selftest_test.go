@@ -51,6 +51,9 @@ func TestPasses(t *testing.T) {
 	if r.NativeRoot == "" || r.NativeEnforcement == nil || r.NativeEnforcement.Backend != protocol.BackendNative {
 		t.Fatalf("native: %q %+v", r.NativeWhy, r.NativeEnforcement)
 	}
+	if d := r.Checks[len(r.Checks)-1].Detail; !strings.Contains(d, "probes denied: network, write outside, executable memory, own memory, unshare, exec other, fork") {
+		t.Fatalf("native probes: %s", d)
+	}
 	if len(slow) != 3 || r.Enforcement == nil || len(r.Enforcement.Missing(protocol.Layers())) > 0 {
 		t.Fatalf("slow %v, contract %+v", slow, r.Enforcement)
 	}
