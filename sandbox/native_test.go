@@ -114,6 +114,23 @@ except OSError as e:
 		"socketpair works": `
 import socket
 a, b = socket.socketpair(); a.send(b"x"); print("ok" if b.recv(1) == b"x" else "no")`,
+		"no out-of-band data": `
+import socket
+a, b = socket.socketpair()
+try:
+    a.send(b"x", socket.MSG_OOB)
+except OSError as e:
+    a.send(b"y"); print("ok" if b.recv(1) == b"y" else "no", e.errno)`,
+		"no socket filter": `
+import socket, struct, ctypes
+a, b = socket.socketpair()
+a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+prog = (ctypes.c_uint64 * 1)(0x0000ffff00000006)  # BPF_RET|BPF_K 0xffff: accept
+fprog = struct.pack("HL", 1, ctypes.addressof(prog))
+try:
+    a.setsockopt(socket.SOL_SOCKET, 26, fprog)  # SO_ATTACH_FILTER
+except OSError as e:
+    print("ok", e.errno)`,
 		"no executable anonymous memory": `
 import mmap
 try:

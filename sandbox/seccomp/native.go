@@ -161,12 +161,27 @@ func NativeRules(processes bool) specs.LinuxSeccomp {
 		allow("pipe", "pipe2", "select", "pselect6", "poll", "ppoll", "epoll_create", "epoll_create1",
 			"epoll_ctl", "epoll_wait", "epoll_pwait", "epoll_pwait2", "eventfd", "eventfd2"),
 		allowIf(args(0, ^uint64(0), unix.AF_UNIX), "socketpair"),
-		allow("sendmsg", "recvmsg", "sendto", "recvfrom", "sendmmsg", "recvmmsg", "shutdown",
-			"getsockopt", "setsockopt", "getsockname", "getpeername"),
+		// Never out of band: AF_UNIX's out-of-band byte (MSG_OOB) is a seldom used
+		// corner of the kernel with a record of memory-safety bugs, and nothing in
+		// the stack sends one. The flags are sendmsg's and recvmsg's third argument,
+		// the others' fourth.
+		allowIf(args(2, unix.MSG_OOB, 0), "sendmsg", "recvmsg"),
+		allowIf(args(3, unix.MSG_OOB, 0), "sendto", "recvfrom", "sendmmsg", "recvmmsg"),
+		allow("shutdown", "getsockopt", "getsockname", "getpeername"),
+	}
+	// setsockopt: SOL_SOCKET's buffer, timeout, linger and credential options
+	// only. Not a socket filter (SO_ATTACH_FILTER, SO_ATTACH_BPF: a program the
+	// kernel runs on every message) nor any other level's options.
+	for _, opt := range []uint64{unix.SO_REUSEADDR, unix.SO_SNDBUF, unix.SO_RCVBUF, unix.SO_KEEPALIVE,
+		unix.SO_LINGER, unix.SO_PASSCRED, unix.SO_RCVLOWAT, unix.SO_SNDLOWAT, unix.SO_RCVTIMEO,
+		unix.SO_SNDTIMEO, unix.SO_RCVTIMEO_NEW, unix.SO_SNDTIMEO_NEW} {
+		rules = append(rules, allowIf(append(args(1, ^uint64(0), unix.SOL_SOCKET), args(2, ^uint64(0), opt)...), "setsockopt"))
+	}
+	rules = append(rules,
 
 		// Randomness.
 		allow("getrandom"),
-	}
+	)
 	if processes {
 		// Processes: fork, vfork and clone without CLONE_THREAD (never with a
 		// namespace flag), waiting for them, process groups. The children keep
