@@ -65,7 +65,9 @@ func spawnerFor(t *testing.T, req protocol.Request, command string) (sp *sandbox
 	t.Helper()
 	sp = sandbox.NewSpawner()
 	sp.Command = command
-	if !warmMode || !req.Hardening.Namespaces || req.Limits.Fuel > 0 {
+	if !warmMode || !req.Hardening.Namespaces || req.Limits.Fuel > 0 || req.Backend == protocol.BackendNative {
+		// No warm worker serves these: a fuelled run's engine differs, and a native
+		// run always starts its own worker (the pool holds wasm workers only).
 		return sp, func() {}
 	}
 	waitWarm(t, sp, sandbox.PoolOptions{Template: req, Roots: []string{tempRoot(t)}, Size: 1}, 1)
