@@ -6,7 +6,7 @@
 #
 # _sandcell_run reads the program from stdin: ten ASCII digits giving the length of a
 # header, then the header, UTF-8 fields separated by NUL (which no field may contain):
-#   MODE, SOURCE-OR-PATH, NAME, N, ARG1..ARGN, KEY1, VALUE1, ...
+#   MODE, SOURCE-OR-PATH, NAME, DISK, N, ARG1..ARGN, KEY1, VALUE1, ...
 # MODE "code": SOURCE is the program, NAME its file name ("<string>" for -c);
 # MODE "path": PATH is the script (/ws/...), NAME is empty.
 # MODE "isolated": as "code", for a program of the daemon's own (the SQL tool, the
@@ -38,10 +38,11 @@ def _sandcell_init():
     import builtins
     # What the bootstrap calls, as names of its own: a program (a session's cell, and
     # the ones after it) may replace any builtin.
-    from builtins import (BaseException, KeyboardInterrupt, MemoryError, SystemExit, bytearray, bytes,  # noqa: F401
-                          compile, enumerate, eval, exec, getattr, id, int, isinstance, issubclass, len, memoryview, print,
-                          range, set,
-                          str, type)
+    from builtins import (BaseException, IndexError, KeyboardInterrupt, MemoryError, OSError, OverflowError,  # noqa: F401
+                          SystemExit, TypeError, ValueError, bytearray, bytes,
+                          compile, enumerate, eval, exec, getattr, id, int, isinstance, issubclass, len, max, memoryview,
+                          print, range, set,
+                          str, tuple, type)
     import os
     import random
     import sys
@@ -93,6 +94,369 @@ def _sandcell_init():
     # name the interpreter was started by.
     argv0 = sys.executable
     sys.executable = sys._base_executable = ""
+    # The file system as Linux has it, where WASI's differs. wasmtime's WASI
+    # implements rmdir("d/") as rmdir(2) of "." in d, which Linux refuses with EINVAL
+    # whether d is empty or not; wasi-libc takes rmdir(".") for a removal of the
+    # working directory by its name, and it keeps chdir's path as given ("/ws/d/",
+    # "/ws/d/.."), which os.getcwd() then returns. os.rmdir and os.chdir are wrapped
+    # to do what Linux does. (wasmtime's WASI functions cannot be wrapped on the host
+    # side: each reads its path from the memory of the wasm instance that calls it.)
+    import errno, stat as stat_module
+    from os import fsdecode, fspath, strerror
+    posix_rmdir, posix_chdir, getcwd, stat = os.rmdir, os.chdir, os.getcwd, os.stat
+    normpath, realpath = os.path.normpath, os.path.realpath
+
+    def failure(code, path, path2=None):
+        return OSError(code, strerror(code), path, None, path2) if path2 is not None else OSError(code, strerror(code), path)
+
+    def rmdir(path, *, dir_fd=None):
+        try:
+            p = fspath(path)
+        except TypeError:
+            return posix_rmdir(path, dir_fd=dir_fd)  # as posix says it
+        sep, dot, dotdot = ("/", ".", "..") if isinstance(p, str) else (b"/", b".", b"..")
+        q = p.rstrip(sep)
+        if p and not q:
+            raise failure(errno.EBUSY, path)  # "/", a mount point
+        last = q.rpartition(sep)[2]
+        if last == dot:
+            raise failure(errno.EINVAL, path)
+        if last == dotdot:
+            raise failure(errno.ENOTEMPTY, path)
+        if len(q) == len(p):
+            return posix_rmdir(path, dir_fd=dir_fd)
+        try:
+            return posix_rmdir(q, dir_fd=dir_fd)
+        except OSError as e:
+            e.filename = path  # the name as given, as posix's
+            raise
+
+    def chdir(path):
+        posix_chdir(path)
+        if isinstance(path, int):
+            return
+        try:
+            cwd = getcwd()
+            clean = normpath(cwd)
+            if clean != cwd:
+                # The same directory by a plain name: through a symbolic link,
+                # ".." is not the lexical parent, and then the name stays.
+                here, there = stat("."), stat(clean)
+                if (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino):
+                    posix_chdir(clean)
+        except OSError:
+            pass
+
+    for wrapper, wrapped in ((rmdir, posix_rmdir), (chdir, posix_chdir)):
+        wrapper.__name__ = wrapper.__qualname__ = wrapped.__name__
+        wrapper.__doc__, wrapper.__module__ = wrapped.__doc__, wrapped.__module__
+        setattr(os, wrapped.__name__, wrapper)
+        for functions in (os.supports_dir_fd, os.supports_fd, os.supports_follow_symlinks, os.supports_effective_ids):
+            if wrapped in functions:
+                functions.discard(wrapped)
+                functions.add(wrapper)
+
+    # Outside /ws and /tmp the guest's "/" is a read-only file system of the worker's
+    # (it holds only their mount points): a change there fails in the host with
+    # EROFS, which wasmtime's WASI does not know and reports as EIO. Linux tells a
+    # user other than root EACCES for a change in a directory that is not theirs, and
+    # so does this guard, an audit hook (a program cannot remove one), before the
+    # call: when what the call would change lies on that file system. The one
+    # directory of it a guest reaches is "/" itself (its entries are the mount
+    # points), which the guard knows by its inode (WASI gives every file the same
+    # st_dev). /ws and /tmp are two file systems: a rename or link between them fails
+    # with EXDEV (shutil.move then copies), which wasmtime's WASI also reports as EIO.
+    # The guard also refuses a rename with a trailing slash whose source is not a
+    # directory (ENOTDIR, as rename(2); wasmtime renames it).
+    O_CREAT = os.O_CREAT
+    root = []  # the inode of the guest's read-only "/" this run (none without one)
+    # What the guard learnt of directories, by absolute name: whether one is "/",
+    # and which file system holds it. A name means another directory only after a
+    # symbolic link is made or removed or a directory is renamed (which the guard
+    # sees), or another program changed the workspace (before this run or cell).
+    is_root, mounts = {}, {}
+
+    def forget():
+        is_root.clear()
+        mounts.clear()
+
+    def at(dir_fd):
+        # Audit events give the default directory (the working one) as a negative fd.
+        return None if dir_fd is None or type(dir_fd) is int and dir_fd < 0 else dir_fd
+
+    def head(path):
+        """The name of the directory that holds path, absolute, or None."""
+        p = fsdecode(fspath(path))
+        q = p.rstrip("/")
+        if not q:
+            return p and "/"  # "/" is its own parent; "" names nothing
+        d = (q.rpartition("/")[0] or "/") if "/" in q else "."
+        return d if d.startswith("/") else getcwd() + "/" + d
+
+    def on_root(path, dir_fd=None):
+        """Whether the directory holding path is the guest's read-only "/"."""
+        if not root:
+            return False
+        try:
+            if at(dir_fd) is not None:  # relative to a descriptor: ask each time
+                p = fsdecode(fspath(path)).rstrip("/")
+                d = p.rpartition("/")[0] if "/" in p else ""
+                return (stat(d, dir_fd=dir_fd) if d else stat(dir_fd)).st_ino == root[0]
+            d = head(path)
+            if d is None:
+                return False
+            hit = is_root.get(d)
+            if hit is None:
+                hit = stat(d).st_ino == root[0]
+                if len(is_root) > 4096:
+                    is_root.clear()
+                is_root[d] = hit
+            return hit
+        except (OSError, TypeError, ValueError):
+            return False  # the call says what is wrong
+
+    def mount(path, dir_fd):
+        """Which of the guest's writable file systems ("ws", "tmp") holds path's
+        directory, "" for neither, None when it cannot be told."""
+        if at(dir_fd) is not None:
+            return None
+        try:
+            d = head(path)
+            top = mounts.get(d)
+            if top is None:
+                top = realpath(d).split("/")[1]
+                if len(mounts) > 4096:
+                    mounts.clear()
+                mounts[d] = top
+        except (OSError, TypeError, ValueError, IndexError):
+            return None
+        return top if top in ("ws", "tmp") else ""
+
+    def exists(path, dir_fd=None):
+        try:
+            return stat(path, dir_fd=at(dir_fd), follow_symlinks=False)
+        except (OSError, TypeError, ValueError):
+            return None
+
+    def cross(src, dst, src_dir_fd, dst_dir_fd):
+        a, b = mount(src, src_dir_fd), mount(dst, dst_dir_fd)
+        if a and b and a != b:
+            raise failure(errno.EXDEV, src, dst)
+
+    def on_open(path, mode, flags, *_):
+        if type(flags) is int and flags & O_CREAT and not isinstance(path, int) and on_root(path) and \
+                exists(path) is None:
+            raise failure(errno.EACCES, path)
+
+    def on_mkdir(path, mode, dir_fd, *_):
+        if on_root(path, dir_fd) and exists(path, dir_fd) is None:
+            raise failure(errno.EACCES, path)
+
+    def on_remove(path, dir_fd, *_):
+        # A name that is not there is ENOENT (the host's EROFS comes first; Linux
+        # finds the name before it asks whether it may remove it).
+        if on_root(path, dir_fd):
+            raise failure(errno.ENOENT if exists(path, dir_fd) is None else errno.EACCES, path)
+        forget()  # (it may be a symbolic link: cheaper to forget than to look)
+
+    def on_rename(src, dst, src_dir_fd, dst_dir_fd, *_):
+        try:
+            slash = fsdecode(fspath(src)).endswith("/") or fsdecode(fspath(dst)).endswith("/")
+        except (TypeError, ValueError):
+            return
+        st = exists(src, src_dir_fd)
+        ro = on_root(src, src_dir_fd) or on_root(dst, dst_dir_fd)
+        if st is None:
+            if ro:
+                raise failure(errno.ENOENT, src, dst)
+            return
+        if slash and not stat_module.S_ISDIR(st.st_mode):
+            raise failure(errno.ENOTDIR, src, dst)
+        if ro:
+            raise failure(errno.EACCES, src, dst)
+        cross(src, dst, src_dir_fd, dst_dir_fd)
+        if not stat_module.S_ISREG(st.st_mode):
+            forget()  # a directory or a link moves: names beneath it change
+
+    def on_link(src, dst, src_dir_fd, dst_dir_fd, *_):
+        if exists(src, src_dir_fd) is None:
+            return  # ENOENT, first
+        if on_root(dst, dst_dir_fd) and exists(dst, dst_dir_fd) is None:
+            raise failure(errno.EACCES, src, dst)
+        cross(src, dst, src_dir_fd, dst_dir_fd)
+
+    def on_symlink(src, dst, dir_fd, *_):
+        if on_root(dst, dir_fd) and exists(dst, dir_fd) is None:
+            raise failure(errno.EACCES, src, dst)
+        forget()
+
+    def on_utime(path, times, ns, dir_fd, *_):
+        try:
+            st = stat(path, dir_fd=at(dir_fd)) if not isinstance(path, int) else stat(path)
+        except (OSError, TypeError, ValueError):
+            return
+        if root and st.st_ino == root[0]:
+            raise failure(errno.EACCES, path)
+
+    checks = {"open": on_open, "os.mkdir": on_mkdir, "os.rmdir": on_remove, "os.remove": on_remove,
+              "os.rename": on_rename, "os.link": on_link, "os.symlink": on_symlink, "os.utime": on_utime}
+    checking = []
+
+    def guard(event, args):
+        check = checks.get(event)
+        if check is None or checking:
+            return
+        checking.append(event)
+        try:
+            check(*args)
+        finally:
+            checking.pop()
+
+    sys.addaudithook(guard)
+
+    # shutil.disk_usage, which CPython defines only where os.statvfs exists (WASI has
+    # none): what the worker says of the run's storage in the program's header (see
+    # sandbox/worker/guest.go, diskField), which the program cannot change. With a
+    # quota (the daemon's), every path reports it as total, what /ws and /tmp hold
+    # (their files' sizes, as the daemon counts them) as used and the rest as free;
+    # without one, /tmp reports its own size, anything else the workspace's file
+    # system as it was when the run began; with neither, OSError.
+    import shutil
+    storage = {}
+
+    def settle(disk):
+        """What this run (or cell) is told: its storage, and its read-only "/"."""
+        storage.clear()
+        for word in disk.split():
+            key, _, value = word.partition("=")
+            storage[key] = tuple(int(v) for v in value.split(","))
+        forget()  # another program may have changed the workspace meanwhile
+        try:
+            root[:] = [stat("/").st_ino]
+        except OSError:
+            root[:] = []
+
+    usage = collections.namedtuple("usage", "total used free")
+    usage.total.__doc__ = "Total space in bytes"
+    usage.used.__doc__ = "Used space in bytes"
+    usage.free.__doc__ = "Free space in bytes"
+    usage.__module__ = "shutil"
+
+    def tree_bytes(top):
+        total, dirs = 0, [top]
+        while dirs:
+            try:
+                entries = os.scandir(dirs.pop())
+            except OSError:
+                continue
+            with entries:
+                for e in entries:
+                    try:
+                        if e.is_dir(follow_symlinks=False):
+                            dirs.append(e.path)
+                        elif e.is_file(follow_symlinks=False):
+                            total += e.stat(follow_symlinks=False).st_size
+                    except OSError:
+                        pass
+        return total
+
+    def in_tmp(path):
+        if isinstance(path, int):
+            return False
+        p = realpath(fsdecode(fspath(path)))
+        return p == "/tmp" or p.startswith("/tmp/")
+
+    def disk_usage(path):
+        """Return disk usage statistics about the given path.
+
+        Returned value is a named tuple with attributes 'total', 'used' and
+        'free', which are the amount of total, used and free space, in bytes.
+        Here: the workspace's quota, what /ws and /tmp hold, and the rest."""
+        stat(path)  # a path that is not there fails as statvfs would
+        quota, fs, tmp = storage.get("quota", (0,))[0], storage.get("fs"), storage.get("tmp", (0,))[0]
+        if quota > 0:
+            used = tree_bytes("/ws") + (tree_bytes("/tmp") if tmp else 0)
+            return usage(quota, used, max(quota - used, 0))
+        if tmp > 0 and in_tmp(path):
+            used = tree_bytes("/tmp")
+            return usage(tmp, used, max(tmp - used, 0))
+        if fs and len(fs) == 3:
+            return usage(*fs)
+        raise OSError(errno.ENOSYS, "disk usage is not known here: the run has no quota, and its "
+                      "workspace's file system could not be measured", path)
+
+    disk_usage.__module__ = "shutil"
+    shutil.disk_usage, shutil._ntuple_diskusage = disk_usage, usage
+    if "disk_usage" not in shutil.__all__:
+        shutil.__all__.append("disk_usage")
+
+    # hashlib.pbkdf2_hmac comes from OpenSSL, which the WASI build has not, and
+    # CPython 3.12 dropped the Python fallback it had: here it is again, HMAC built
+    # from the hash objects hashlib has (md5, sha1, sha2, sha3, blake2). The keyed
+    # inner and outer states are made once and copied for each round, which halves
+    # the work of a round. RFC 8018, section 5.2.
+    from operator import index
+    pad_in = bytes(b ^ 0x36 for b in range(256))
+    pad_out = bytes(b ^ 0x5C for b in range(256))
+    from_bytes = int.from_bytes
+
+    def buffer(value):
+        if not isinstance(value, str):
+            try:
+                return bytes(memoryview(value))
+            except TypeError:
+                pass
+        raise TypeError("a bytes-like object is required, not '%s'" % type(value).__name__)
+
+    def pbkdf2_hmac(hash_name, password, salt, iterations, dklen=None):
+        """Password based key derivation function 2 (PKCS #5 v2.0) with HMAC as pseudorandom function."""
+        if not isinstance(hash_name, str):
+            raise TypeError("pbkdf2_hmac() argument 'hash_name' must be str, not %s" % type(hash_name).__name__)
+        password, salt = buffer(password), buffer(salt)
+        iterations = index(iterations)
+        if iterations < 1:
+            raise ValueError("iteration value must be greater than 0.")
+        if iterations > 0xFFFFFFFF:
+            raise OverflowError("iteration value is too great.")
+        inner, outer = hashlib.new(hash_name), hashlib.new(hash_name)
+        size, block = inner.digest_size, getattr(inner, "block_size", 0)
+        if size < 1 or block < 1:
+            raise ValueError("unsupported hash type " + hash_name)  # shake_*: no fixed digest
+        dklen = size if dklen is None else index(dklen)
+        if dklen < 1:
+            raise ValueError("key length must be greater than 0.")
+        if dklen > 0xFFFFFFFF:
+            raise OverflowError("key length is too great.")
+        if len(password) > block:
+            password = hashlib.new(hash_name, password).digest()
+        password = password.ljust(block, b"\0")
+        inner.update(password.translate(pad_in))
+        outer.update(password.translate(pad_out))
+        inner_copy, outer_copy = inner.copy, outer.copy
+        key = bytearray()
+        n = 0
+        while len(key) < dklen:
+            n += 1
+            h = inner_copy()
+            h.update(salt + n.to_bytes(4, "big"))
+            o = outer_copy()
+            o.update(h.digest())
+            u = o.digest()
+            t = from_bytes(u)
+            for _ in range(iterations - 1):
+                h = inner_copy()
+                h.update(u)
+                o = outer_copy()
+                o.update(h.digest())
+                u = o.digest()
+                t ^= from_bytes(u)
+            key += t.to_bytes(size, "big")
+        return bytes(key[:dklen])
+
+    pbkdf2_hmac.__module__ = "hashlib"
+    hashlib.pbkdf2_hmac = pbkdf2_hmac
+    if "pbkdf2_hmac" not in hashlib.__all__:
+        hashlib.__all__ += ("pbkdf2_hmac",)
     # The first use of the compiler, the evaluation loop and the common codecs costs
     # (pages of code and memory touched once): pay it in the snapshot.
     warm = compile("def f(a):\n    return '%d' % (a * 7)\nprint(f(6), end='')", "<warm-up>", "exec")
@@ -217,9 +581,10 @@ def _sandcell_init():
             # sandbox/worker/session.go); otherwise EX_SOFTWARE: no program came.
             return 0x1FF if cells else 70
         fields = header.decode().split("\0")
-        mode, src, name, nargs = fields[0], fields[1], fields[2], int(fields[3])
-        args = fields[4:4 + nargs]
-        env = fields[4 + nargs:]
+        mode, src, name, disk, nargs = fields[0], fields[1], fields[2], fields[3], int(fields[4])
+        args = fields[5:5 + nargs]
+        env = fields[5 + nargs:]
+        settle(disk)
         for i in range(0, len(env), 2):
             os.environ[env[i]] = env[i + 1]
         g = sys.modules["__main__"].__dict__

@@ -3,6 +3,7 @@ package sandbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -77,6 +78,26 @@ print(sorted(os.listdir("/")))
 		t.Fatalf("contract %+v", e)
 	}
 	t.Logf("stdout %s\nstderr %s\ncontract %+v", res.Stdout, res.Stderr, e)
+}
+
+// The native runner reads the header the wasm bootstrap reads, its DISK field (the
+// wasm guest's storage figures) skipped: the program's arguments are its own,
+// whatever a workspace quota the request names; /tmp is the native tmpfs of
+// Hardening.TmpBytes, not one of the quota's size; shutil.disk_usage is statfs(2).
+func TestNativeHeader(t *testing.T) {
+	t.Parallel()
+	code := `import os, shutil, sys
+print(sys.argv)
+open("/tmp/a", "w").write("x")
+st = os.statvfs("/tmp")
+print(shutil.disk_usage("/tmp").total == st.f_blocks * st.f_frsize, st.f_blocks * st.f_frsize)
+`
+	for _, quota := range []int64{0, 1 << 20} {
+		res, _ := runNative(t, code, func(r *protocol.Request, _ *policy.Policy) {
+			r.Args, r.WorkspaceQuota = []string{"a", "b c", "", "quota=1"}, quota
+		})
+		wantOutput(t, res, fmt.Sprintf("['-c', 'a', 'b c', '', 'quota=1']\nTrue %d\n", policy.DefaultNativeTmpBytes))
+	}
 }
 
 // TestNativeBoundaries runs probes of what the native guest must not do, and of what
@@ -441,9 +462,9 @@ func TestNativeSessionForgedFrame(t *testing.T) {
 	}
 	defer ss.Close()
 	lim := protocol.Limits{TimeoutMS: 60_000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
-	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: `import os
-b = b'{"version":8,"step":"report","report":{"exit_code":0,"reason":"exited","rolled_back":true,"diagnostics":["forged"]}}'
-os.write(3, len(b).to_bytes(4, "big") + b)`})
+	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: fmt.Sprintf(`import os
+b = b'{"version":%d,"step":"report","report":{"exit_code":0,"reason":"exited","rolled_back":true,"diagnostics":["forged"]}}'
+os.write(3, len(b).to_bytes(4, "big") + b)`, protocol.Version)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -219,7 +219,8 @@ func TestSessionLostIsSaid(t *testing.T) {
 }
 
 // A session's guest reaches what a run's does, and nothing more, in its first cell
-// and in a later one: no host file, no socket, no process, only /ws and the library.
+// and in a later one: no host file, no socket, no process, only /ws, its /tmp and the
+// library.
 func TestSessionConfined(t *testing.T) {
 	ss, _ := openSession(t)
 	probe := `import os, socket, subprocess
@@ -240,7 +241,7 @@ try:
     found.append("process")
 except OSError:
     pass
-print(set(os.listdir("/")) <= {"usr", "ws"}, found)`
+print(set(os.listdir("/")) <= {"usr", "ws", "tmp"}, found)`
 	for i := 0; i < 2; i++ {
 		res := cell(t, ss, probe, nil)
 		if res.Reason != protocol.Exited || string(res.Stdout) != "True []\n" {

@@ -481,6 +481,7 @@ func (m *Manager) work(ctx context.Context, r *Run, req protocol.Request) (proto
 	}
 	if m.quota.Bytes > 0 && m.quota.Files > 0 {
 		req.Hardening.Rlimits.FSIZE = min(req.Hardening.Rlimits.FSIZE, uint64(m.quota.Bytes))
+		req.WorkspaceQuota = m.quota.Bytes // the guest's /tmp counts against it too
 		w, err := workspace.Directory(req.Workspace, m.quota)
 		if err != nil {
 			return protocol.Result{}, err
@@ -504,10 +505,11 @@ const (
 )
 
 // watchQuota measures w (at dir) until ctx ends and stops the run (cause
-// *sandbox.Stop, quota_exceeded) once it holds more than q: its files by name, and
-// the files on its file system that the worker (pid, once known) holds open after
+// *sandbox.Stop, quota_exceeded) once it holds more than q: its files by name, the
+// files on its file system that the worker (pid, once known) holds open after
 // deleting them, which no walk sees but which hold the disk all the same (a guest
-// held 2 GB against a quota of 10 MiB that way). A workspace grows past its
+// held 2 GB against a quota of 10 MiB that way), and what the guest's /tmp holds
+// (guestTmp), which shares the quota's bytes. A workspace grows past its
 // quota by at most what the guest writes between two measures (with RLIMIT_FSIZE
 // no file is larger than the whole quota): the bound that holds on any file
 // system, where a project quota or a size-limited mount would need root and a
@@ -531,7 +533,7 @@ func watchQuota(ctx context.Context, w *workspace.Workspace, dir string, pid *at
 		if err == nil && !over {
 			var held int64
 			if held, err = heldDeleted(int(pid.Load()), st.Dev); err == nil {
-				u.Bytes += held
+				u.Bytes += held + guestTmp(int(pid.Load()))
 				over = u.Bytes > q.Bytes
 			}
 		}
@@ -582,6 +584,24 @@ func heldDeleted(pid int, dev uint64) (int64, error) {
 		}
 	}
 	return sum, nil
+}
+
+// guestTmp is what the /tmp of worker pid's guest holds, in bytes: the blocks its
+// tmpfs has in use (files deleted while open included), read through the worker's
+// root (/proc/PID/root, proc(5); as /proc/PID/fd, the daemon may read it for its
+// own workers), 0 when there is none: a worker without a mount namespace of its
+// own, a native one (its root has no protocol.GuestTmpDir: its /tmp is a tmpfs of
+// native.tmp_mib, bounded on its own), or one gone. The tmpfs is no bigger than the
+// quota (sandbox/worker), so /tmp alone never passes it between two measures.
+func guestTmp(pid int) int64 {
+	if pid <= 0 {
+		return 0
+	}
+	var st unix.Statfs_t
+	if unix.Statfs(fmt.Sprintf("/proc/%d/root%s", pid, protocol.GuestTmpDir), &st) != nil || st.Type != unix.TMPFS_MAGIC {
+		return 0
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize
 }
 
 // atLeast formats n, a count of u's, as "at least n" when u stopped counting early.

@@ -358,6 +358,9 @@ func (m *Sessions) attach(ctx context.Context, s *Session, start func(protocol.R
 	if m.o.Quota.Bytes > 0 {
 		req.Hardening.Rlimits.FSIZE = min(req.Hardening.Rlimits.FSIZE, uint64(m.o.Quota.Bytes))
 	}
+	if m.o.Quota.Bytes > 0 && m.o.Quota.Files > 0 {
+		req.WorkspaceQuota = m.o.Quota.Bytes // as a run's (see Manager.work); its cells are measured the same way
+	}
 	ss, err := start(req)
 	if err != nil {
 		if release != nil {

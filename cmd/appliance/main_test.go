@@ -625,7 +625,7 @@ func TestLeanWorker(t *testing.T) {
 	if r := lean("version"); !strings.Contains(r.stdout, "worker: the lean worker this binary carries") {
 		t.Fatalf("%+v", r)
 	}
-	r := lean("run", "--json", "-c", "import os; print(6*7, os.listdir('/'))")
+	r := lean("run", "--json", "-c", "import os; print(6*7, sorted(os.listdir('/')))")
 	var res struct {
 		ExitCode    int    `json:"exit_code"`
 		Stdout      string `json:"stdout"`
@@ -639,7 +639,7 @@ func TestLeanWorker(t *testing.T) {
 		} `json:"enforcement"`
 	}
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != 0 || res.ExitCode != 0 ||
-		res.Stdout != "42 ['ws']\n" || !res.Enforcement.Seccomp.Active || !res.Enforcement.Landlock.Active {
+		res.Stdout != "42 ['tmp', 'ws']\n" || !res.Enforcement.Seccomp.Active || !res.Enforcement.Landlock.Active {
 		t.Fatalf("%v: %+v", err, r)
 	}
 }

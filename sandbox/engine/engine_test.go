@@ -54,7 +54,7 @@ func TestLoadRefusesOtherConfiguration(t *testing.T) {
 // program from its stdin (see bundle/bootstrap.py).
 func spec(t testing.TB, code string) (engine.Spec, string) {
 	ws := t.TempDir()
-	header := "code\x00" + code + "\x00<string>\x000"
+	header := "code\x00" + code + "\x00<string>\x00\x000" // MODE, SOURCE, NAME, DISK (none), N
 	stdin := filepath.Join(t.TempDir(), "stdin")
 	if err := os.WriteFile(stdin, fmt.Appendf(nil, "%010d%s", len(header), header), 0o600); err != nil {
 		t.Fatal(err)

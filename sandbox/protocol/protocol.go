@@ -355,6 +355,15 @@ type Request struct {
 	// WorkspaceID identifies the directory the parent checked as the workspace of a
 	// claim (a warm worker has no fd 4 to compare with).
 	WorkspaceID *FileID `json:"workspace_id,omitempty"`
+	// WorkspaceQuota (wasm backend) is the most bytes the workspace and the guest's
+	// /tmp may hold together (the daemon's workspaces.max_bytes, which the daemon
+	// keeps by measuring both as the run goes), or 0 when nothing but its file
+	// system bounds the workspace (a local run). The worker sizes the guest's /tmp by
+	// it (DefaultTmpBytes when 0) and the guest's shutil.disk_usage reports it; the
+	// guest's program cannot change it (it travels in the program's header, not in
+	// its environment). A native worker does not use it: its guest's /tmp is
+	// Hardening.TmpBytes, bounded on its own, and its statfs(2) is the kernel's.
+	WorkspaceQuota int64 `json:"workspace_quota,omitempty"`
 	// CellEnd (StepCell) is what the worker writes to the guest's stdout and to its
 	// stderr once the cell has ended, before its report: random bytes of the
 	// parent's, which the guest never sees, so the parent knows where the cell's
@@ -376,6 +385,15 @@ type Request struct {
 	// back goes back to the state before the reseed).
 	Fork bool `json:"fork,omitempty"`
 }
+
+// DefaultTmpBytes is the size of a wasm guest's /tmp (a tmpfs of its worker's own
+// mount namespace) when the request names no WorkspaceQuota (64 MiB).
+const DefaultTmpBytes = 64 << 20
+
+// GuestTmpDir is where a wasm worker with its own mount namespace mounts the guest's
+// /tmp, in that namespace: the parent reaches it as /proc/PID/root/GuestTmpDir to
+// count what it holds against the workspace's quota.
+const GuestTmpDir = "/guest/tmp"
 
 // FileID is a file's identity: its device and inode numbers (stat(2)).
 type FileID struct {

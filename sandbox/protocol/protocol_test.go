@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"testing"
 )
@@ -31,18 +32,19 @@ func TestFrameRoundTrip(t *testing.T) {
 
 // A frame out of turn, of another version, or without its member is refused by name.
 func TestReceiveChecksTheStep(t *testing.T) {
+	v := Version
 	for _, c := range []struct {
 		frame string
 		want  error
 	}{
-		{`{"version":8,"step":"ack"}`, ErrStep},         // not expected
-		{`{"version":8,"step":"report"}`, ErrStep},      // no report
-		{`{"version":7,"step":"ready"}`, ErrVersion},    // an older worker (no native backend)
-		{`{"version":8,"step":"ready","x":1}`, nil},     // unknown members are ignored
-		{`{"code":"print(1)","version":3}`, ErrVersion}, // a version-3 request
-		{`{"version":8,"step":"run","request":{}}`, ErrStep},
-		{`{"version":8,"step":"exec"}`, ErrStep}, // no contract
-		{`{"version":8,"step":"exec","report":{"reason":""}}`, nil},
+		{fmt.Sprintf(`{"version":%d,"step":"ack"}`, v), ErrStep},        // not expected
+		{fmt.Sprintf(`{"version":%d,"step":"report"}`, v), ErrStep},     // no report
+		{fmt.Sprintf(`{"version":%d,"step":"ready"}`, v-1), ErrVersion}, // an older worker
+		{fmt.Sprintf(`{"version":%d,"step":"ready","x":1}`, v), nil},    // unknown members are ignored
+		{`{"code":"print(1)","version":3}`, ErrVersion},                 // a version-3 request
+		{fmt.Sprintf(`{"version":%d,"step":"run","request":{}}`, v), ErrStep},
+		{fmt.Sprintf(`{"version":%d,"step":"exec"}`, v), ErrStep}, // no contract
+		{fmt.Sprintf(`{"version":%d,"step":"exec","report":{"reason":""}}`, v), nil},
 	} {
 		var buf bytes.Buffer
 		binary.Write(&buf, binary.BigEndian, uint32(len(c.frame)))
@@ -126,17 +128,18 @@ func TestSessionSteps(t *testing.T) {
 		frame string
 		want  error
 	}{
-		{`{"version":8,"step":"interrupt"}`, ErrStep},
-		{`{"version":8,"step":"interrupt","interrupt":"timeout"}`, nil},
-		{`{"version":8,"step":"cell"}`, ErrStep},
-		{`{"version":8,"step":"cell","request":{"code":"1"}}`, nil},
-		{`{"version":8,"step":"session"}`, ErrStep},
-		{`{"version":8,"step":"checkpoint"}`, ErrStep},
-		{`{"version":8,"step":"checkpoint","checkpoint":{"memory_bytes":65536}}`, nil},
+		{`{"step":"interrupt"}`, ErrStep},
+		{`{"step":"interrupt","interrupt":"timeout"}`, nil},
+		{`{"step":"cell"}`, ErrStep},
+		{`{"step":"cell","request":{"code":"1"}}`, nil},
+		{`{"step":"session"}`, ErrStep},
+		{`{"step":"checkpoint"}`, ErrStep},
+		{`{"step":"checkpoint","checkpoint":{"memory_bytes":65536}}`, nil},
 	} {
+		frame := fmt.Sprintf(`{"version":%d,`, Version) + c.frame[1:] // this build's
 		var buf bytes.Buffer
-		binary.Write(&buf, binary.BigEndian, uint32(len(c.frame)))
-		buf.WriteString(c.frame)
+		binary.Write(&buf, binary.BigEndian, uint32(len(frame)))
+		buf.WriteString(frame)
 		_, err := Receive(&buf, StepCell, StepInterrupt, StepSession, StepCheckpoint)
 		if c.want == nil && err != nil || c.want != nil && !errors.Is(err, c.want) {
 			t.Errorf("%s: %v, want %v", c.frame, err, c.want)

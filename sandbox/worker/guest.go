@@ -54,7 +54,8 @@ func report(out engine.Outcome) protocol.Report {
 
 // Program is what the snapshot's bootstrap reads from stdin before the program's own
 // stdin: ten decimal digits giving the header's length, then the header (see
-// bundle/bootstrap.py).
+// bundle/bootstrap.py; the native backend's runner, native.py, reads the same header),
+// which carries the guest's storage figures (diskField) after the program's name.
 func Program(req *protocol.Request) ([]byte, error) {
 	var fields []string
 	switch {
@@ -75,9 +76,46 @@ func Program(req *protocol.Request) ([]byte, error) {
 		}
 		fields = []string{mode, req.Code, name}
 	}
-	fields = append(fields, strconv.Itoa(len(req.Args)))
+	// DISK: the native guest has os.statvfs (its shutil.disk_usage is the kernel's),
+	// and its runner skips the field.
+	fields = append(fields, diskField(), strconv.Itoa(len(req.Args)))
 	fields = append(fields, req.Args...)
 	return header(append(fields, envFields(req.Env)...))
+}
+
+// diskField is the header's DISK field: what the guest's shutil.disk_usage reports
+// (see bundle/bootstrap.py), as space-separated words: "quota=BYTES", the most the
+// workspace and /tmp may hold together; without a quota, "fs=TOTAL,USED,FREE", the
+// figures of the workspace's file system as the run began (statfs(2), as CPython
+// computes them from statvfs), when they could be read; and "tmp=BYTES", the size of
+// the guest's /tmp, when it has one. Empty: nothing is known.
+func diskField() string {
+	d := guestDisk
+	var words []string
+	if d.quota > 0 {
+		words = append(words, fmt.Sprintf("quota=%d", d.quota))
+	} else if d.fs != "" {
+		words = append(words, d.fs)
+	}
+	if d.tmp > 0 {
+		words = append(words, fmt.Sprintf("tmp=%d", d.tmp))
+	}
+	return strings.Join(words, " ")
+}
+
+// fsFigures is "fs=TOTAL,USED,FREE" for the file system holding dir, as
+// shutil.disk_usage computes them from statvfs (free: what an unprivileged user
+// may still use).
+func fsFigures(dir string) (string, bool) {
+	var st unix.Statfs_t
+	if dir == "" || unix.Statfs(dir, &st) != nil {
+		return "", false
+	}
+	size := uint64(st.Frsize)
+	if size == 0 {
+		size = uint64(st.Bsize)
+	}
+	return fmt.Sprintf("fs=%d,%d,%d", st.Blocks*size, (st.Blocks-st.Bfree)*size, st.Bavail*size), true
 }
 
 // envFields is env as the header carries it: KEY, VALUE pairs in key order.

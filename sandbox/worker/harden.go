@@ -19,15 +19,40 @@ import (
 )
 
 // The worker's own root, when it has a mount namespace, holds only these: the guest's
-// root directory (preopened as "/") with the workspace mounted at its "ws", the
-// interpreter's library, a procfs of its pid namespace, and (in a warm worker, until
-// its run is known) the directories its run's workspace may be in.
+// root directory (preopened as "/") with the workspace mounted at its "ws" and a
+// private tmpfs at its "tmp", the interpreter's library, a procfs of its pid
+// namespace, and (in a warm worker, until its run is known) the directories its
+// run's workspace may be in.
 const (
 	rootGuest     = "/guest"
 	rootWorkspace = rootGuest + "/ws"
+	rootTmp       = protocol.GuestTmpDir // rootGuest + "/tmp"
 	rootLibrary   = "/lib"
 	rootRoots     = "/roots"
 )
+
+// tmpInodes bounds the files and directories of the guest's /tmp.
+const tmpInodes = 16384
+
+// tmpBytes is the size of the guest's /tmp for req: its workspace's quota (the
+// daemon counts /tmp against that quota too), else protocol.DefaultTmpBytes.
+func tmpBytes(req *protocol.Request) int64 {
+	if req.WorkspaceQuota > 0 {
+		return req.WorkspaceQuota
+	}
+	return protocol.DefaultTmpBytes
+}
+
+// guestDisk is what the worker tells its guest about its storage (see diskField):
+// the workspace's quota, the figures of the workspace's file system (see fsFigures:
+// read before the seccomp filter, which refuses statfs(2)), and the size of the
+// guest's /tmp (0: it has none). A worker serves one run or one session; this is set
+// as it gives its guest a workspace and a /tmp (prepare, attach).
+var guestDisk struct {
+	quota int64
+	fs    string
+	tmp   int64
+}
 
 // hardened is the state of hardening: the contract so far, and where the workspace
 // and the interpreter's library are reachable (for the preopens).
@@ -36,6 +61,7 @@ type hardened struct {
 	workspace string
 	library   string
 	guestRoot string // host directory preopened as the guest's "/", or "" (then the workspace is /ws)
+	tmp       string // host directory of the guest's /tmp (a private tmpfs), or "" (it has none)
 	warm      bool   // prepared before the run was known (see prepare)
 	native    bool   // the native backend: the root is Debian's, the guest is exec'd (see native.go)
 	capLock   error  // lockCapabilities' error
@@ -84,12 +110,13 @@ func prepare(req *protocol.Request, warm bool) *hardened {
 		st.seccomp, st.seccompErr = seccomp.Compile(*h.Seccomp)
 	}
 	if !h.Namespaces {
+		setGuestDisk(req, st)
 		return st
 	}
 	if st.enf.Namespaces[protocol.LayerUserNS] && st.enf.Namespaces[protocol.LayerMountNS] {
-		ws := req.Workspace
+		ws, tmp := req.Workspace, tmpBytes(req)
 		if warm {
-			ws = ""
+			ws, tmp = "", 0 // both mounted once the run is known (attach)
 		}
 		if st.native {
 			if err := pivotNative(req, st.enf.Namespaces[protocol.LayerPidNS]); err != nil {
@@ -99,20 +126,27 @@ func prepare(req *protocol.Request, warm bool) *hardened {
 				st.workspace, st.library, st.guestRoot = GuestWorkdir, "/", "/"
 				st.enf.MountRoot = nativeMountRoot(st.enf.Namespaces[protocol.LayerPidNS])
 			}
-		} else if err := pivot(ws, req.LibDir, req.Roots, st.enf.Namespaces[protocol.LayerPidNS]); err != nil {
+		} else if err := pivot(ws, req.LibDir, req.Roots, st.enf.Namespaces[protocol.LayerPidNS], tmp); err != nil {
 			st.enf.Namespaces[protocol.LayerMountNS] = false
 			fail(protocol.LayerMountNS, err)
 		} else {
 			st.workspace, st.library, st.guestRoot = rootWorkspace, rootLibrary, rootGuest
+			if !warm {
+				st.tmp = rootTmp
+			}
 			proc := "/proc (read-only, this pid namespace's processes only)"
 			if !st.enf.Namespaces[protocol.LayerPidNS] {
 				proc = "/proc (read-only, the parent's, its masks kept)"
 			}
 			st.enf.MountRoot = []string{rootGuest + " (read-only; the guest's /)", rootWorkspace + " (read-write; the guest's /ws)",
+				rootTmp + " (read-write, a tmpfs of the run's own and of bounded size; the guest's /tmp)",
 				rootLibrary + " (read-only)", proc}
 		}
 	} else {
 		st.enf.Namespaces[protocol.LayerMountNS] = false
+	}
+	if !warm {
+		setGuestDisk(req, st)
 	}
 	// The UTS namespace is verified by its link like the others; its host name is
 	// left as cloned (WASI gives the guest no way to read it, and systemd's
@@ -197,6 +231,9 @@ func narrow(req *protocol.Request, st *hardened) {
 			fail(protocol.LayerMountNS, err)
 			h.Require = append(h.Require, protocol.LayerMountNS)
 			req.Hardening.Require = h.Require
+		} else {
+			st.tmp = rootTmp
+			setGuestDisk(req, st)
 		}
 	}
 	setRlimits(h, st, fail)
@@ -307,15 +344,16 @@ func setRlimits(h protocol.Hardening, st *hardened, fail func(string, error)) {
 }
 
 // pivot gives the worker a root of its own: a small read-only ramfs holding
-// rootGuest (the guest's "/", holding only "ws"), the workspace at rootWorkspace (a
-// bind mount: read-write, nosuid, nodev, noexec) unless workspace is "", the
-// interpreter's library at rootLibrary (read-only), a procfs, and each of roots at
+// rootGuest (the guest's "/", holding only "ws" and "tmp"), the workspace at
+// rootWorkspace (a bind mount: read-write, nosuid, nodev, noexec) and a new tmpfs of
+// tmp bytes at rootTmp unless workspace is "", the interpreter's library at
+// rootLibrary (read-only), a procfs, and each of roots at
 // rootRoots/N (read-write, for attach), with the host's tree detached. Everything
 // is reopened by path in this mount namespace (a mount of the parent's namespace
 // cannot be bind-mounted here) and the workspace is checked to be the directory the
 // parent opened (fd 4), so a path swapped in between is refused. See
 // mount_setattr(2), open_tree(2), move_mount(2), pivot_root(2) ("pivot_root(".", ".")").
-func pivot(workspace, library string, roots []string, ownPid bool) error {
+func pivot(workspace, library string, roots []string, ownPid bool, tmp int64) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make mounts private: %w", err)
 	}
@@ -333,6 +371,9 @@ func pivot(workspace, library string, roots []string, ownPid bool) error {
 	if workspace != "" {
 		if mounts["guest/ws"], err = cloneTree(workspace, protocol.WorkspaceFD, data); err != nil {
 			return fmt.Errorf("workspace: %w", err)
+		}
+		if mounts["guest/tmp"], err = guestTmpfs(tmp); err != nil {
+			return err
 		}
 	}
 	if mounts["lib"], err = cloneTree(library, -1, unix.MOUNT_ATTR_RDONLY|data); err != nil {
@@ -371,7 +412,7 @@ func pivot(workspace, library string, roots []string, ownPid bool) error {
 	if err := unix.MoveMount(root, "", unix.AT_FDCWD, library, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("attach new root: %w", err)
 	}
-	dirs := []string{"guest", "guest/ws", "lib", "proc"}
+	dirs := []string{"guest", "guest/ws", "guest/tmp", "lib", "proc"}
 	if len(roots) > 0 {
 		dirs = append(dirs, "roots")
 	}
@@ -459,12 +500,48 @@ func attach(req *protocol.Request, mntns bool) error {
 	if err := unix.MoveMount(tree, "", unix.AT_FDCWD, rootWorkspace, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("mount the workspace: %w", err)
 	}
+	// The guest's /tmp is made now, for this run: its times (a tmpfs records when it
+	// was made) tell the guest nothing of when the worker was warmed.
+	tmp, err := guestTmpfs(tmpBytes(req))
+	if err != nil {
+		return err
+	}
+	defer unix.Close(tmp)
+	if err := unix.MoveMount(tmp, "", unix.AT_FDCWD, rootTmp, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("mount the guest's /tmp: %w", err)
+	}
 	for i := range req.Roots {
 		if err := unix.Unmount(fmt.Sprintf("%s/%d", rootRoots, i), unix.MNT_DETACH); err != nil {
 			return fmt.Errorf("detach workspace root %d: %w", i, err)
 		}
 	}
 	return stampGuestRoot()
+}
+
+// guestTmpfs returns a detached tmpfs of size bytes for the guest's /tmp (read-write,
+// nosuid, nodev, noexec; mode 1777 as a /tmp; at most tmpInodes files). It lives in
+// this worker's mount namespace alone, so no other run sees it, and it is gone with
+// the worker: nothing is left on the host to remove. Its pages are memory, bounded by
+// size (and counted against the workspace's quota by the daemon, see
+// protocol.GuestTmpDir).
+func guestTmpfs(size int64) (int, error) {
+	if size <= 0 {
+		size = protocol.DefaultTmpBytes
+	}
+	return tmpfs(fmt.Sprintf("size=%d,nr_inodes=%d,mode=1777", size, tmpInodes),
+		unix.MOUNT_ATTR_NOSUID|unix.MOUNT_ATTR_NODEV|unix.MOUNT_ATTR_NOEXEC)
+}
+
+// setGuestDisk records what the guest of req is told about its storage (see
+// guestDisk) once st has given it its workspace and /tmp.
+func setGuestDisk(req *protocol.Request, st *hardened) {
+	guestDisk.quota, guestDisk.fs, guestDisk.tmp = req.WorkspaceQuota, "", 0
+	if req.WorkspaceQuota <= 0 {
+		guestDisk.fs, _ = fsFigures(st.workspace)
+	}
+	if st.tmp != "" {
+		guestDisk.tmp = tmpBytes(req)
+	}
 }
 
 // stampGuestRoot sets the access, modification and change times of the guest's "/"
@@ -684,6 +761,9 @@ func restrictLandlock(st *hardened) error {
 		landlock.PathAccess(read&cfg.HandledAccessFS, st.library),
 		landlock.PathAccess(cfg.HandledAccessFS&^denied, st.workspace),
 	}
+	if st.tmp != "" && !st.native {
+		rules = append(rules, landlock.PathAccess(cfg.HandledAccessFS&^denied, st.tmp))
+	}
 	if st.native {
 		native, err := nativeLandlockRules(cfg.HandledAccessFS, denied)
 		if err != nil {
@@ -696,7 +776,7 @@ func restrictLandlock(st *hardened) error {
 	rules = append(rules, landlock.PathAccess(llsys.AccessFSReadDir&cfg.HandledAccessFS,
 		fmt.Sprintf("/proc/%d/task", os.Getpid())))
 	if st.guestRoot != "" && !st.native {
-		// The guest may list its "/" (which holds only "ws").
+		// The guest may list its "/" (which holds only "ws" and "tmp").
 		rules = append(rules, landlock.PathAccess(llsys.AccessFSReadDir&cfg.HandledAccessFS, st.guestRoot))
 	}
 	// go-landlock builds the ruleset; it is entered on every thread with one round

@@ -18,9 +18,12 @@ def _sandcell_run():
             b += c
         return b
 
+    # MODE, SOURCE-OR-PATH, NAME, DISK, N, ARG1..ARGN, then the environment (which
+    # the worker gave the process itself). DISK is what the wasm guest's
+    # shutil.disk_usage reports; this guest has os.statvfs, the kernel's figures.
     fields = read(int(read(10))).decode("utf-8").split("\0")
-    mode, text, name, nargs = fields[0], fields[1], fields[2], int(fields[3])
-    args = fields[4:4 + nargs]
+    mode, text, name, nargs = fields[0], fields[1], fields[2], int(fields[4])
+    args = fields[5:5 + nargs]
 
     import importlib.machinery as m
     sys.path_hooks[:] = [h for h in sys.path_hooks if getattr(h, "__name__", "") != "path_hook_for_FileFinder"]
