@@ -8,7 +8,6 @@ package sandbox_test
 // what, as TestEscapeMatrix does for the wasm backend.
 
 import (
-	"bytes"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -488,30 +487,46 @@ func TestNativeEscapeMatrixUnprivileged(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short")
 	}
+	out := asNobody(t, "-test.run=^TestNativeEscapeMatrix$")
+	if !strings.Contains(out, "--- PASS: TestNativeEscapeMatrix") {
+		t.Fatalf("native escape suite as uid 65534:\n%s", out)
+	}
+	if i := strings.Index(out, "attempt"); i >= 0 {
+		t.Logf("as uid 65534:\n%s", out[i:])
+	}
+}
+
+// asNobody runs this test binary as uid 65534 with args (-test.run=...), verbose, and
+// returns its output; a failure to run it fails t. The native root is used where
+// it is when uid 65534 can reach it, else through a tree of hard links to it (or a
+// copy, across file systems) in a world-searchable directory: CI clones into a
+// directory only root may enter.
+func asNobody(t *testing.T, args ...string) string {
+	t.Helper()
 	root, err := filepath.Abs(nativeRoot(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The root is used where it is (a copy would be hundreds of MiB): uid 65534
-	// must be able to reach it.
-	for d := root; ; d = filepath.Dir(d) {
-		st, err := os.Stat(d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.Mode().Perm()&0o001 == 0 {
-			t.Skipf("uid 65534 cannot reach the native root %s (%s is %v)", root, d, st.Mode())
-		}
-		if d == "/" {
-			break
-		}
-	}
-	dir, err := os.MkdirTemp("", "sandcell-native-unprivileged-")
+	dir, err := os.MkdirTemp("/var/tmp", "sandcell-native-unprivileged-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	if !searchable(root) {
+		linked := filepath.Join(dir, "rootfs")
+		if out, err := exec.Command("cp", "-al", root, linked).CombinedOutput(); err != nil {
+			os.RemoveAll(linked)
+			if out, err := exec.Command("cp", "-a", root, linked).CombinedOutput(); err != nil {
+				t.Fatalf("a copy of the native root for uid 65534: %v %s", err, out)
+			}
+			t.Logf("hard links refused (%s): the native root copied", strings.TrimSpace(string(out)))
+		}
+		root = linked
+	}
 	tmp := filepath.Join(dir, "tmp")
+	os.Mkdir(tmp, 0o777)
+	os.Chmod(tmp, 0o777)
 	// The binary's directory is never a workspace, nor holds one: it gets its own.
 	os.Mkdir(filepath.Join(dir, "bin"), 0o755)
 	bin := filepath.Join(dir, "bin", "sandbox.test")
@@ -522,18 +537,26 @@ func TestNativeEscapeMatrixUnprivileged(t *testing.T) {
 	if err := os.WriteFile(bin, src, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	os.Mkdir(tmp, 0o777)
-	os.Chmod(dir, 0o755)
-	os.Chmod(tmp, 0o777)
-	cmd := exec.Command(bin, "-test.run=^TestNativeEscapeMatrix$", "-test.v", "-test.count=1")
+	cmd := exec.Command(bin, append(args, "-test.v", "-test.count=1")...)
 	cmd.Dir = dir
 	cmd.Env = []string{"TMPDIR=" + tmp, "HOME=" + tmp, "PATH=/usr/bin:/bin", "SANDCELL_NATIVE_ROOT=" + root}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
 	out, err := cmd.CombinedOutput()
-	if err != nil || !bytes.Contains(out, []byte("--- PASS: TestNativeEscapeMatrix")) {
-		t.Fatalf("native escape suite as uid 65534: %v\n%s", err, out)
+	if err != nil {
+		t.Fatalf("as uid 65534: %v\n%s", err, out)
 	}
-	if i := bytes.Index(out, []byte("attempt")); i >= 0 {
-		t.Logf("as uid 65534:\n%s", out[i:])
+	return string(out)
+}
+
+// searchable says whether every directory from / to path lets others search it.
+func searchable(path string) bool {
+	for d := path; ; d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil || st.Mode().Perm()&0o001 == 0 {
+			return false
+		}
+		if d == "/" {
+			return true
+		}
 	}
 }

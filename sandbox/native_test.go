@@ -316,11 +316,67 @@ import os, subprocess
 r = subprocess.run(["/usr/bin/python3", "-c", "import os; print(os.getpid() < 100, os.readlink('/proc/self/ns/pid') == %r)" % os.readlink("/proc/self/ns/pid")], capture_output=True, text=True)
 print("child", r.returncode, r.stdout.strip(), r.stderr[-300:])
 `, func(_ *protocol.Request, p *policy.Policy) { p.NativeProcesses = true })
+		if os.Geteuid() == 0 {
+			// RLIMIT_NPROC does not bind root: refused, nothing run
+			// (TestNativeProcessesUnprivileged runs this case as uid 65534).
+			if res.Reason != protocol.Rejected || !strings.Contains(strings.Join(res.Diagnostics, ";"), "does not bind the root user") {
+				t.Fatalf("processes for a root daemon's guest: %+v", res)
+			}
+			return
+		}
 		wantExit(t, res, 0)
 		if !strings.HasPrefix(string(res.Stdout), "child 0 True True") {
 			t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
 		}
 	})
+}
+
+// TestNativeProcessesUnprivileged runs the processes case of TestNativeLimits as
+// uid 65534 when the tests run as root (whose guests are refused processes: see
+// unboundedProcesses), with a fork bomb beside it: RLIMIT_NPROC stops it, with the
+// run still ending by itself.
+func TestNativeProcessesUnprivileged(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("not root: TestNativeLimits runs the processes case itself")
+	}
+	if warmMode || testing.Short() {
+		t.Skip("the cold pass of `make test` runs this")
+	}
+	out := asNobody(t, "-test.run=^(TestNativeLimits|TestNativeForkBomb)$/^processes_when_policy_allows$")
+	for _, want := range []string{"--- PASS: TestNativeLimits/processes_when_policy_allows", "--- PASS: TestNativeForkBomb"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("as uid 65534, no %q:\n%s", want, out)
+		}
+	}
+}
+
+// TestNativeForkBomb: with processes allowed, a fork bomb meets RLIMIT_NPROC
+// (fork fails with EAGAIN) and the run ends by itself. As root it is refused
+// before it runs (see TestNativeLimits), so it runs only unprivileged.
+func TestNativeForkBomb(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("as root the guest is refused processes: TestNativeProcessesUnprivileged runs this as uid 65534")
+	}
+	t.Parallel()
+	res, _ := runNative(t, `
+import os, time
+n, err = 0, None
+kids = []
+try:
+    while n < 5000:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        kids.append(pid); n += 1
+except OSError as e:
+    err = e.errno
+print("stopped", n < 1000, err)
+`, func(r *protocol.Request, p *policy.Policy) { p.NativeProcesses = true; r.Limits.TimeoutMS = 60_000 })
+	wantExit(t, res, 0)
+	if !strings.HasPrefix(string(res.Stdout), "stopped True 11") {
+		t.Fatalf("stdout %q stderr %q", res.Stdout, res.Stderr)
+	}
 }
 
 // display() shows an object's richest representation as a workspace file, with its

@@ -837,6 +837,9 @@ func guestEnded(res *protocol.Result, ps *os.ProcessState, rep *protocol.Report,
 // becomes the guest (see protocol.StepExec). Namespaces are not optional here: the
 // worker's own mount namespace is what gives the guest the native root.
 func (s *Spawner) runNative(ctx context.Context, req protocol.Request, wsDir *os.File, observe Observer) (protocol.Result, error) {
+	if why := unboundedProcesses(req.Hardening); why != "" {
+		return protocol.Result{ExitCode: -1, Reason: protocol.Rejected, Diagnostics: []string{why}}, nil
+	}
 	frame, err := protocol.Encode(protocol.Frame{Step: protocol.StepRun, Request: &req})
 	if err != nil {
 		return protocol.Result{}, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
@@ -852,6 +855,22 @@ func (s *Spawner) runNative(ctx context.Context, req protocol.Request, wsDir *os
 	res.Displays, diags = checkDisplays(wsDir, res.Displays) // as the guest named them: checked here
 	res.Diagnostics = append(res.Diagnostics, diags...)
 	return res, nil
+}
+
+// unboundedProcesses says why a native guest allowed processes (h.Processes) could
+// start them without bound here, or "". RLIMIT_NPROC, counted per user, is their
+// bound, and setrlimit(2) says it is "not enforced for processes that ... run with
+// real user ID 0": a worker of a root daemon is the root user outside its
+// namespace, and a fork bomb in it would fill the host. Such runs are refused
+// (no code runs) rather than run unbounded: run the daemon as its own user, as the
+// packages do, or keep native.processes off.
+func unboundedProcesses(h protocol.Hardening) string {
+	if !h.Processes || os.Geteuid() != 0 {
+		return ""
+	}
+	return "the native backend's processes are bounded by RLIMIT_NPROC, which does not bind the root user, and " +
+		"this daemon runs as root: a guest could start processes without end, so none is run. Run the daemon " +
+		"as an unprivileged user (the packages do) or turn native.processes off"
 }
 
 // check refuses requests that cannot be run before a worker is spent on them.

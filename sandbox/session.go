@@ -107,6 +107,9 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 	if native && resume != nil {
 		return nil, fmt.Errorf("%w: a native session keeps no checkpoint to resume", ErrBadRequest)
 	}
+	if why := unboundedProcesses(req.Hardening); native && why != "" {
+		return nil, fmt.Errorf("sandbox: session refused (%s): %s", protocol.Rejected, why)
+	}
 	var module *os.File
 	if !native {
 		if module, err = s.sealedModule(req.ModulePath); err != nil {
