@@ -1,7 +1,6 @@
 package sandbox_test
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -84,7 +83,7 @@ func TestNativeStackSuites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	expected := nativeGateExpected(t)
+	expected := gateList(t, "testdata/native-gate.txt")
 	suites := nativeSuites
 	if only := os.Getenv("SANDCELL_NATIVE_GATE"); only != "" {
 		// A developer's shortcut: SANDCELL_NATIVE_GATE=numpy,pandas runs those alone.
@@ -278,37 +277,6 @@ func nativeSkipReason(why string) string {
 		why = why[:160] + "..."
 	}
 	return why
-}
-
-// nativeGateExpected reads testdata/native-gate.txt: a test id (or a prefix of ids,
-// at "::", "[" or "/"), whitespace, and its cause; # starts a comment.
-func nativeGateExpected(t *testing.T) map[string]string {
-	t.Helper()
-	f, err := os.Open("testdata/native-gate.txt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	m := map[string]string{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		id, why, _ := strings.Cut(line, " ")
-		if strings.TrimSpace(why) == "" {
-			t.Fatalf("testdata/native-gate.txt: %s has no cause", id)
-		}
-		if _, dup := m[id]; dup {
-			t.Fatalf("testdata/native-gate.txt: %s is listed twice", id)
-		}
-		m[id] = strings.TrimSpace(why)
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return m
 }
 
 func nativeSum(m map[string]int) int {

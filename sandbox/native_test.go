@@ -445,20 +445,7 @@ os._exit(0)`
 // ends the session (no checkpoint to roll back to), and Save says there is none.
 func TestNativeSession(t *testing.T) {
 	t.Parallel()
-	pol := policy.Default()
-	limits, err := pol.Resolve(protocol.Limits{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Workspace: t.TempDir(),
-		Limits: limits, Hardening: pol.NativeHardening(limits)}
-	sp, done := spawnerFor(t, req, "")
-	defer done()
-	ss, err := sp.OpenSession(context.Background(), req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ss.Close()
+	ss := openNativeSession(t)
 	if e := ss.Enforcement(); e.Backend != protocol.BackendNative || len(e.Missing(protocol.Layers())) > 0 {
 		t.Fatalf("contract %+v", e)
 	}
@@ -490,7 +477,7 @@ T()`)
 	if c := cell("x"); c.Value != "7" {
 		t.Fatalf("after save: %q", c.Value)
 	}
-	c, err = ss.Run(context.Background(), protocol.Request{Code: "import time; time.sleep(30)",
+	c, err := ss.Run(context.Background(), protocol.Request{Code: "import time; time.sleep(30)",
 		Limits: protocol.Limits{TimeoutMS: 300, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}})
 	if err != nil || c.Reason != protocol.Timeout || c.RolledBack {
 		t.Fatalf("timeout cell: %+v %v", c.Result, err)
@@ -506,17 +493,7 @@ T()`)
 // clock would have.
 func TestNativeSessionForgedFrame(t *testing.T) {
 	t.Parallel()
-	pol := policy.Default()
-	limits, _ := pol.Resolve(protocol.Limits{})
-	req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Workspace: t.TempDir(),
-		Limits: limits, Hardening: pol.NativeHardening(limits)}
-	sp, done := spawnerFor(t, req, "")
-	defer done()
-	ss, err := sp.OpenSession(context.Background(), req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ss.Close()
+	ss := openNativeSession(t)
 	lim := protocol.Limits{TimeoutMS: 60_000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
 	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: fmt.Sprintf(`import os
 b = b'{"version":%d,"step":"report","report":{"exit_code":0,"reason":"exited","rolled_back":true,"diagnostics":["forged"]}}'
@@ -541,17 +518,7 @@ os.write(3, len(b).to_bytes(4, "big") + b)`, protocol.Version)})
 // A cell within its limit, after others have used more, is not cut.
 func TestNativeSessionCellCPULimit(t *testing.T) {
 	t.Parallel()
-	pol := policy.Default()
-	limits, _ := pol.Resolve(protocol.Limits{})
-	req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Workspace: t.TempDir(),
-		Limits: limits, Hardening: pol.NativeHardening(limits)}
-	sp, done := spawnerFor(t, req, "")
-	defer done()
-	ss, err := sp.OpenSession(context.Background(), req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ss.Close()
+	ss := openNativeSession(t)
 	lim := protocol.Limits{TimeoutMS: 60_000, CPUMS: 700, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
 	spin := `import time
 def spin(s):
@@ -580,4 +547,24 @@ for t in ts: t.join()`})
 	if _, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: "1"}); !errors.Is(err, sandbox.ErrSessionLost) {
 		t.Fatalf("after the limit: %v", err)
 	}
+}
+
+// openNativeSession opens a session on the native backend with the default policy,
+// in a fresh workspace, closed when t ends.
+func openNativeSession(t *testing.T) *sandbox.Session {
+	t.Helper()
+	pol := policy.Default()
+	limits, err := pol.Resolve(protocol.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Workspace: t.TempDir(),
+		Limits: limits, Hardening: pol.NativeHardening(limits)}
+	sp, done := spawnerFor(t, req, "")
+	ss, err := sp.OpenSession(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ss.Close(); done() })
+	return ss
 }

@@ -89,7 +89,7 @@ func TestCPythonTestSuite(t *testing.T) {
 		modules = gateShort
 	}
 	ws := gateWorkspace(t)
-	expected := gateExpected(t)
+	expected := gateList(t, "testdata/stdlib-gate.txt")
 	harness, err := os.ReadFile("testdata/stdlib_gate.py")
 	if err != nil {
 		t.Fatal(err)
@@ -200,11 +200,13 @@ func parseGate(stdout string) (gateOutcome, bool) {
 	return o, json.Unmarshal([]byte(line), &o) == nil
 }
 
-// gateExpected reads testdata/stdlib-gate.txt: a test id (or a module that does not
-// load), whitespace, and its cause; # starts a comment.
-func gateExpected(t *testing.T) map[string]string {
+// gateList reads a gate's list of expected failures (testdata/stdlib-gate.txt,
+// testdata/native-gate.txt): per line a test id (or what the gate matches ids
+// against: a module that does not load, a prefix of ids), whitespace, and its cause;
+// # starts a comment. An entry without a cause, or listed twice, fails t.
+func gateList(t *testing.T, path string) map[string]string {
 	t.Helper()
-	f, err := os.Open("testdata/stdlib-gate.txt")
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +220,10 @@ func gateExpected(t *testing.T) map[string]string {
 		}
 		id, why, _ := strings.Cut(line, " ")
 		if strings.TrimSpace(why) == "" {
-			t.Fatalf("testdata/stdlib-gate.txt: %s has no cause", id)
+			t.Fatalf("%s: %s has no cause", path, id)
+		}
+		if _, dup := m[id]; dup {
+			t.Fatalf("%s: %s is listed twice", path, id)
 		}
 		m[id] = strings.TrimSpace(why)
 	}
