@@ -378,6 +378,18 @@ except OSError as e:
 	}
 	res, _ := run(t, "import os; print(os.listdir('/tmp'))", nil)
 	wantOutput(t, res, "[]\n")
+
+	// A quota of gigabytes does not size /tmp (memory that no memory limit counts):
+	// it stays protocol.DefaultTmpBytes.
+	res, _ = run(t, `import errno
+n = 0
+try:
+    with open("/tmp/big", "wb") as f:
+        for _ in range(128):
+            f.write(b"x" * (1 << 20)); f.flush(); n += 1
+except OSError as e:
+    print(n, errno.errorcode[e.errno])`, func(r *protocol.Request) { r.WorkspaceQuota = 8 << 30 })
+	wantOutput(t, res, fmt.Sprintf("%d ENOSPC\n", protocol.DefaultTmpBytes>>20))
 }
 
 // shutil.disk_usage (CPython has it only where os.statvfs is, which WASI lacks)

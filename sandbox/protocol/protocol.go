@@ -358,8 +358,9 @@ type Request struct {
 	// WorkspaceQuota (wasm backend) is the most bytes the workspace and the guest's
 	// /tmp may hold together (the daemon's workspaces.max_bytes, which the daemon
 	// keeps by measuring both as the run goes), or 0 when nothing but its file
-	// system bounds the workspace (a local run). The worker sizes the guest's /tmp by
-	// it (DefaultTmpBytes when 0) and the guest's shutil.disk_usage reports it; the
+	// system bounds the workspace (a local run). The guest's /tmp is DefaultTmpBytes,
+	// or the quota where that is smaller, and the guest's shutil.disk_usage reports
+	// the quota; the
 	// guest's program cannot change it (it travels in the program's header, not in
 	// its environment). A native worker does not use it: its guest's /tmp is
 	// Hardening.TmpBytes, bounded on its own, and its statfs(2) is the kernel's.
@@ -387,7 +388,8 @@ type Request struct {
 }
 
 // DefaultTmpBytes is the size of a wasm guest's /tmp (a tmpfs of its worker's own
-// mount namespace) when the request names no WorkspaceQuota (64 MiB).
+// mount namespace: memory, which no memory limit counts) unless the request's
+// WorkspaceQuota is smaller (64 MiB, as the native backend's default).
 const DefaultTmpBytes = 64 << 20
 
 // GuestTmpDir is where a wasm worker with its own mount namespace mounts the guest's

@@ -34,10 +34,13 @@ const (
 // tmpInodes bounds the files and directories of the guest's /tmp.
 const tmpInodes = 16384
 
-// tmpBytes is the size of the guest's /tmp for req: its workspace's quota (the
-// daemon counts /tmp against that quota too), else protocol.DefaultTmpBytes.
+// tmpBytes is the size of the guest's /tmp for req: protocol.DefaultTmpBytes, or its
+// workspace's quota where that is smaller (the daemon counts /tmp against the quota
+// too). A tmpfs is memory that no memory limit of the run counts (and a session's
+// lasts between its cells): a quota is a disk's figure, often gigabytes, so it never
+// sizes /tmp alone.
 func tmpBytes(req *protocol.Request) int64 {
-	if req.WorkspaceQuota > 0 {
+	if req.WorkspaceQuota > 0 && req.WorkspaceQuota < protocol.DefaultTmpBytes {
 		return req.WorkspaceQuota
 	}
 	return protocol.DefaultTmpBytes
