@@ -6,31 +6,35 @@ import (
 	"os"
 	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // clockTick is the unit of /proc/PID/stat's utime and stime: USER_HZ, which Linux
 // fixes at 100 for every architecture user space sees (proc(5)).
 const clockTick = 10 * time.Millisecond
 
-// processCPU returns the CPU time (user and system, every thread of it, not its
-// children) the process pid has used, from /proc/PID/stat, to the clock tick.
+// processCPU returns the CPU time (user and system, every thread of it, and of the
+// children it has waited for) the process pid has used, from /proc/PID/stat, to the
+// clock tick.
 func processCPU(pid int) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
 	// The command name (field 2) may hold spaces and parentheses: fields are
-	// counted from after its last ')'. utime and stime are fields 14 and 15.
+	// counted from after its last ')'. utime, stime, cutime and cstime are fields
+	// 14 to 17.
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
 		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
 	}
 	f := bytes.Fields(b[i+1:])
-	if len(f) < 13 {
+	if len(f) < 15 {
 		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
 	}
 	var ticks uint64
-	for _, s := range f[11:13] {
+	for _, s := range f[11:15] {
 		n, err := strconv.ParseUint(string(s), 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("/proc/%d/stat: %v", pid, err)
@@ -84,4 +88,68 @@ func watchCPU(p *proc, budget time.Duration, stop <-chan struct{}) <-chan struct
 		}
 	}()
 	return over
+}
+
+// endOthers kills every process of pid's pid namespace (if it has one of its own)
+// but pid itself, found in /proc by their namespace, and waits (at most a second in
+// all) until each has exited, so that none runs on once this returns. It scans
+// again until a scan finds none alive (a fork between a scan and its kills is
+// found by the next; at most 20 scans). Each is opened as a pidfd and its namespace
+// read again before the signal, so a pid reused meanwhile by another process is
+// never signalled.
+func endOthers(pid int) {
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", pid))
+	own, _ := os.Readlink("/proc/self/ns/pid")
+	if err != nil || ns == own {
+		// Not a pid namespace of its own (a policy without pidns): its processes
+		// cannot be told from the host's by namespace; RLIMIT_NPROC and their
+		// RLIMIT_CPU bound them.
+		return
+	}
+	deadline := time.Now().Add(time.Second)
+	for range 20 {
+		entries, err := os.ReadDir("/proc")
+		if err != nil {
+			return
+		}
+		var killed []int
+		for _, e := range entries {
+			n, err := strconv.Atoi(e.Name())
+			if err != nil || n == pid {
+				continue
+			}
+			if l, _ := os.Readlink("/proc/" + e.Name() + "/ns/pid"); l != ns {
+				continue
+			}
+			fd, err := unix.PidfdOpen(n, 0)
+			if err != nil {
+				continue
+			}
+			l, _ := os.Readlink("/proc/" + e.Name() + "/ns/pid")
+			if l != ns || exited(fd, 0) {
+				unix.Close(fd) // another process now, or one already ended (a zombie)
+				continue
+			}
+			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+			killed = append(killed, fd)
+		}
+		for _, fd := range killed {
+			exited(fd, max(time.Until(deadline), 0))
+			unix.Close(fd)
+		}
+		if len(killed) == 0 {
+			return
+		}
+	}
+}
+
+// exited says whether the process of pidfd fd has exited, waiting up to d.
+func exited(fd int, d time.Duration) bool {
+	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(p, int(d.Milliseconds()))
+		if err != unix.EINTR {
+			return err == nil && n > 0
+		}
+	}
 }

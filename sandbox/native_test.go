@@ -1,12 +1,14 @@
 package sandbox_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -342,8 +344,9 @@ func TestNativeProcessesUnprivileged(t *testing.T) {
 	if warmMode || testing.Short() {
 		t.Skip("the cold pass of `make test` runs this")
 	}
-	out := asNobody(t, "-test.run=^(TestNativeLimits|TestNativeForkBomb)$/^processes_when_policy_allows$")
-	for _, want := range []string{"--- PASS: TestNativeLimits/processes_when_policy_allows", "--- PASS: TestNativeForkBomb"} {
+	out := asNobody(t, "-test.run=^(TestNativeLimits|TestNativeForkBomb|TestNativeSessionProcessesEndWithTheCell)$/^processes_when_policy_allows$")
+	for _, want := range []string{"--- PASS: TestNativeLimits/processes_when_policy_allows", "--- PASS: TestNativeForkBomb",
+		"--- PASS: TestNativeSessionProcessesEndWithTheCell"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("as uid 65534, no %q:\n%s", want, out)
 		}
@@ -567,4 +570,97 @@ func openNativeSession(t *testing.T) *sandbox.Session {
 	}
 	t.Cleanup(func() { ss.Close(); done() })
 	return ss
+}
+
+// Between cells a native session's interpreter is stopped: a thread a cell leaves
+// spinning uses no CPU until the next cell, which finds it running again.
+func TestNativeSessionIdleBetweenCells(t *testing.T) {
+	t.Parallel()
+	ss := openNativeSession(t)
+	lim := protocol.Limits{TimeoutMS: 30_000, CPUMS: 5_000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
+	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: `import threading
+n = [0]
+def spin():
+    while True:
+        n[0] += 1
+threading.Thread(target=spin, daemon=True).start()
+while n[0] == 0:
+    pass`})
+	if err != nil || c.Reason != protocol.Exited || c.ExitCode != 0 {
+		t.Fatalf("%v %+v %s", err, c.Result, c.Stderr)
+	}
+	cpu := func() int64 {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", ss.PID()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		u, _ := strconv.ParseInt(f[11], 10, 64)
+		s, _ := strconv.ParseInt(f[12], 10, 64)
+		return u + s
+	}
+	before := cpu()
+	time.Sleep(time.Second)
+	if used := cpu() - before; used > 2 {
+		t.Fatalf("the idle interpreter used %d ticks of CPU in a second", used)
+	}
+	c, err = ss.Run(context.Background(), protocol.Request{Limits: lim, Code: `import time
+a = n[0]; time.sleep(0.2); print(n[0] > a)`})
+	if err != nil || string(c.Stdout) != "True\n" {
+		t.Fatalf("the next cell: %v %+v %q %s", err, c.Result, c.Stdout, c.Stderr)
+	}
+}
+
+// With processes allowed, the processes a cell starts end with it, whether they
+// stay in the interpreter's process group or leave it (setsid). Processes are
+// refused to a root daemon's guests, so this runs unprivileged (see
+// TestNativeProcessesUnprivileged).
+func TestNativeSessionProcessesEndWithTheCell(t *testing.T) {
+	if os.Geteuid() == 0 {
+		t.Skip("as root the guest is refused processes: TestNativeProcessesUnprivileged runs this as uid 65534")
+	}
+	t.Parallel()
+	pol := policy.Default()
+	pol.NativeProcesses = true
+	limits, err := pol.Resolve(protocol.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Workspace: t.TempDir(),
+		Limits: limits, Hardening: pol.NativeHardening(limits)}
+	sp, done := spawnerFor(t, req, "")
+	defer done()
+	ss, err := sp.OpenSession(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	lim := protocol.Limits{TimeoutMS: 30_000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
+	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: `import os
+kids = []
+for leave in (False, True):
+    pid = os.fork()
+    if pid == 0:
+        if leave:
+            os.setsid()
+        while True:
+            pass
+    kids.append(pid)
+print(len(kids))`})
+	if err != nil || string(c.Stdout) != "2\n" {
+		t.Fatalf("%v %+v %q %s", err, c.Result, c.Stdout, c.Stderr)
+	}
+	c, err = ss.Run(context.Background(), protocol.Request{Limits: lim, Code: `import os
+alive = []
+for pid in kids:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+        os.kill(pid, 0)
+        alive.append(pid)
+    except (ProcessLookupError, ChildProcessError):
+        pass
+print(alive)`})
+	if err != nil || string(c.Stdout) != "[]\n" {
+		t.Fatalf("a cell's processes outlived it: %v %+v %q %s", err, c.Result, c.Stdout, c.Stderr)
+	}
 }

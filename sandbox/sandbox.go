@@ -646,6 +646,16 @@ func (p *proc) kill() {
 	}
 }
 
+// signalGroup sends sig to the worker's process group (it is a session leader) unless
+// it has exited.
+func (p *proc) signalGroup(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.gone {
+		_ = syscall.Kill(-p.cmd.Process.Pid, sig)
+	}
+}
+
 // collect sends frame (the request; nil when sent already), reads the guest's
 // output and the report, and makes the Result. The worker owns nothing after: it is
 // killed if it has not exited.

@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
@@ -41,6 +42,8 @@ const SessionCPU = time.Hour
 type Session struct {
 	p      *proc
 	native *os.File // a native session's workspace (its displays are read there), or nil
+	// processes: a native session whose guest may start processes (see idle).
+	processes bool
 	memory int64    // the memory limit: a saved checkpoint is at most that
 	opened protocol.Enforcement
 	mu     sync.Mutex
@@ -121,7 +124,7 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: start the session's worker: %w", err)
 	}
-	ss := &Session{p: p, memory: req.Limits.MemoryBytes}
+	ss := &Session{p: p, memory: req.Limits.MemoryBytes, processes: native && req.Hardening.Processes}
 	if native {
 		if ss.native, err = dupFile(wsDir); err != nil {
 			p.kill()
@@ -163,7 +166,24 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 		return nil, fmt.Errorf("sandbox: session: %s", missing)
 	}
 	ss.opened = *rep.Enforcement
+	if native {
+		ss.idle()
+	}
 	return ss, nil
+}
+
+// idle stops a native session's interpreter between cells (SIGSTOP to its process
+// group: every thread), so that nothing it left running (a thread's loop, a
+// process) uses CPU that no cell's cpu_ms counts; the next cell continues it first.
+// With processes allowed, the processes a cell started end with it: every process of
+// the session's pid namespace but the interpreter is killed (a process that left the
+// interpreter's group would escape the stop, and could continue the interpreter).
+// A wasm session's worker runs nothing of the guest's between cells.
+func (ss *Session) idle() {
+	if ss.processes {
+		endOthers(ss.p.cmd.Process.Pid)
+	}
+	ss.p.signalGroup(syscall.SIGSTOP)
 }
 
 // PID is the session's worker process.
@@ -307,6 +327,9 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	frame := protocol.Request{Code: cell.Code, Filename: cell.Filename, Stdin: cell.Stdin, Env: cell.Env,
 		Limits: protocol.Limits{CPUMS: l.CPUMS}, CellEnd: end, ValueMark: hex.EncodeToString(mark)}
 	began := time.Now()
+	if ss.native != nil {
+		ss.p.signalGroup(syscall.SIGCONT) // stopped since the last cell (see idle)
+	}
 	if err := protocol.Send(ss.p.ctl, protocol.Frame{Step: protocol.StepCell, Request: &frame}); err != nil {
 		ss.lose("the worker is gone")
 		return Cell{}, fmt.Errorf("%w: the worker is gone", ErrSessionLost)
@@ -423,6 +446,9 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		}
 	}
 	wg.Wait()
+	if ss.native != nil && ss.lost == "" {
+		ss.idle()
+	}
 	enf := ss.opened
 	res.Enforcement = &enf
 	res.StdoutPieces, res.StdoutTruncated = stdout.out, stdout.truncated
