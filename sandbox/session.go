@@ -44,10 +44,10 @@ type Session struct {
 	native *os.File // a native session's workspace (its displays are read there), or nil
 	// processes: a native session whose guest may start processes (see idle).
 	processes bool
-	memory int64    // the memory limit: a saved checkpoint is at most that
-	opened protocol.Enforcement
-	mu     sync.Mutex
-	lost   string // why the state is lost, once it is
+	memory    int64 // the memory limit: a saved checkpoint is at most that
+	opened    protocol.Enforcement
+	mu        sync.Mutex
+	lost      string // why the state is lost, once it is
 }
 
 // OpenSession starts a session's worker for req (a run's request without a
