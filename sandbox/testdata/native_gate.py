@@ -68,6 +68,8 @@ class Gate:
     def pytest_collectreport(self, report):
         if report.failed:
             self.collect_errors[report.nodeid] = message(report)
+        elif report.skipped:  # a whole module skipped (importorskip, a module-level skip)
+            self.set(report.nodeid, "skipped", message(report))
 
     def set(self, nodeid, outcome, why):
         # The worst outcome of a test's phases wins: error, failed, xpassed, then
