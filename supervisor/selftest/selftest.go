@@ -144,8 +144,10 @@ func Run(ctx context.Context, o Options) *Report {
 
 // NativeCanaryProgram is the native backend's canary: numpy computes 6*7, then each
 // escape probe's outcome is printed as JSON. Each must come out "denied" ("fork"
-// only where the policy keeps processes off). An exec that worked would leave
-// another program's output where the JSON should be: the canary fails.
+// only where the policy keeps processes off): refused with EPERM or EACCES, not
+// failing otherwise (a probe whose target is missing proves nothing). An exec that
+// worked would leave another program's output where the JSON should be: the canary
+// fails.
 const NativeCanaryProgram = `import json, os, mmap
 import numpy
 r = {"answer": int(numpy.int64(6) * 7)}
@@ -171,23 +173,27 @@ try:
     r["own_memory"] = "writable"
 except OSError:
     r["own_memory"] = "denied"
+import errno
+refused = (errno.EPERM, errno.EACCES)
 try:
     os.unshare(os.CLONE_NEWUSER | os.CLONE_NEWNS)
     r["unshare"] = "unshared"
-except OSError:
-    r["unshare"] = "denied"
+except OSError as e:
+    r["unshare"] = "denied" if e.errno in refused else "failed otherwise: %s" % e
 try:
     pid = os.fork()
     if pid == 0:
         os._exit(0)
     os.waitpid(pid, 0)
     r["fork"] = "forked"
-except OSError:
-    r["fork"] = "denied"
+except OSError as e:
+    r["fork"] = "denied" if e.errno in refused else "failed otherwise: %s" % e
 try:
+    if not os.path.isfile("/usr/bin/getconf"):
+        raise FileNotFoundError("/usr/bin/getconf is not in the root: nothing to try")
     os.execv("/usr/bin/getconf", ["getconf", "PAGESIZE"])
-except OSError:
-    r["exec_other"] = "denied"
+except OSError as e:
+    r["exec_other"] = "denied" if e.errno in refused else "failed otherwise: %s" % e
 with open("/ws/canary", "w") as f:
     f.write("x")
 os.remove("/ws/canary")
