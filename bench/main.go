@@ -12,7 +12,7 @@
 // native root's own python3 with no sandbox (chrooted, as root), Sandcell's native
 // backend through the CLI and through the warm daemon's API, and the wasm backend
 // for start-up; wall time p50 as a ratio to the unsandboxed python3, where the time
-// goes, and whether the goal (a native run of a small pandas program cheaper
+// goes, and whether the native backend's goal (a native run of a small pandas program cheaper
 // than plain python3) is met.
 //
 // The numbers are from a shared, noisy machine: compare the rows of one run, not runs.

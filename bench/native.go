@@ -31,7 +31,7 @@ import (
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
-// nativeGoal is the program of the issue's goal: a native-backend run of it should
+// nativeGoal is the program of the native backend's speed goal: a run of it should
 // cost less wall time than the same program under plain python3.
 const nativeGoal = `import pandas as pd; print(pd.DataFrame({"a": [1, 2]}).sum())`
 
@@ -359,7 +359,7 @@ func nativeTable(bin, bundleDir string, warm *daemon, dir string, n, startupN in
 		}
 	}
 
-	// The issue's goal.
+	// The speed goal.
 	gi := slices.IndexFunc(progs, func(p nprog) bool { return p.code == nativeGoal })
 	goal := "goal: a native-backend run of the goal's program in less wall time than plain python3"
 	if base := p50(cells[gi][0].wall); base == 0 {
