@@ -553,10 +553,13 @@ for t in ts: t.join()`})
 }
 
 // openNativeSession opens a session on the native backend with the default policy,
-// in a fresh workspace, closed when t ends.
-func openNativeSession(t *testing.T) *sandbox.Session {
+// changed by each of edit, in a fresh workspace, closed when t ends.
+func openNativeSession(t *testing.T, edit ...func(*policy.Policy)) *sandbox.Session {
 	t.Helper()
 	pol := policy.Default()
+	for _, e := range edit {
+		e(&pol)
+	}
 	limits, err := pol.Resolve(protocol.Limits{})
 	if err != nil {
 		t.Fatal(err)
@@ -620,21 +623,7 @@ func TestNativeSessionProcessesEndWithTheCell(t *testing.T) {
 		t.Skip("as root the guest is refused processes: TestNativeProcessesUnprivileged runs this as uid 65534")
 	}
 	t.Parallel()
-	pol := policy.Default()
-	pol.NativeProcesses = true
-	limits, err := pol.Resolve(protocol.Limits{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Workspace: t.TempDir(),
-		Limits: limits, Hardening: pol.NativeHardening(limits)}
-	sp, done := spawnerFor(t, req, "")
-	defer done()
-	ss, err := sp.OpenSession(context.Background(), req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ss.Close()
+	ss := openNativeSession(t, func(p *policy.Policy) { p.NativeProcesses = true })
 	lim := protocol.Limits{TimeoutMS: 30_000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
 	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: `import os
 kids = []
