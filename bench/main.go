@@ -142,7 +142,9 @@ func run(o options) error {
 	for _, d := range []struct{ name, pool string }{{"cold", "0"}, {"warm", strconv.Itoa(poolSize)}} {
 		// The bundle named, as `make bench` exports it: without it a daemon looks in
 		// /usr/lib/sandcell, not beside bin/.
-		dm, err := startDaemon(bin, filepath.Join(dir, d.name), "SANDCELL_POOL_SIZE="+d.pool, "SANDCELL_BUNDLE_DIR="+o.bundleDir)
+		// The cold daemon keeps no warm native worker either (native.warm 0).
+		dm, err := startDaemon(bin, filepath.Join(dir, d.name), "SANDCELL_POOL_SIZE="+d.pool, "SANDCELL_BUNDLE_DIR="+o.bundleDir,
+			"SANDCELL_NATIVE_WARM="+map[string]string{"cold": "0", "warm": "2"}[d.name])
 		if err != nil {
 			return err
 		}
@@ -162,7 +164,7 @@ func run(o options) error {
 		}
 	}
 	if o.native {
-		return nativeTable(bin, o.bundleDir, warm, dir, o.nativeN, o.nativeStartupN)
+		return nativeTable(bin, o.bundleDir, warm, cold, dir, o.nativeN, o.nativeStartupN)
 	}
 	return nil
 }
@@ -286,6 +288,9 @@ func (d *daemon) run() (time.Duration, int64, error) {
 
 // waitFull waits (up to 10 s) until every worker of the pool is idle.
 func (d *daemon) waitFull() { d.WaitPoolFull(10 * time.Second) }
+
+// waitNativeWarm waits until the daemon holds a warm native worker.
+func (d *daemon) waitNativeWarm() { d.WaitNativeWarm(60 * time.Second) }
 
 // children sums the RSS and PSS (KiB) of pid's child processes (the idle workers).
 func children(pid int) (rss, pss int64, n int) {

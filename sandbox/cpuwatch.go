@@ -17,7 +17,15 @@ const clockTick = 10 * time.Millisecond
 // processCPU returns the CPU time (user and system, every thread of it, and of the
 // children it has waited for) the process pid has used, from /proc/PID/stat, to the
 // clock tick.
-func processCPU(pid int) (time.Duration, error) {
+func processCPU(pid int) (time.Duration, error) { return statCPU(pid, true) }
+
+// ownCPU returns the CPU time the process pid has used itself (every thread of it,
+// not its children), from /proc/PID/stat, to the clock tick: what its RLIMIT_CPU
+// counts (setrlimit(2)).
+func ownCPU(pid int) (time.Duration, error) { return statCPU(pid, false) }
+
+// statCPU is processCPU, or ownCPU when children is false.
+func statCPU(pid int, children bool) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
@@ -34,7 +42,11 @@ func processCPU(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
 	}
 	var ticks uint64
-	for _, s := range f[11:15] {
+	end := 13
+	if children {
+		end = 15
+	}
+	for _, s := range f[11:end] {
 		n, err := strconv.ParseUint(string(s), 10, 64)
 		if err != nil {
 			return 0, fmt.Errorf("/proc/%d/stat: %v", pid, err)

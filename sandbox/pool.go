@@ -384,7 +384,7 @@ func (pl *pool) start() (idleWorker, error) {
 	if err != nil {
 		return idleWorker{}, err
 	}
-	p, err := pl.s.launch(true, t.Hardening.SharedNetwork, dir, module)
+	p, err := pl.s.launch(true, t.Hardening.SharedNetwork, dir, module, nil)
 	dir.Close()
 	if err != nil {
 		return idleWorker{}, fmt.Errorf("start worker: %w", err)

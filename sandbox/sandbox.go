@@ -73,6 +73,7 @@ type Spawner struct {
 
 	pool       atomic.Pointer[pool] // warm workers, or nil (see Warm)
 	poolCounts poolCounts
+	native     nativeWarm // warm native workers (see WarmNative)
 
 	pidProbe  sync.Mutex
 	pidProbed bool                   // the probe had a definite answer (see pidNamespace)
@@ -461,7 +462,7 @@ func (s *Spawner) runStreaming(ctx context.Context, req protocol.Request, observ
 		return protocol.Result{}, fmt.Errorf("sandbox: module: %w", err)
 	}
 	defer module.Close()
-	p, err := s.launch(req.Hardening.Namespaces, req.Hardening.SharedNetwork, wsDir, module)
+	p, err := s.launch(req.Hardening.Namespaces, req.Hardening.SharedNetwork, wsDir, module, nil)
 	var nsErr error
 	if err != nil && req.Hardening.Namespaces && !requiresNamespace(req.Hardening.Require) {
 		// Namespaces refused (a container's default profile, userns disabled):
@@ -469,7 +470,7 @@ func (s *Spawner) runStreaming(ctx context.Context, req protocol.Request, observ
 		nsErr = err
 		req.Hardening.Namespaces, req.Hardening.SharedNetwork = false, false
 		if frame, err = protocol.Encode(protocol.Frame{Step: protocol.StepRun, Request: &req}); err == nil {
-			p, err = s.launch(false, false, wsDir, module)
+			p, err = s.launch(false, false, wsDir, module, nil)
 		}
 	}
 	if err != nil {
@@ -533,6 +534,10 @@ type proc struct {
 	werr   error         // cmd.Wait's error
 
 	claimed atomic.Bool // a warm worker taken for a run
+
+	// execd is the contract of a warm native worker, which became its guest before
+	// the run was known (see runNativeWarm); nil for every other worker.
+	execd *protocol.Report
 }
 
 // launch starts a worker (in new namespaces when asked) with fds 3, 4, 5 the control
@@ -551,8 +556,9 @@ func (s *Spawner) shareNetwork(h protocol.Hardening) bool {
 }
 
 // launch starts a worker, in new namespaces when namespaces is true (sharing the
-// empty network namespace when shareNet is true and one exists, see sharedNetns).
-func (s *Spawner) launch(namespaces, shareNet bool, dir, module *os.File) (*proc, error) {
+// empty network namespace when shareNet is true and one exists, see sharedNetns),
+// with stdin as its fd 0 (nil: /dev/null).
+func (s *Spawner) launch(namespaces, shareNet bool, dir, module, stdin *os.File) (*proc, error) {
 	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("socketpair: %w", err)
@@ -590,6 +596,9 @@ func (s *Spawner) launch(namespaces, shareNet bool, dir, module *os.File) (*proc
 		Stderr:      errW,
 		ExtraFiles:  []*os.File{childCtl, dir, module}, // fds 3, 4, 5: protocol.ControlFD, WorkspaceFD, ModuleFD
 		SysProcAttr: attr,
+	}
+	if stdin != nil {
+		p.cmd.Stdin = stdin // (a nil *os.File would not be /dev/null)
 	}
 	startErr := make(chan error, 1)
 	go func() {
@@ -686,6 +695,15 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 	var guestRep *protocol.Report // what the guest's runner said (untrusted), if anything
 	go func() {
 		defer wg.Done()
+		if p.execd != nil {
+			// A warm native worker: its contract came before the run (see
+			// runNativeWarm); its runner's report follows the program.
+			rep, execd = *p.execd, true
+			if g, err := protocol.ReceiveMax(p.ctl, protocol.MaxGuestFrame, protocol.StepReport); err == nil {
+				guestRep = g.Report
+			}
+			return
+		}
 		if frame != nil {
 			if _, err := p.ctl.Write(frame); err != nil {
 				repErr = err
@@ -843,24 +861,34 @@ func guestEnded(res *protocol.Result, ps *os.ProcessState, rep *protocol.Report,
 	}
 }
 
-// runNative runs req on the native backend: a cold worker, which hardens itself and
+// runNative runs req on the native backend: a warm native worker prepared for its
+// workspace and policy (see WarmNative), else a cold one, which hardens itself and
 // becomes the guest (see protocol.StepExec). Namespaces are not optional here: the
 // worker's own mount namespace is what gives the guest the native root.
 func (s *Spawner) runNative(ctx context.Context, req protocol.Request, wsDir *os.File, observe Observer) (protocol.Result, error) {
 	if why := unboundedProcesses(req.Hardening); why != "" {
 		return protocol.Result{ExitCode: -1, Reason: protocol.Rejected, Diagnostics: []string{why}}, nil
 	}
-	frame, err := protocol.Encode(protocol.Frame{Step: protocol.StepRun, Request: &req})
-	if err != nil {
-		return protocol.Result{}, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
+	// Whichever way it runs, the next native run in this workspace may find a warm
+	// worker prepared once this one has ended.
+	defer s.warmNativeAfter(req)
+	res, ran := protocol.Result{}, false
+	if w := s.takeNative(&req); w != nil {
+		res, ran = s.runNativeWarm(ctx, w, req, observe)
 	}
-	p, err := s.launch(true, req.Hardening.SharedNetwork, wsDir, nil)
-	if err != nil {
-		return protocol.Result{ExitCode: -1, Reason: protocol.Rejected, Diagnostics: []string{
-			"cannot start the worker in new user, network, mount, pid, IPC and UTS namespaces (" + err.Error() +
-				"), without which the native backend cannot run; no code was run"}}, nil
+	if !ran {
+		frame, err := protocol.Encode(protocol.Frame{Step: protocol.StepRun, Request: &req})
+		if err != nil {
+			return protocol.Result{}, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
+		}
+		p, err := s.launch(true, req.Hardening.SharedNetwork, wsDir, nil, nil)
+		if err != nil {
+			return protocol.Result{ExitCode: -1, Reason: protocol.Rejected, Diagnostics: []string{
+				"cannot start the worker in new user, network, mount, pid, IPC and UTS namespaces (" + err.Error() +
+					"), without which the native backend cannot run; no code was run"}}, nil
+		}
+		res = p.collect(ctx, frame, req, observe)
 	}
-	res := p.collect(ctx, frame, req, observe)
 	var diags []string
 	res.Displays, diags = checkDisplays(wsDir, res.Displays) // as the guest named them: checked here
 	res.Diagnostics = append(res.Diagnostics, diags...)

@@ -120,7 +120,7 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 		}
 		defer module.Close()
 	}
-	p, err := s.launch(req.Hardening.Namespaces || native, req.Hardening.SharedNetwork, wsDir, module)
+	p, err := s.launch(req.Hardening.Namespaces || native, req.Hardening.SharedNetwork, wsDir, module, nil)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: start the session's worker: %w", err)
 	}

@@ -284,6 +284,23 @@ func (d *Daemon) Pool() (sandbox.PoolStats, error) {
 	return info.Pool, err
 }
 
+// WaitNativeWarm waits until the daemon holds a warm native worker (GET /v1/info,
+// native.warm.idle), at most timeout.
+func (d *Daemon) WaitNativeWarm(timeout time.Duration) error {
+	for deadline := time.Now().Add(timeout); ; time.Sleep(5 * time.Millisecond) {
+		var info struct {
+			Native struct{ Warm sandbox.NativeWarmStats }
+		}
+		st, b, err := Get(context.Background(), d.HTTP, "/v1/info")
+		if err == nil && st == http.StatusOK && json.Unmarshal(b, &info) == nil && info.Native.Warm.Idle > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no warm native worker within %s: %+v %v", timeout, info.Native.Warm, err)
+		}
+	}
+}
+
 // WaitPoolFull waits until every worker of the pool is idle (at once for a pool of
 // size 0), at most timeout; GET /v1/info failing counts as not full.
 func (d *Daemon) WaitPoolFull(timeout time.Duration) error {

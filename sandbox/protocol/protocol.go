@@ -313,6 +313,13 @@ type Request struct {
 	// system, verified by the parent against its manifest; the worker mounts it
 	// read-only as the guest's "/".
 	RootDir string `json:"root_dir,omitempty"`
+	// Preimport (native runs) names modules the runner imports before it reads the
+	// program: a warm native worker's request (see the sandbox package's
+	// NativeWarmOptions), which carries no program. Its fd 0 is then a pipe of the
+	// parent's, which the parent fills with Program's bytes and the run's stdin once
+	// the run is known. A module that fails to import is left for the program to
+	// import (and fail) itself.
+	Preimport []string `json:"preimport,omitempty"`
 	// ModulePath is the host path of the precompiled module (.cwasm) to run. The
 	// parent has verified it against the bundle, and hands the worker a sealed copy
 	// of it as fd 5; the worker never opens this path.

@@ -3,8 +3,6 @@ package worker
 import (
 	"fmt"
 	"os"
-	"sort"
-	"strconv"
 	"strings"
 	"time"
 
@@ -17,7 +15,7 @@ import (
 // The guest phase: its program on stdin, and its run.
 
 // GuestWorkdir is the guest path of the workspace preopen, and its working directory.
-const GuestWorkdir = "/ws"
+const GuestWorkdir = protocol.GuestWorkdir
 
 // runGuest runs the request's Python program, whose program feedStdin has written:
 // a fresh instance of the interpreter's snapshot, its RunExport called once.
@@ -52,36 +50,9 @@ func report(out engine.Outcome) protocol.Report {
 	return rep
 }
 
-// Program is what the snapshot's bootstrap reads from stdin before the program's own
-// stdin: ten decimal digits giving the header's length, then the header (see
-// bundle/bootstrap.py; the native backend's runner, native.py, reads the same header),
-// which carries the guest's storage figures (diskField) after the program's name.
-func Program(req *protocol.Request) ([]byte, error) {
-	var fields []string
-	switch {
-	case req.Code != "" && req.Path != "":
-		return nil, fmt.Errorf("request sets both code and path")
-	case req.Isolated && req.Path != "":
-		return nil, fmt.Errorf("an isolated request runs code, not a path")
-	case req.Path != "":
-		fields = []string{"path", GuestWorkdir + "/" + req.Path, ""}
-	default:
-		name := req.Filename
-		if name == "" {
-			name = "<string>"
-		}
-		mode := "code"
-		if req.Isolated {
-			mode = "isolated"
-		}
-		fields = []string{mode, req.Code, name}
-	}
-	// DISK: the native guest has os.statvfs (its shutil.disk_usage is the kernel's),
-	// and its runner skips the field.
-	fields = append(fields, diskField(), strconv.Itoa(len(req.Args)))
-	fields = append(fields, req.Args...)
-	return header(append(fields, envFields(req.Env)...))
-}
+// Program is what the guest reads from stdin before its own stdin (see
+// protocol.Program), with the guest's storage figures (diskField).
+func Program(req *protocol.Request) ([]byte, error) { return protocol.Program(req, diskField()) }
 
 // diskField is the header's DISK field: what the guest's shutil.disk_usage reports
 // (see bundle/bootstrap.py), as space-separated words: "quota=BYTES", the most the
@@ -116,31 +87,6 @@ func fsFigures(dir string) (string, bool) {
 		size = uint64(st.Bsize)
 	}
 	return fmt.Sprintf("fs=%d,%d,%d", st.Blocks*size, (st.Blocks-st.Bfree)*size, st.Bavail*size), true
-}
-
-// envFields is env as the header carries it: KEY, VALUE pairs in key order.
-func envFields(env map[string]string) []string {
-	keys := make([]string, 0, len(env))
-	for k := range env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var fields []string
-	for _, k := range keys {
-		fields = append(fields, k, env[k])
-	}
-	return fields
-}
-
-// header joins fields with NUL after ten digits giving the length.
-func header(fields []string) ([]byte, error) {
-	for _, f := range fields {
-		if strings.ContainsRune(f, 0) {
-			return nil, fmt.Errorf("the program contains a NUL byte")
-		}
-	}
-	h := strings.Join(fields, "\x00")
-	return fmt.Appendf(nil, "%010d%s", len(h), h), nil
 }
 
 // feedStdin writes req's program and then its stdin to w, the write end of the pipe

@@ -62,18 +62,31 @@ func native(r *reply, req *protocol.Request, session bool) {
 		rep = failed("a native run names no root file system")
 		return
 	}
-	if session && (req.Resume || req.Fork) {
-		rep = failed("a native session keeps no checkpoint to resume or fork from")
+	if session && (req.Resume || req.Fork || len(req.Preimport) > 0) {
+		rep = failed("a native session keeps no checkpoint to resume or fork from, and imports nothing before its cells")
 		return
 	}
 	st := prepare(req, false)
 	args := []string{"python3", "-I", "-B", "-c", nativeRunner}
-	if session {
+	switch {
+	case session:
 		// Cells come on the control fd; stdin stays the parent's /dev/null.
 		args = append(args, "session")
-	} else if err := nativeStdin(req); err != nil {
-		rep = failed("cannot prepare stdin: " + err.Error())
-		return
+	case len(req.Preimport) > 0:
+		// A warm worker: stdin is the parent's pipe, which holds nothing until the
+		// run is known (see protocol.Request.Preimport).
+		for _, m := range req.Preimport {
+			if !protocol.ModuleName(m) {
+				rep = failed(fmt.Sprintf("cannot preimport %q: not a dotted module name", m))
+				return
+			}
+		}
+		args = append(append(args, "preimport"), req.Preimport...)
+	default:
+		if err := nativeStdin(req); err != nil {
+			rep = failed("cannot prepare stdin: " + err.Error())
+			return
+		}
 	}
 	narrow(req, st)
 	var ok bool

@@ -4,7 +4,16 @@
 # program's own stdin: see worker.Program) and runs it as __main__ with /ws as its
 # working directory. Modules in /ws load from source alone: no byte-code is written
 # there (-B) and a .pyc without its source is not a module, so what an approval
-# bound (the workspace's files) is what runs.
+# bound (the workspace's files) is what runs. The standard modules the runner uses
+# after the program has started are imported first, while sys.path holds no entry of
+# the workspace's, so that a json.py there is the program's module, never the runner's.
+import sys as _sys  # noqa: E402
+_sandcell_startup = set(_sys.modules)  # what the interpreter imported to start
+import base64 as _b64, io as _io, json as _json  # noqa: E401,E402
+_sandcell_stdlib = {"base64": _b64, "io": _io, "json": _json}
+del _b64, _io, _json
+
+
 def _sandcell_run():
     import os
     import sys
@@ -25,24 +34,7 @@ def _sandcell_run():
     mode, text, name, nargs = fields[0], fields[1], fields[2], int(fields[4])
     args = fields[5:5 + nargs]
 
-    import importlib.machinery as m
-    sys.path_hooks[:] = [h for h in sys.path_hooks if getattr(h, "__name__", "") != "path_hook_for_FileFinder"]
-    sys.path_hooks.append(m.FileFinder.path_hook(
-        (m.ExtensionFileLoader, m.EXTENSION_SUFFIXES), (m.SourceFileLoader, m.SOURCE_SUFFIXES)))
-    sys.path_importer_cache.clear()
-
-    # matplotlib's font list, made when the root was built, so that the first figure
-    # of each run does not scan the fonts again.
-    cfg = os.environ.get("MPLCONFIGDIR", "")
-    if cfg.startswith("/tmp/"):
-        try:
-            os.makedirs(cfg, exist_ok=True)
-            for f in os.listdir("/usr/share/sandcell/matplotlib"):
-                with open("/usr/share/sandcell/matplotlib/" + f, "rb") as src, open(cfg + "/" + f, "wb") as dst:
-                    dst.write(src.read())
-        except OSError:
-            pass
-
+    _sandcell_setup()
     import types
     main = types.ModuleType("__main__")
     main.__builtins__ = __builtins__
@@ -59,7 +51,9 @@ def _sandcell_run():
         if mode == "code":
             sys.path.insert(0, "")
         code = compile(text, name, "exec")
-    del read, fields, text, m
+    del read, fields, text
+    if mode != "isolated":
+        _sandcell_unshadow(sys.path[0] or ".")
     import builtins
     builtins.display = _Displays.display
     reason = "exited"
@@ -79,6 +73,83 @@ def _sandcell_run():
         except BaseException as e:
             print("sandcell: the open figures could not be shown: %r" % e, file=sys.stderr)
         _sandcell_report(reason)
+
+
+def _sandcell_setup():
+    # What every guest's interpreter gets before its program: modules load from
+    # source or from the root's extension modules alone (a .pyc without its source,
+    # which an approval of the workspace's files would not show, is not a module),
+    # and matplotlib's font list, made when the root was built, so that the first
+    # figure does not scan the fonts again.
+    import importlib.machinery as m
+    import os
+    import sys
+    sys.path_hooks[:] = [h for h in sys.path_hooks if getattr(h, "__name__", "") != "path_hook_for_FileFinder"]
+    sys.path_hooks.append(m.FileFinder.path_hook(
+        (m.ExtensionFileLoader, m.EXTENSION_SUFFIXES), (m.SourceFileLoader, m.SOURCE_SUFFIXES)))
+    sys.path_importer_cache.clear()
+    cfg = os.environ.get("MPLCONFIGDIR", "")
+    if cfg.startswith("/tmp/"):
+        try:
+            os.makedirs(cfg, exist_ok=True)
+            for f in os.listdir("/usr/share/sandcell/matplotlib"):
+                with open("/usr/share/sandcell/matplotlib/" + f, "rb") as src, open(cfg + "/" + f, "wb") as dst:
+                    dst.write(src.read())
+        except OSError:
+            pass
+
+
+def _sandcell_preimport(names):
+    # A warm worker's imports, done before its run is known (the parent fills stdin
+    # with the program once it is): the root's modules alone (sys.path holds no
+    # workspace entry yet), their output and warnings discarded, so that none of it
+    # is taken for the program's. A module that fails is left for the program to
+    # import itself.
+    import importlib
+    import os
+    import sys
+    import warnings
+    null = os.open("/dev/null", os.O_WRONLY)
+    saved = os.dup(1), os.dup(2)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for name in names:
+                try:
+                    importlib.import_module(name)
+                except Exception:
+                    pass
+    finally:
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except Exception:
+                pass
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (null,) + saved:
+            os.close(fd)
+
+
+def _sandcell_unshadow(entry):
+    # The program's first sys.path entry (the workspace, or its script's directory)
+    # may hold a module of its own named as one the runner (or a warm worker's
+    # preimports) imported after the interpreter started: a json.py, say. The
+    # program's imports find its own, as under a plain python3, and what was
+    # imported keeps what it imported.
+    import os
+    import sys
+    names = sorted({k.partition(".")[0] for k in set(sys.modules) - _sandcell_startup})
+    try:
+        here = set(os.listdir(entry))
+    except OSError:
+        return
+    for top in names:
+        if top + ".py" in here or (top in here and os.path.exists(os.path.join(entry, top, "__init__.py"))):
+            for k in [k for k in sys.modules if k == top or k.startswith(top + ".")]:
+                del sys.modules[k]
 
 
 class _Displays:
@@ -108,7 +179,7 @@ class _Displays:
 
     @classmethod
     def bundle(cls, obj):
-        import json
+        json = _sandcell_stdlib["json"]
         out = {}
         if hasattr(obj, "_repr_mimebundle_"):
             b = obj._repr_mimebundle_()
@@ -123,7 +194,7 @@ class _Displays:
         if "application/json" in out and not isinstance(out["application/json"], (str, bytes)):
             out["application/json"] = json.dumps(out["application/json"])
         if "image/png" in out and isinstance(out["image/png"], str):
-            import base64
+            base64 = _sandcell_stdlib["base64"]
             out["image/png"] = base64.b64decode(out["image/png"])
         out.setdefault("text/plain", repr(obj))
         return out
@@ -149,7 +220,7 @@ class _Displays:
 
     @classmethod
     def figure(cls, fig):
-        import io
+        io = _sandcell_stdlib["io"]
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
         cls.save("image/png", buf.getvalue())
@@ -265,11 +336,13 @@ def _sandcell_session():
             return 130 if isinstance(e, KeyboardInterrupt) else 1
         return 0
 
+    _sandcell_setup()
     main = types.ModuleType("__main__")
     main.__builtins__ = __builtins__
     sys.modules["__main__"] = main
     sys.argv[:] = [""]
     sys.path.insert(0, "")
+    _sandcell_unshadow(".")
     import builtins
     builtins.display = _Displays.display
     _sandcell_send({"exit_code": 0, "reason": "exited"}, "report")  # open
@@ -297,7 +370,7 @@ def _sandcell_session():
 
 def _sandcell_send(report, step):
     # One frame on the control fd (see sandbox/protocol).
-    import json
+    json = _sandcell_stdlib["json"]
     import os
     body = ('{"version":8,"step":"%s"%s}' % (step, "" if report is None else ',"report":' + json.dumps(report))).encode()
     b = memoryview(len(body).to_bytes(4, "big") + body)
@@ -310,5 +383,8 @@ if _sys.argv[1:] == ["session"]:
     del _sys
     _sandcell_session()
 else:
+    if _sys.argv[1:2] == ["preimport"]:
+        _sandcell_setup()
+        _sandcell_preimport(_sys.argv[2:])
     del _sys
     _sandcell_run()

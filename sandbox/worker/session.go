@@ -297,7 +297,7 @@ func CellProgram(c *protocol.Request, restored, forked bool) ([]byte, error) {
 	case restored:
 		flag = "restored"
 	}
-	prog, err := header(append([]string{"cell", c.Code, name, diskField(), "2", flag, c.ValueMark}, envFields(c.Env)...))
+	prog, err := protocol.Header(append([]string{"cell", c.Code, name, diskField(), "2", flag, c.ValueMark}, protocol.EnvFields(c.Env)...))
 	if err != nil {
 		return nil, err
 	}

@@ -289,6 +289,13 @@ type Native struct {
 	Processes bool `toml:"processes" env:"PROCESSES"`
 	// TmpMiB is the size of a native guest's private /tmp (a tmpfs), in MiB.
 	TmpMiB int64 `toml:"tmp_mib" env:"TMP_MIB"`
+	// Warm is how many warm native workers are kept, one for each of the
+	// workspaces of the latest native runs: hardened like any native worker, with
+	// Preimport imported, waiting for the next run there (see docs/operator.md).
+	// Each holds about 110 MiB; 0 turns them off.
+	Warm int `toml:"warm" env:"WARM"`
+	// Preimport are the modules a warm native worker imports before its run.
+	Preimport []string `toml:"preimport" env:"PREIMPORT"`
 }
 
 // Access lists who may do what. An entry is a user name, a uid, "@group" or "@gid".
@@ -326,7 +333,8 @@ func Default() Config {
 		Sandbox: Sandbox{Require: p.Require, MaxFileBytes: p.MaxFileBytes, MaxOpenFiles: p.MaxOpenFiles,
 			MaxThreads: p.MaxThreads, EnvAllow: []string{}, Disable: []string{}},
 		Access: Access{Runners: []string{"@sandcell"}, Approvers: []string{}, Admins: []string{"root"}},
-		Native: Native{Runners: []string{"*"}, Require: []string{}, TmpMiB: p.NativeTmpBytes / policy.MiB},
+		Native: Native{Runners: []string{"*"}, Require: []string{}, TmpMiB: p.NativeTmpBytes / policy.MiB,
+			Warm: 2, Preimport: []string{"numpy", "pandas", "matplotlib.pyplot"}},
 	}
 }
 
@@ -415,6 +423,14 @@ func (c Config) Validate() error {
 	}
 	if r := c.Bundle.HashSecretRotation.Duration; r != 0 && r < time.Hour {
 		add("bundle.hash_secret_rotation", "must be 0 (the bundle's secret) or at least 1h (each costs a snapshot and two compiles), is %s", r)
+	}
+	if c.Native.Warm < 0 || c.Native.Warm > 64 {
+		add("native.warm", "must be between 0 and 64, is %d", c.Native.Warm)
+	}
+	for _, m := range c.Native.Preimport {
+		if !protocol.ModuleName(m) {
+			add("native.preimport", "%q is not a dotted module name", m)
+		}
 	}
 	if c.Runs.MaxConcurrent < 0 {
 		add("runs.max_concurrent", "must be 0 (one per CPU) or positive, is %d", c.Runs.MaxConcurrent)

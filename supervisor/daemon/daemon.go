@@ -284,6 +284,15 @@ func (d *Daemon) metrics() *supervisor.Metrics {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_hash_secret_rotation_failures_total",
 			Help: "New hash secrets whose modules could not be made or adopted (runs kept the one they had)."},
 			func() float64 { return float64(d.secretFailures.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_native_warm_idle_workers",
+			Help: "Warm native workers waiting for the next native run in their workspace."},
+			func() float64 { return float64(d.sp.NativeWarmStats().Idle) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_native_warm_hits_total",
+			Help: "Native runs served by a warm native worker."},
+			func() float64 { return float64(d.sp.NativeWarmStats().Hits) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_native_warm_misses_total",
+			Help: "Native runs that found no warm native worker for their workspace and policy (they started cold)."},
+			func() float64 { return float64(d.sp.NativeWarmStats().Misses) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_pool_hits_total",
 			Help: "Runs served by a warm worker."}, pool(func(p sandbox.PoolStats) float64 { return float64(p.Hits) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_pool_misses_total",
@@ -401,6 +410,10 @@ func (d *Daemon) warm(cfg config.Config, pol policy.Policy) {
 	} else {
 		opts.Size = 0
 	}
+	if err := d.sp.WarmNative(sandbox.NativeWarmOptions{Size: cfg.Native.Warm, Preimport: cfg.Native.Preimport,
+		Failed: func(err error) { d.log.Warn("a warm native worker could not be prepared", "error", err) }}); err != nil {
+		d.log.Warn("no warm native workers", "error", err)
+	}
 	if err := d.sp.Warm(opts); err != nil {
 		d.sp.Warm(sandbox.PoolOptions{})
 		d.log.Warn("no warm pool: every run starts a worker of its own", "error", err)
@@ -486,7 +499,8 @@ func (d *Daemon) info() any {
 		"runs":    map[string]int{"max_concurrent": cfg.Concurrency(), "queue_length": cfg.Runs.QueueLength, "max_per_caller": cfg.PerCaller()},
 	}
 	native := map[string]any{"offered": false, "manifest_sha256": bundle.NativeManifestSHA256(),
-		"runners": cfg.Native.Runners, "require": pol.NativeHardening(pol.Default).Require, "processes": cfg.Native.Processes}
+		"runners": cfg.Native.Runners, "require": pol.NativeHardening(pol.Default).Require, "processes": cfg.Native.Processes,
+		"warm": d.sp.NativeWarmStats(), "preimport": cfg.Native.Preimport}
 	if r := d.report.Load(); r != nil {
 		info["enforcement"] = r.Enforcement
 		native["offered"], native["why_not"], native["enforcement"] = r.NativeRoot != "", r.NativeWhy, r.NativeEnforcement
@@ -727,6 +741,7 @@ func (d *Daemon) shutdown() {
 	d.mu.Lock()
 	d.stopping = true
 	d.sp.Warm(sandbox.PoolOptions{}) // idle workers
+	d.sp.WarmNative(sandbox.NativeWarmOptions{})
 	d.mu.Unlock()
 	d.audit.Record(context.Background(), store.DaemonStop, supervisor.Daemon(), "", map[string]any{})
 	d.log.Info("stopped")

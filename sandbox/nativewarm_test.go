@@ -1,0 +1,132 @@
+package sandbox_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// nativeWarmRequest is a native run of code in ws with the default policy.
+func nativeWarmRequest(t *testing.T, ws, code string) protocol.Request {
+	t.Helper()
+	pol := policy.Default()
+	limits, err := pol.Resolve(protocol.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Code: code, Workspace: ws,
+		Limits: limits, Hardening: pol.NativeHardening(limits)}
+}
+
+// waitNativeIdle waits until sp holds n idle warm native workers.
+func waitNativeIdle(t *testing.T, sp *sandbox.Spawner, n int) {
+	t.Helper()
+	deadline := time.Now().Add(90 * time.Second)
+	for sp.NativeWarmStats().Idle != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warm native worker: %+v", sp.NativeWarmStats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A warm native worker: the first native run in a workspace starts cold and leaves
+// a worker prepared (the stack imported) for the next one there, which runs in it
+// with every layer in force, its own stdin, arguments and CPU limit (counted from
+// the claim: the imports are not charged to it), and its workspace's own module
+// where one shadows a module the worker imported. A run elsewhere, or under another
+// policy, starts cold.
+func TestNativeWarm(t *testing.T) {
+	t.Parallel()
+	sp := sandbox.NewSpawner()
+	if err := sp.WarmNative(sandbox.NativeWarmOptions{Size: 1, Preimport: []string{"numpy", "pandas", "matplotlib.pyplot"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sp.WarmNative(sandbox.NativeWarmOptions{}) })
+	ws := t.TempDir()
+	run := func(req protocol.Request) protocol.Result {
+		t.Helper()
+		res, err := sp.Run(context.Background(), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	probe := `import sys, os, time
+print("pandas" in sys.modules, sys.argv, sys.stdin.read(), os.getcwd())
+`
+	res := run(nativeWarmRequest(t, ws, probe))
+	wantOutput(t, res, "False ['-c']  /ws\n")
+	waitNativeIdle(t, sp, 1)
+
+	if err := os.WriteFile(filepath.Join(ws, "json.py"), []byte("MINE = 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	req := nativeWarmRequest(t, ws, probe+`import json, resource
+print(getattr(json, "MINE", 0), time.process_time() > 0.2)
+soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+print(soft - int(time.process_time()) <= 11, hard == soft + 1)
+import pandas as pd
+print(pd.DataFrame({"a": [1, 2]}).sum().iloc[0])
+open("warm.txt", "w").write("w")
+import matplotlib.pyplot as plt
+plt.plot([1, 2])
+`)
+	req.Args, req.Stdin = []string{"x y"}, []byte("in")
+	req.Limits.CPUMS = 10_000
+	req.Hardening = policy.Default().NativeHardening(req.Limits)
+	res = run(req)
+	wantOutput(t, res, "True ['-c', 'x y'] in /ws\n1 True\nTrue True\n3\n")
+	if st := sp.NativeWarmStats(); st.Hits != 1 {
+		t.Fatalf("not served warm: %+v", st)
+	}
+	if b, err := os.ReadFile(filepath.Join(ws, "warm.txt")); err != nil || string(b) != "w" {
+		t.Fatalf("warm.txt: %q %v", b, err)
+	}
+	if len(res.Displays) != 1 || res.Displays[0].Type != "image/png" {
+		t.Fatalf("displays %+v %v", res.Displays, res.Diagnostics)
+	}
+	e := res.Enforcement
+	if e == nil || e.Backend != protocol.BackendNative || len(e.Missing(protocol.Layers())) > 0 || e.Rlimits["CPU"] < 10 {
+		t.Fatalf("contract %+v", e)
+	}
+
+	// The CPU limit is the run's, from its claim.
+	waitNativeIdle(t, sp, 1)
+	req = nativeWarmRequest(t, ws, "import pandas\nwhile True: pass\n")
+	req.Limits.CPUMS = 1000
+	req.Hardening = policy.Default().NativeHardening(req.Limits)
+	start := time.Now()
+	res = run(req)
+	if res.Reason != protocol.CPULimit || sp.NativeWarmStats().Hits != 2 {
+		t.Fatalf("reason %s %v after %v; %+v", res.Reason, res.Diagnostics, time.Since(start), sp.NativeWarmStats())
+	}
+
+	// Another policy (an environment), another directory at the workspace's path
+	// or another workspace: cold.
+	waitNativeIdle(t, sp, 1)
+	req = nativeWarmRequest(t, ws, probe)
+	req.Env = map[string]string{"A": "1"}
+	wantOutput(t, run(req), "False ['-c']  /ws\n")
+	waitNativeIdle(t, sp, 1)
+	wantOutput(t, run(nativeWarmRequest(t, ws, probe)), "False ['-c']  /ws\n") // (the last was prepared with A=1)
+	waitNativeIdle(t, sp, 1)
+	if err := os.Rename(ws, ws+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	wantOutput(t, run(nativeWarmRequest(t, ws, probe+"print(os.listdir())\n")), "False ['-c']  /ws\n[]\n")
+	other := nativeWarmRequest(t, t.TempDir(), probe)
+	wantOutput(t, run(other), "False ['-c']  /ws\n")
+	if st := sp.NativeWarmStats(); st.Hits != 2 || st.Failures != 0 {
+		t.Fatalf("%+v", st)
+	}
+}
