@@ -290,7 +290,11 @@ func (d *daemon) run() (time.Duration, int64, error) {
 func (d *daemon) waitFull() { d.WaitPoolFull(10 * time.Second) }
 
 // waitNativeWarm waits until the daemon holds a warm native worker.
-func (d *daemon) waitNativeWarm() { d.WaitNativeWarm(60 * time.Second) }
+func (d *daemon) waitNativeWarm() {
+	if err := d.WaitNativeWarm(60 * time.Second); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+	}
+}
 
 // children sums the RSS and PSS (KiB) of pid's child processes (the idle workers).
 func children(pid int) (rss, pss int64, n int) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,10 @@ type NativeWarmOptions struct {
 	// Idle is how long an unclaimed worker is kept before it is ended; 0 means
 	// DefaultNativeIdle.
 	Idle time.Duration
+	// Roots, when not empty, are the directories beneath which a run's workspace
+	// leaves a warm worker behind (the daemon's named workspaces, not the private
+	// directory of a run that named none, which is gone after it).
+	Roots []string
 	// Failed, when not nil, is told why a worker could not be prepared.
 	Failed func(error)
 }
@@ -54,8 +59,8 @@ const DefaultNativeIdle = 2 * time.Minute
 const nativeWarmCPU = 600
 
 // nativeWarmReady bounds how long a warm native worker may take to send its
-// contract.
-const nativeWarmReady = 30 * time.Second
+// contract and then, its imports done, its runner's StepReady.
+const nativeWarmReady = 2 * time.Minute
 
 // NativeWarmStats describe the warm native workers: Size and Idle as configured and
 // held; Hits runs served by one, Misses native runs that found none for their
@@ -112,6 +117,14 @@ func (s *Spawner) WarmNative(opts NativeWarmOptions) error {
 	}
 	if opts.Idle <= 0 {
 		opts.Idle = DefaultNativeIdle
+	}
+	opts.Roots = slices.Clone(opts.Roots)
+	for i, r := range opts.Roots {
+		real, err := filepath.EvalSymlinks(r)
+		if err != nil {
+			return fmt.Errorf("sandbox: warm native root: %w", err)
+		}
+		opts.Roots[i] = real
 	}
 	nw := &s.native
 	nw.mu.Lock()
@@ -268,7 +281,8 @@ func (s *Spawner) warmNativeAfter(req protocol.Request) {
 	nw := &s.native
 	nw.mu.Lock()
 	if nw.opts.Size == 0 || nw.idle[req.Workspace] != nil || nw.preparing[req.Workspace] ||
-		len(nw.preparing) >= nw.opts.Size || req.Hardening.Rlimits.CPU == 0 || req.WorkspaceID == nil || req.Isolated {
+		len(nw.preparing) >= nw.opts.Size || req.Hardening.Rlimits.CPU == 0 || req.WorkspaceID == nil || req.Isolated ||
+		(len(nw.opts.Roots) > 0 && beneath(req.Workspace, nw.opts.Roots) == "") {
 		// (At most Size are prepared at once, whatever the number of native runs
 		// ending: they are started outside the daemon's admission. An isolated
 		// program is the daemon's own: its workspace is not a caller's.)
@@ -365,6 +379,10 @@ func (s *Spawner) startNative(req protocol.Request, preimport []string) (*native
 	default:
 		if missing := checkContract(*f.Report, t.Hardening.Require); missing != "" {
 			err = errors.New("warm native worker: " + missing)
+		} else if _, err = protocol.ReceiveMax(p.ctl, protocol.MaxGuestFrame, protocol.StepReady); err != nil {
+			// The runner's word that the imports are done (it has run no caller's
+			// code: nothing but when it comes is taken from it).
+			err = fmt.Errorf("warm native worker: its imports: %w", err)
 		}
 	}
 	if err != nil {

@@ -285,18 +285,18 @@ func (d *Daemon) Pool() (sandbox.PoolStats, error) {
 }
 
 // WaitNativeWarm waits until the daemon holds a warm native worker (GET /v1/info,
-// native.warm.idle), at most timeout.
+// backends.native.warm.idle), at most timeout.
 func (d *Daemon) WaitNativeWarm(timeout time.Duration) error {
 	for deadline := time.Now().Add(timeout); ; time.Sleep(5 * time.Millisecond) {
 		var info struct {
-			Native struct{ Warm sandbox.NativeWarmStats }
+			Backends map[string]struct{ Warm sandbox.NativeWarmStats }
 		}
 		st, b, err := Get(context.Background(), d.HTTP, "/v1/info")
-		if err == nil && st == http.StatusOK && json.Unmarshal(b, &info) == nil && info.Native.Warm.Idle > 0 {
+		if err == nil && st == http.StatusOK && json.Unmarshal(b, &info) == nil && info.Backends["native"].Warm.Idle > 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("no warm native worker within %s: %+v %v", timeout, info.Native.Warm, err)
+			return fmt.Errorf("no warm native worker within %s: %+v %v", timeout, info.Backends["native"].Warm, err)
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -94,6 +95,51 @@ func TestNativeBackend(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 400 {
 		t.Fatalf("native run with fuel: %d", resp.StatusCode)
+	}
+
+	// A native run in a named workspace leaves a warm native worker for the next
+	// one there, which finds the stack imported.
+	resp, err = client.Post("http://sandcell/v1/workspaces", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ws struct{ ID string }
+	json.NewDecoder(resp.Body).Decode(&ws)
+	resp.Body.Close()
+	warmStats := func() (st struct{ Idle, Hits int }) {
+		t.Helper()
+		resp, err := client.Get("http://sandcell/v1/info")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var info struct {
+			Backends map[string]struct{ Warm struct{ Idle, Hits int } }
+		}
+		json.NewDecoder(resp.Body).Decode(&info)
+		return info.Backends["native"].Warm
+	}
+	for i, want := range []string{"False\n", "True\n"} {
+		body, _ := json.Marshal(map[string]any{"code": "import sys; print('pandas' in sys.modules)", "backend": "native",
+			"workspace": ws.ID})
+		resp, err = client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ = io.ReadAll(resp.Body)
+		resp.Body.Close()
+		json.Unmarshal(b, &run)
+		if resp.StatusCode != 200 || run.Result.Stdout != want {
+			t.Fatalf("native run %d in a workspace: %d %s", i, resp.StatusCode, b)
+		}
+		for deadline := time.Now().Add(90 * time.Second); i == 0 && warmStats().Idle == 0; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no warm native worker: %+v", warmStats())
+			}
+		}
+	}
+	if st := warmStats(); st.Hits != 1 {
+		t.Fatalf("warm native workers: %+v", st)
 	}
 
 	if r := cli(t, "", "run", "--socket", d.sock, "--backend", "native", "-c", "import pandas; print(pandas.__version__[:2])"); r.code != 0 || r.stdout != "2.\n" {

@@ -101,6 +101,8 @@ const (
 	// known, with these limits and this hardening (a warm worker).
 	StepTemplate Step = "template"
 	// StepReady (worker to parent): prepared for the template; waiting for a claim.
+	// A warm native worker's runner sends it after StepExec, once it has imported
+	// Request.Preimport.
 	StepReady Step = "ready"
 	// StepClaim (parent to worker, with a Request): the run, within the template.
 	StepClaim Step = "claim"

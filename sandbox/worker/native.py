@@ -386,5 +386,6 @@ else:
     if _sys.argv[1:2] == ["preimport"]:
         _sandcell_setup()
         _sandcell_preimport(_sys.argv[2:])
+        _sandcell_send(None, "ready")  # (protocol.StepReady: the imports are done)
     del _sys
     _sandcell_run()

@@ -410,7 +410,10 @@ func (d *Daemon) warm(cfg config.Config, pol policy.Policy) {
 	} else {
 		opts.Size = 0
 	}
+	// Only a named workspace is worth a warm native worker: a run without one has a
+	// private directory, gone after it.
 	if err := d.sp.WarmNative(sandbox.NativeWarmOptions{Size: cfg.Native.Warm, Preimport: cfg.Native.Preimport,
+		Roots:  []string{filepath.Join(cfg.State.Dir, "workspaces")},
 		Failed: func(err error) { d.log.Warn("a warm native worker could not be prepared", "error", err) }}); err != nil {
 		d.log.Warn("no warm native workers", "error", err)
 	}
