@@ -34,7 +34,7 @@ import (
 type NativeWarmOptions struct {
 	// Size is how many idle warm native workers are kept, at most one per workspace,
 	// for the workspaces of the latest native runs; 0 turns them off. Each holds
-	// its imports in memory (numpy, pandas and matplotlib: about 110 MiB resident).
+	// its imports in memory (numpy, pandas and matplotlib: about 95 MiB resident, 60 MiB of it its own).
 	Size int
 	// Preimport are the modules each worker imports before its run is known
 	// (dotted names; one that fails to import is left for the program).
@@ -183,13 +183,13 @@ func nativeKey(req *protocol.Request) string {
 	return string(b)
 }
 
-// takeNative returns the idle warm worker for req's workspace if it can serve req,
-// or nil. A worker that cannot is ended.
-func (s *Spawner) takeNative(req *protocol.Request) *nativeIdle {
+// takeNative returns the idle warm worker for req's workspace (wsDir, open) if it
+// can serve req, or nil. A worker that cannot is ended.
+func (s *Spawner) takeNative(req *protocol.Request, wsDir *os.File) *nativeIdle {
 	nw := &s.native
 	nw.mu.Lock()
 	defer nw.mu.Unlock()
-	if nw.opts.Size == 0 {
+	if nw.opts.Size == 0 || req.Isolated {
 		return nil
 	}
 	w := nw.idle[req.Workspace]
@@ -201,7 +201,8 @@ func (s *Spawner) takeNative(req *protocol.Request) *nativeIdle {
 	select {
 	case <-w.p.exited:
 	default:
-		if w.key == nativeKey(req) && req.WorkspaceID != nil && w.ws == *req.WorkspaceID && req.Hardening.Rlimits.CPU > 0 {
+		if w.key == nativeKey(req) && req.WorkspaceID != nil && w.ws == *req.WorkspaceID && req.Hardening.Rlimits.CPU > 0 &&
+			!hasMatplotlibrc(wsDir) {
 			if w.expire != nil {
 				w.expire.Stop()
 			}
@@ -211,6 +212,16 @@ func (s *Spawner) takeNative(req *protocol.Request) *nativeIdle {
 	nw.misses.Add(1)
 	w.drop()
 	return nil
+}
+
+// hasMatplotlibrc reports whether the workspace holds an entry named matplotlibrc
+// (or cannot be looked at): matplotlib reads one from its working directory when it
+// is imported, and a warm worker imported it before the run, from "/", so that no
+// file of the workspace's is read (let alone evaluated: some of its values are)
+// before the claim. Such a run starts cold, and its matplotlib reads the file.
+func hasMatplotlibrc(wsDir *os.File) bool {
+	var st unix.Stat_t
+	return unix.Fstatat(int(wsDir.Fd()), "matplotlibrc", &st, unix.AT_SYMLINK_NOFOLLOW) != unix.ENOENT
 }
 
 // runNativeWarm runs req on w: it lowers the worker's CPU limit to the run's,
@@ -246,9 +257,11 @@ func (s *Spawner) runNativeWarm(ctx context.Context, w *nativeIdle, req protocol
 	return w.p.collect(ctx, nil, req, observe), true
 }
 
-// claimCPU sets the worker's RLIMIT_CPU to the CPU time it has used, rounded up to
-// the second, plus cpu seconds (SIGXCPU there, SIGKILL a second later, as a cold
-// worker's), reads it back, and returns the soft limit set.
+// claimCPU sets the worker's RLIMIT_CPU to the CPU time it has used plus cpu
+// seconds, rounded up to the second (SIGXCPU there, SIGKILL a second later, as a
+// cold worker's), reads it back, and returns the soft limit set. The program gets
+// its cpu seconds and less than one more; a cold one, its cpu seconds less the
+// interpreter's start.
 func (w *nativeIdle) claimCPU(cpu uint64) (uint64, error) {
 	w.p.mu.Lock()
 	defer w.p.mu.Unlock()
@@ -260,7 +273,7 @@ func (w *nativeIdle) claimCPU(cpu uint64) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	limit := uint64((used+time.Second-1)/time.Second) + cpu
+	limit := uint64((used + time.Duration(cpu)*time.Second + time.Second - 1) / time.Second)
 	if err := unix.Prlimit(pid, unix.RLIMIT_CPU, &unix.Rlimit{Cur: limit, Max: limit + 1}, nil); err != nil {
 		return 0, fmt.Errorf("prlimit: %w", err)
 	}
@@ -280,12 +293,13 @@ func (w *nativeIdle) claimCPU(cpu uint64) (uint64, error) {
 func (s *Spawner) warmNativeAfter(req protocol.Request) {
 	nw := &s.native
 	nw.mu.Lock()
-	if nw.opts.Size == 0 || nw.idle[req.Workspace] != nil || nw.preparing[req.Workspace] ||
-		len(nw.preparing) >= nw.opts.Size || req.Hardening.Rlimits.CPU == 0 || req.WorkspaceID == nil || req.Isolated ||
+	if nw.opts.Size == 0 || nw.idle[req.Workspace] != nil || len(nw.preparing) > 0 ||
+		req.Hardening.Rlimits.CPU == 0 || req.WorkspaceID == nil || req.Isolated || len(req.Env) > 0 ||
 		(len(nw.opts.Roots) > 0 && beneath(req.Workspace, nw.opts.Roots) == "") {
-		// (At most Size are prepared at once, whatever the number of native runs
-		// ending: they are started outside the daemon's admission. An isolated
-		// program is the daemon's own: its workspace is not a caller's.)
+		// One is prepared at a time, whatever the number of native runs ending: it
+		// is started outside the daemon's admission. An isolated program is the
+		// daemon's own: its workspace is not a caller's. An environment of the
+		// caller's could point the imports at the workspace's files (MATPLOTLIBRC).
 		nw.mu.Unlock()
 		return
 	}

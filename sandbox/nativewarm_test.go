@@ -39,8 +39,9 @@ func waitNativeIdle(t *testing.T, sp *sandbox.Spawner, n int) {
 // A warm native worker: the first native run in a workspace starts cold and leaves
 // a worker prepared (the stack imported) for the next one there, which runs in it
 // with every layer in force, its own stdin, arguments and CPU limit (counted from
-// the claim: the imports are not charged to it), and its workspace's own module
-// where one shadows a module the worker imported. A run elsewhere, or under another
+// the claim: the imports are not charged to it), the warning filters its imports
+// installed (numpy's), and its workspace's own module where one shadows a module
+// the worker imported. A run elsewhere, or under another
 // policy, starts cold.
 func TestNativeWarm(t *testing.T) {
 	t.Parallel()
@@ -72,8 +73,8 @@ print("pandas" in sys.modules, sys.argv, sys.stdin.read(), os.getcwd())
 print(getattr(json, "MINE", 0), time.process_time() > 0.2)
 soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
 print(soft - int(time.process_time()) <= 11, hard == soft + 1)
-import pandas as pd
-print(pd.DataFrame({"a": [1, 2]}).sum().iloc[0])
+import pandas as pd, warnings
+print(pd.DataFrame({"a": [1, 2]}).sum().iloc[0], any("size changed" in str(f[1]) for f in warnings.filters))
 open("warm.txt", "w").write("w")
 import matplotlib.pyplot as plt
 plt.plot([1, 2])
@@ -82,7 +83,7 @@ plt.plot([1, 2])
 	req.Limits.CPUMS = 10_000
 	req.Hardening = policy.Default().NativeHardening(req.Limits)
 	res = run(req)
-	wantOutput(t, res, "True ['-c', 'x y'] in /ws\n1 True\nTrue True\n3\n")
+	wantOutput(t, res, "True ['-c', 'x y'] in /ws\n1 True\nTrue True\n3 True\n")
 	if st := sp.NativeWarmStats(); st.Hits != 1 {
 		t.Fatalf("not served warm: %+v", st)
 	}
@@ -108,14 +109,16 @@ plt.plot([1, 2])
 		t.Fatalf("reason %s %v after %v; %+v", res.Reason, res.Diagnostics, time.Since(start), sp.NativeWarmStats())
 	}
 
-	// Another policy (an environment), another directory at the workspace's path
-	// or another workspace: cold.
+	// Another policy (an environment: none is prepared after it either), another
+	// directory at the workspace's path or another workspace: cold.
 	waitNativeIdle(t, sp, 1)
 	req = nativeWarmRequest(t, ws, probe)
 	req.Env = map[string]string{"A": "1"}
 	wantOutput(t, run(req), "False ['-c']  /ws\n")
-	waitNativeIdle(t, sp, 1)
-	wantOutput(t, run(nativeWarmRequest(t, ws, probe)), "False ['-c']  /ws\n") // (the last was prepared with A=1)
+	if st := sp.NativeWarmStats(); st.Idle != 0 {
+		t.Fatalf("a worker prepared after a run with an environment: %+v", st)
+	}
+	wantOutput(t, run(nativeWarmRequest(t, ws, probe)), "False ['-c']  /ws\n")
 	waitNativeIdle(t, sp, 1)
 	if err := os.Rename(ws, ws+".old"); err != nil {
 		t.Fatal(err)
@@ -129,4 +132,49 @@ plt.plot([1, 2])
 	if st := sp.NativeWarmStats(); st.Hits != 2 || st.Failures != 0 {
 		t.Fatalf("%+v", st)
 	}
+}
+
+// A warm worker reads nothing of its workspace before its run: matplotlib, which it
+// imports, evaluates values of a matplotlibrc in its working directory (and a value
+// can run code), so the imports are made from "/", and a workspace that has a
+// matplotlibrc gets a cold worker, whose matplotlib reads it as a plain python3's
+// would.
+func TestNativeWarmReadsNoWorkspaceFile(t *testing.T) {
+	t.Parallel()
+	sp := sandbox.NewSpawner()
+	if err := sp.WarmNative(sandbox.NativeWarmOptions{Size: 1, Preimport: []string{"matplotlib.pyplot"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sp.WarmNative(sandbox.NativeWarmOptions{}) })
+	ws := t.TempDir()
+	// A value matplotlib's restricted eval lets through, which reaches the real
+	// builtins through a generator's frames and writes a file.
+	rc := "axes.prop_cycle: [g := (g.gi_frame.f_back.f_back.f_builtins for _ in [1]), b := [*g][0], " +
+		"b['exec'](\"open('/ws/EVALUATED', 'w').write('x')\", {'__builtins__': b}), cycler(color=['r'])][-1]\n"
+	if err := os.WriteFile(filepath.Join(ws, "matplotlibrc"), []byte(rc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := sp.Run(context.Background(), nativeWarmRequest(t, ws, "print(1)"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutput(t, res, "1\n")
+	waitNativeIdle(t, sp, 1)
+	if _, err := os.Stat(filepath.Join(ws, "EVALUATED")); err == nil {
+		t.Fatal("the warm worker's imports evaluated the workspace's matplotlibrc")
+	}
+	res, err = sp.Run(context.Background(), nativeWarmRequest(t, ws, "import sys; print('matplotlib' in sys.modules)"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutput(t, res, "False\n")
+	if st := sp.NativeWarmStats(); st.Hits != 0 {
+		t.Fatalf("a workspace with a matplotlibrc was served warm: %+v", st)
+	}
+	// The cold run's own matplotlib reads it, as python3's would.
+	res, err = sp.Run(context.Background(), nativeWarmRequest(t, ws, "import matplotlib, os; print(os.path.exists('EVALUATED'))"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutput(t, res, "True\n")
 }

@@ -869,18 +869,18 @@ func (s *Spawner) runNative(ctx context.Context, req protocol.Request, wsDir *os
 	if why := unboundedProcesses(req.Hardening); why != "" {
 		return protocol.Result{ExitCode: -1, Reason: protocol.Rejected, Diagnostics: []string{why}}, nil
 	}
+	frame, err := protocol.Encode(protocol.Frame{Step: protocol.StepRun, Request: &req})
+	if err != nil {
+		return protocol.Result{}, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
+	}
 	// Whichever way it runs, the next native run in this workspace may find a warm
 	// worker prepared once this one has ended.
 	defer s.warmNativeAfter(req)
 	res, ran := protocol.Result{}, false
-	if w := s.takeNative(&req); w != nil {
+	if w := s.takeNative(&req, wsDir); w != nil {
 		res, ran = s.runNativeWarm(ctx, w, req, observe)
 	}
 	if !ran {
-		frame, err := protocol.Encode(protocol.Frame{Step: protocol.StepRun, Request: &req})
-		if err != nil {
-			return protocol.Result{}, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
-		}
 		p, err := s.launch(true, req.Hardening.SharedNetwork, wsDir, nil, nil)
 		if err != nil {
 			return protocol.Result{ExitCode: -1, Reason: protocol.Rejected, Diagnostics: []string{

@@ -33,6 +33,7 @@ def _sandcell_run():
     fields = read(int(read(10))).decode("utf-8").split("\0")
     mode, text, name, nargs = fields[0], fields[1], fields[2], int(fields[4])
     args = fields[5:5 + nargs]
+    os.chdir("/ws")  # (a warm worker imported from "/": see _sandcell_preimport)
 
     _sandcell_setup()
     import types
@@ -101,27 +102,38 @@ def _sandcell_setup():
 
 def _sandcell_preimport(names):
     # A warm worker's imports, done before its run is known (the parent fills stdin
-    # with the program once it is): the root's modules alone (sys.path holds no
-    # workspace entry yet), their output and warnings discarded, so that none of it
-    # is taken for the program's. A module that fails is left for the program to
-    # import itself.
+    # with the program once it is). Nothing of the workspace's may take part: no
+    # caller's code may run before the claim. sys.path holds no workspace entry
+    # (-I), the working directory is "/" of the read-only root until the program
+    # comes (matplotlib reads a matplotlibrc from it; a workspace with one gets a
+    # cold worker), the environment is the runner's own (a run with an environment
+    # of its own gets a cold worker), HOME and MPLCONFIGDIR are in this worker's new
+    # /tmp. The imports' output is discarded, and their warnings while they run, so
+    # that none of it is taken for the program's; the filters they install stay. A
+    # module that fails is left for the program to import itself.
     import importlib
     import os
     import sys
     import warnings
+    os.chdir("/")
     null = os.open("/dev/null", os.O_WRONLY)
     saved = os.dup(1), os.dup(2)
     os.dup2(null, 1)
     os.dup2(null, 2)
+    warnings.simplefilter("ignore")
+    quiet = warnings.filters[0]
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for name in names:
-                try:
-                    importlib.import_module(name)
-                except Exception:
-                    pass
+        for name in names:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                pass
     finally:
+        try:
+            warnings.filters.remove(quiet)
+            getattr(warnings, "_filters_mutated", lambda: None)()
+        except ValueError:
+            pass
         for f in (sys.stdout, sys.stderr):
             try:
                 f.flush()

@@ -292,7 +292,7 @@ type Native struct {
 	// Warm is how many warm native workers are kept, one for each of the
 	// workspaces of the latest native runs: hardened like any native worker, with
 	// Preimport imported, waiting for the next run there (see docs/operator.md).
-	// Each holds about 110 MiB; 0 turns them off.
+	// Each holds about 95 MiB resident; 0 turns them off.
 	Warm int `toml:"warm" env:"WARM"`
 	// Preimport are the modules a warm native worker imports before its run.
 	Preimport []string `toml:"preimport" env:"PREIMPORT"`

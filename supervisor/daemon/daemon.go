@@ -628,7 +628,11 @@ func (d *Daemon) Reload() {
 	d.srv.SetAccess(access)
 	d.srv.SetPolicy(pol)
 	if ready {
-		d.warm(*old, pol) // workers prepared for the old policy are replaced
+		// Workers prepared for the old policy are replaced; the pool's size takes
+		// effect at the next start, the native backend's warm workers now.
+		w := *old
+		w.Native.Warm, w.Native.Preimport = cfg.Native.Warm, cfg.Native.Preimport
+		d.warm(w, pol)
 	}
 	d.cfg.Store(&cfg)
 	limits := cfg
