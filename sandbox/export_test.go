@@ -9,3 +9,12 @@ func WithoutPidNamespace(s *Spawner, why string) {
 	s.pidProbed = true
 	s.pidnsErr.Store(&why)
 }
+
+// PrepareDespiteMatplotlibrc makes s prepare warm native workers for workspaces
+// holding a matplotlibrc too (it does not: their runs are served cold), so that a
+// test can show that such a worker's imports read nothing of the workspace's.
+func PrepareDespiteMatplotlibrc(s *Spawner) {
+	s.native.mu.Lock()
+	defer s.native.mu.Unlock()
+	s.native.anyRC = true
+}

@@ -81,6 +81,7 @@ type nativeWarm struct {
 	opts      NativeWarmOptions
 	idle      map[string]*nativeIdle // by workspace (as the kernel names it)
 	preparing map[string]bool
+	anyRC     bool // prepare one for a workspace with a matplotlibrc too (tests)
 
 	hits, misses, failures atomic.Uint64
 	lastErr                atomic.Pointer[string]
@@ -307,13 +308,16 @@ func (s *Spawner) warmNativeAfter(req protocol.Request) {
 		nw.preparing = map[string]bool{}
 	}
 	nw.preparing[req.Workspace] = true
-	opts := nw.opts
+	opts, anyRC := nw.opts, nw.anyRC
 	nw.mu.Unlock()
 	go func() {
-		w, err := s.startNative(req, opts.Preimport)
+		w, err := s.startNative(req, opts.Preimport, anyRC)
 		nw.mu.Lock()
 		defer nw.mu.Unlock()
 		delete(nw.preparing, req.Workspace)
+		if w == nil && err == nil {
+			return // not worth one (see startNative)
+		}
 		if err != nil {
 			nw.failures.Add(1)
 			msg := err.Error()
@@ -348,8 +352,11 @@ func (s *Spawner) warmNativeAfter(req protocol.Request) {
 }
 
 // startNative starts a warm native worker for runs like req in its workspace and
-// waits for its contract, which must hold every layer req's policy requires.
-func (s *Spawner) startNative(req protocol.Request, preimport []string) (*nativeIdle, error) {
+// waits for its contract, which must hold every layer req's policy requires, and
+// its runner's imports. It returns nil and no error when the workspace holds a
+// matplotlibrc, unless anyRC (tests): its next run would be served cold (see
+// hasMatplotlibrc).
+func (s *Spawner) startNative(req protocol.Request, preimport []string, anyRC bool) (*nativeIdle, error) {
 	t := req
 	t.Code, t.Path, t.Filename, t.Args, t.Stdin, t.Isolated = "", "", "", nil, nil, false
 	t.Preimport = preimport
@@ -361,6 +368,9 @@ func (s *Spawner) startNative(req protocol.Request, preimport []string) (*native
 	defer wsDir.Close()
 	if t.WorkspaceID == nil || *t.WorkspaceID != *req.WorkspaceID {
 		return nil, errors.New("the workspace is no longer the directory of the run")
+	}
+	if !anyRC && hasMatplotlibrc(wsDir) {
+		return nil, nil
 	}
 	frame, err := protocol.Encode(protocol.Frame{Step: protocol.StepRun, Request: &t})
 	if err != nil {

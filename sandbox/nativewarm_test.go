@@ -159,6 +159,18 @@ func TestNativeWarmReadsNoWorkspaceFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantOutput(t, res, "1\n")
+	// None is prepared for it: its next run would be served cold.
+	time.Sleep(2 * time.Second)
+	if st := sp.NativeWarmStats(); st.Idle != 0 || st.Failures != 0 {
+		t.Fatalf("a worker prepared for a workspace with a matplotlibrc: %+v", st)
+	}
+	// One prepared all the same imports nothing of the workspace's.
+	sandbox.PrepareDespiteMatplotlibrc(sp)
+	res, err = sp.Run(context.Background(), nativeWarmRequest(t, ws, "print(1)"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutput(t, res, "1\n")
 	waitNativeIdle(t, sp, 1)
 	if _, err := os.Stat(filepath.Join(ws, "EVALUATED")); err == nil {
 		t.Fatal("the warm worker's imports evaluated the workspace's matplotlibrc")

@@ -106,6 +106,14 @@ func native(r *reply, req *protocol.Request, session bool) {
 		r.once.Do(func() {}) // the parent is gone: nothing to report to
 		return
 	}
+	if len(req.Preimport) > 0 {
+		// A warm worker's interpreter starts and imports away from the workspace
+		// (see native.py's _sandcell_preimport); the runner goes to /ws at the claim.
+		if err := unix.Chdir("/"); err != nil {
+			fmt.Fprintf(os.Stderr, "sandcell: %v\n", err)
+			os.Exit(127)
+		}
+	}
 	err := unix.Exec(nativePython, args, nativeEnv(req.Env))
 	// The contract is sent: what follows is read as the guest's. Say it on the
 	// guest's stderr and end as a shell does for a program it cannot run.
