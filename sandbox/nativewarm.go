@@ -34,7 +34,8 @@ import (
 type NativeWarmOptions struct {
 	// Size is how many idle warm native workers are kept, at most one per workspace,
 	// for the workspaces of the latest native runs; 0 turns them off. Each holds
-	// its imports in memory (numpy, pandas and matplotlib: about 95 MiB resident, 60 MiB of it its own).
+	// its imports in memory (numpy, pandas and matplotlib: about 95 MiB resident,
+	// 60 MiB of it its own).
 	Size int
 	// Preimport are the modules each worker imports before its run is known
 	// (dotted names; one that fails to import is left for the program).
@@ -55,7 +56,8 @@ const DefaultNativeIdle = 2 * time.Minute
 
 // nativeWarmCPU is a warm native worker's CPU limit until its claim, in seconds: a
 // ceiling for the imports, lowered at the claim to the CPU time used so far plus
-// the run's limit (a process may lower its limits' hard values, never raise them).
+// the run's limit (a daemon without CAP_SYS_RESOURCE may lower another process's
+// hard limit, never raise it: prlimit(2)).
 const nativeWarmCPU = 600
 
 // nativeWarmReady bounds how long a warm native worker may take to send its
@@ -190,8 +192,8 @@ func (s *Spawner) takeNative(req *protocol.Request, wsDir *os.File) *nativeIdle 
 	nw := &s.native
 	nw.mu.Lock()
 	defer nw.mu.Unlock()
-	if nw.opts.Size == 0 || req.Isolated {
-		return nil
+	if nw.opts.Size == 0 || req.Isolated || (len(nw.opts.Roots) > 0 && beneath(req.Workspace, nw.opts.Roots) == "") {
+		return nil // (not a miss: no worker is ever prepared for it)
 	}
 	w := nw.idle[req.Workspace]
 	if w == nil {
