@@ -82,8 +82,8 @@ type nativeWarm struct {
 	mu        sync.Mutex
 	opts      NativeWarmOptions
 	idle      map[string]*nativeIdle // by workspace (as the kernel names it)
-	preparing map[string]bool
-	anyRC     bool // prepare one for a workspace with a matplotlibrc too (tests)
+	preparing bool                   // one is being prepared (one at a time)
+	anyRC     bool                   // prepare one for a workspace with a matplotlibrc too (tests)
 
 	hits, misses, failures atomic.Uint64
 	lastErr                atomic.Pointer[string]
@@ -296,7 +296,7 @@ func (w *nativeIdle) claimCPU(cpu uint64) (uint64, error) {
 func (s *Spawner) warmNativeAfter(req protocol.Request) {
 	nw := &s.native
 	nw.mu.Lock()
-	if nw.opts.Size == 0 || nw.idle[req.Workspace] != nil || len(nw.preparing) > 0 ||
+	if nw.opts.Size == 0 || nw.idle[req.Workspace] != nil || nw.preparing ||
 		req.Hardening.Rlimits.CPU == 0 || req.WorkspaceID == nil || req.Isolated || len(req.Env) > 0 ||
 		(len(nw.opts.Roots) > 0 && beneath(req.Workspace, nw.opts.Roots) == "") {
 		// One is prepared at a time, whatever the number of native runs ending: it
@@ -306,17 +306,14 @@ func (s *Spawner) warmNativeAfter(req protocol.Request) {
 		nw.mu.Unlock()
 		return
 	}
-	if nw.preparing == nil {
-		nw.preparing = map[string]bool{}
-	}
-	nw.preparing[req.Workspace] = true
+	nw.preparing = true
 	opts, anyRC := nw.opts, nw.anyRC
 	nw.mu.Unlock()
 	go func() {
 		w, err := s.startNative(req, opts.Preimport, anyRC)
 		nw.mu.Lock()
 		defer nw.mu.Unlock()
-		delete(nw.preparing, req.Workspace)
+		nw.preparing = false
 		if w == nil && err == nil {
 			return // not worth one (see startNative)
 		}
