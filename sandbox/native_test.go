@@ -614,6 +614,35 @@ a = n[0]; time.sleep(0.2); print(n[0] > a)`})
 	}
 }
 
+// A thread that waits with a timeout (a futex wait the kernel resumes through
+// restart_syscall(2) after the stop between cells) goes on waiting after the next
+// cell continues the interpreter, and its wait ends as it would have.
+func TestNativeSessionTimedWaitAcrossIdle(t *testing.T) {
+	t.Parallel()
+	ss := openNativeSession(t)
+	lim := protocol.Limits{TimeoutMS: 30_000, CPUMS: 5_000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
+	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: `import threading, time
+waiting, woke = threading.Event(), []
+def wait():
+    waiting.set()
+    woke.append(threading.Event().wait(0.5))
+threading.Thread(target=wait).start()
+waiting.wait()
+time.sleep(0.05)`})
+	if err != nil || c.Reason != protocol.Exited || c.ExitCode != 0 {
+		t.Fatalf("%v %+v %s", err, c.Result, c.Stderr)
+	}
+	time.Sleep(200 * time.Millisecond)
+	c, err = ss.Run(context.Background(), protocol.Request{Limits: lim, Code: `import time
+deadline = time.monotonic() + 5
+while not woke and time.monotonic() < deadline:
+    time.sleep(0.01)
+print(woke)`})
+	if err != nil || string(c.Stdout) != "[False]\n" {
+		t.Fatalf("the next cell: %v %+v %q %s", err, c.Result, c.Stdout, c.Stderr)
+	}
+}
+
 // With processes allowed, the processes a cell starts end with it, whether they
 // stay in the interpreter's process group or leave it (setsid). Processes are
 // refused to a root daemon's guests, so this runs unprivileged (see

@@ -93,6 +93,10 @@ func NativeRules(processes bool) specs.LinuxSeccomp {
 			"timer_getoverrun", "timer_delete"),
 
 		// Time.
+		// restart_syscall: the kernel resumes a timed wait (futex, nanosleep, poll)
+		// that a stop interrupted through it; a session's interpreter is stopped
+		// between cells, and glibc aborts when its futex wait fails with EPERM.
+		allow("restart_syscall"),
 		allow("nanosleep", "clock_nanosleep", "clock_gettime", "clock_getres", "gettimeofday",
 			"time", "getrusage", "times", "timerfd_create", "timerfd_settime", "timerfd_gettime"),
 

@@ -62,8 +62,11 @@ func Rules() specs.LinuxSeccomp {
 
 			// Time: sleeping, clocks (normally the vDSO; these are its fallbacks), and
 			// the worker's own CPU time, which enforces the CPU limit.
+			// restart_syscall is how the kernel resumes a timed wait that a stop
+			// (SIGSTOP, a debugger) interrupted; without it the Go runtime's futex
+			// sleeps fail with EPERM after a stop and continue.
 			allow("nanosleep", "clock_nanosleep", "clock_gettime", "clock_getres",
-				"gettimeofday", "getrusage"),
+				"gettimeofday", "getrusage", "restart_syscall"),
 
 			// I/O on descriptors the worker already holds (guest stdio, control
 			// socket, files the guest opened in /ws).

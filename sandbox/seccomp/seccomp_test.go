@@ -81,6 +81,9 @@ func TestRulesInvariants(t *testing.T) {
 			}
 		}
 	}
+	if r := rulesFor(p, "restart_syscall"); len(r) != 1 || r[0].Action != specs.ActAllow {
+		t.Errorf("restart_syscall must be allowed: a stopped and continued timed wait resumes through it: %+v", r)
+	}
 	if r := rulesFor(p, "clone3"); len(r) != 1 || r[0].Action != specs.ActErrno || *r[0].ErrnoRet != uint(unix.ENOSYS) {
 		t.Errorf("clone3 must answer ENOSYS so that glibc falls back to clone: %+v", r)
 	}
