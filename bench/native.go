@@ -163,6 +163,16 @@ func nativeTable(bin, bundleDir string, warm, cold *daemon, dir string, n, start
 		defer j.close()
 		py.run = j.python
 	}
+	// The same python3, command and workspace under gVisor (runsc), no Sandcell: the
+	// cost of a gVisor layer (see gvisor.go). Last, so that the columns before it
+	// keep their places in the table of where the time goes.
+	gv := nsys{name: "python3 (runsc)"}
+	g, why := newGVisor(rootfs, ws, filepath.Join(dir, "gvisor"))
+	if g != nil {
+		gv.run = g.python
+	} else {
+		gv.skip = why
+	}
 	cli := func(wasm bool) func(p nprog) (string, time.Duration, error) {
 		return func(p nprog) (string, time.Duration, error) {
 			args := []string{"run", "--json", "--workspace", ws, "--timeout", "180s"}
@@ -218,6 +228,7 @@ func nativeTable(bin, bundleDir string, warm, cold *daemon, dir string, n, start
 		// The pool is of wasm workers: each run waits, untimed, until it is full
 		// again, as the first table's warm row does.
 		{name: "API wasm (warm)", run: api(warm, true), wasm: true, prepare: warm.waitFull},
+		gv,
 	}
 
 	cells := make([][]ncell, len(progs))
@@ -299,6 +310,10 @@ func nativeTable(bin, bundleDir string, warm, cold *daemon, dir string, n, start
 	fmt.Printf("  API native: POST /v1/runs {\"backend\":\"native\", limits.memory_mib %d}: (cold) to a daemon with native.warm 0, each run a worker of its own;\n"+
 		"    (warm) to one with native.warm 2, a warm native worker for the workspace ready (numpy, pandas, matplotlib.pyplot imported) before each run;\n"+
 		"    API wasm: the warm daemon, its pool of %d full before each run\n", nativeMemoryMiB, poolSize)
+	if g != nil {
+		fmt.Printf("  python3 (runsc): python3 (chroot)'s command, environment and workspace in a container of %s (gVisor: --rootless --network=none\n"+
+			"    --platform=%s; the root read-only, /ws bound, /tmp a tmpfs), no Sandcell: what a gVisor layer would add to a native run\n", g.version, gvisorPlatform)
+	}
 	fmt.Printf("  the same 100 MB CSV (%d rows) in every workspace; the goal's program: %s\n", rows, nativeGoal)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprint(tw, "program\t")
