@@ -682,3 +682,37 @@ print(alive)`})
 		t.Fatalf("a cell's processes outlived it: %v %+v %q %s", err, c.Result, c.Stdout, c.Stderr)
 	}
 }
+
+// An uncaught exception's traceback is the program's, as python3 -c shows it: its
+// frames alone (none of the runner's) with the program's own source lines, in a
+// run and in a session's cell.
+func TestNativeTraceback(t *testing.T) {
+	t.Parallel()
+	code := "x = 1\ndef f():\n    raise ValueError('boom')\nf()\n"
+	want := "Traceback (most recent call last):\n  File \"<string>\", line 4, in <module>\n    f()\n    ~^^\n" +
+		"  File \"<string>\", line 3, in f\n    raise ValueError('boom')\nValueError: boom\n"
+	res, _ := runNative(t, code, nil)
+	if res.ExitCode != 1 || string(res.Stderr) != want {
+		t.Fatalf("exit %d, stderr:\n%s", res.ExitCode, res.Stderr)
+	}
+	ss := openNativeSession(t)
+	lim := protocol.Limits{TimeoutMS: 30_000, CPUMS: 5_000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
+	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: code, Filename: "<string>"})
+	if err != nil || c.ExitCode != 1 || string(c.Stderr) != want {
+		t.Fatalf("%v exit %d, stderr:\n%s", err, c.ExitCode, c.Stderr)
+	}
+}
+
+// The least memory a run may have is enough for a native one: the worker compiles
+// its seccomp filter before the memory limit (RLIMIT_DATA) is set, which libseccomp's
+// allocations would count against.
+func TestNativeLeastMemory(t *testing.T) {
+	t.Parallel()
+	res, _ := runNative(t, "print(6 * 7)", func(r *protocol.Request, _ *policy.Policy) {
+		r.Limits.MemoryBytes = policy.MinMemoryBytes
+	})
+	wantOutput(t, res, "42\n")
+	if e := res.Enforcement; e == nil || !e.Seccomp.Active || e.Rlimits["DATA"] != policy.MinMemoryBytes {
+		t.Fatalf("contract %+v", e)
+	}
+}

@@ -55,19 +55,21 @@ type NativeWarmOptions struct {
 const DefaultNativeIdle = 2 * time.Minute
 
 // nativeWarmCPU is a warm native worker's CPU limit until its claim, in seconds: a
-// ceiling for the imports, lowered at the claim to the CPU time used so far plus
-// the run's limit (a daemon without CAP_SYS_RESOURCE may lower another process's
-// hard limit, never raise it: prlimit(2)).
-const nativeWarmCPU = 600
+// ceiling for the imports, set at the claim to the CPU time used so far plus the
+// run's limit or a session's (SessionCPU). A daemon without CAP_SYS_RESOURCE may
+// lower another process's hard limit, never raise it (prlimit(2)), so the ceiling
+// is a session's and two minutes more for the imports (which take a second or
+// two); a worker whose imports took more serves no session (it starts cold).
+const nativeWarmCPU = uint64((SessionCPU + 2*time.Minute) / time.Second)
 
 // nativeWarmReady bounds how long a warm native worker may take to send its
 // contract and then, its imports done, its runner's StepReady.
 const nativeWarmReady = 2 * time.Minute
 
 // NativeWarmStats describe the warm native workers: Size and Idle as configured and
-// held; Hits runs served by one, Misses native runs that found none for their
-// workspace and policy (they ran cold), Failures workers that could not be
-// prepared, LastError the latest reason.
+// held; Hits runs and sessions served by one, Misses native runs and sessions that
+// found none for their workspace and policy (they started cold), Failures workers
+// that could not be prepared, LastError the latest reason.
 type NativeWarmStats struct {
 	Size      int    `json:"size"`
 	Idle      int    `json:"idle"`
@@ -237,7 +239,11 @@ func (s *Spawner) runNativeWarm(ctx context.Context, w *nativeIdle, req protocol
 		w.drop()
 		return protocol.Result{}, false
 	}
-	limit, err := w.claimCPU(req.Hardening.Rlimits.CPU)
+	cpu := time.Duration(req.Hardening.Rlimits.CPU) * time.Second
+	if ms := req.Limits.CPUMS; ms > 0 && time.Duration(ms)*time.Millisecond < cpu {
+		cpu = time.Duration(ms) * time.Millisecond // rounded up once, with what was used
+	}
+	limit, err := w.claimCPU(cpu)
 	if err != nil {
 		w.drop()
 		return protocol.Result{}, false
@@ -260,12 +266,12 @@ func (s *Spawner) runNativeWarm(ctx context.Context, w *nativeIdle, req protocol
 	return w.p.collect(ctx, nil, req, observe), true
 }
 
-// claimCPU sets the worker's RLIMIT_CPU to the CPU time it has used plus cpu
-// seconds, rounded up to the second (SIGXCPU there, SIGKILL a second later, as a
-// cold worker's), reads it back, and returns the soft limit set. The program gets
-// its cpu seconds and less than one more; a cold one, its cpu seconds less the
-// interpreter's start.
-func (w *nativeIdle) claimCPU(cpu uint64) (uint64, error) {
+// claimCPU sets the worker's RLIMIT_CPU to the CPU time it has used plus cpu,
+// rounded up to the second (SIGXCPU there, SIGKILL a second later, as a cold
+// worker's), reads it back, and returns the soft limit set, in seconds. The program
+// gets its cpu and less than one second more; a cold one, its cpu_ms rounded up to
+// the second less the interpreter's start.
+func (w *nativeIdle) claimCPU(cpu time.Duration) (uint64, error) {
 	w.p.mu.Lock()
 	defer w.p.mu.Unlock()
 	if w.p.gone {
@@ -276,7 +282,7 @@ func (w *nativeIdle) claimCPU(cpu uint64) (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	limit := uint64((used + time.Duration(cpu)*time.Second + time.Second - 1) / time.Second)
+	limit := uint64((used + cpu + time.Second - 1) / time.Second)
 	if err := unix.Prlimit(pid, unix.RLIMIT_CPU, &unix.Rlimit{Cur: limit, Max: limit + 1}, nil); err != nil {
 		return 0, fmt.Errorf("prlimit: %w", err)
 	}
@@ -414,4 +420,41 @@ func (s *Spawner) startNative(req protocol.Request, preimport []string, anyRC bo
 	}
 	w.contract = *f.Report
 	return w, nil
+}
+
+// openSessionWarm opens req's native session (opened by openSession, its workspace
+// wsDir) on w: the worker's CPU limit set to the session's from now (claimCPU), its
+// runner told to serve cells (protocol.SessionProgram on stdin), and its word that
+// the session is open awaited, as a cold session's is. The contract is the one w
+// verified when it was prepared, with the CPU limit in force. It returns nil, having
+// ended w, when w cannot serve the session; the caller then opens it cold.
+func (s *Spawner) openSessionWarm(ctx context.Context, w *nativeIdle, req protocol.Request, wsDir *os.File) *Session {
+	limit, err := w.claimCPU(time.Duration(req.Hardening.Rlimits.CPU) * time.Second)
+	if err != nil {
+		w.drop()
+		return nil
+	}
+	ws, err := dupFile(wsDir)
+	if err != nil {
+		w.drop()
+		return nil
+	}
+	ss := &Session{p: w.p, memory: req.Limits.MemoryBytes, processes: req.Hardening.Processes, native: ws}
+	ch := ss.next()
+	_, err = w.stdin.Write(protocol.SessionProgram())
+	w.stdin.Close()
+	var rep protocol.Report
+	if err == nil {
+		rep, err = ss.wait(ctx, ch, openTimeout)
+	}
+	if err != nil || rep.Reason != protocol.Exited || w.contract.Enforcement == nil {
+		ss.Close()
+		return nil
+	}
+	s.native.hits.Add(1)
+	enf := *w.contract.Enforcement
+	enf.Rlimits = maps.Clone(enf.Rlimits)
+	enf.Rlimits["CPU"] = limit // counted from the process's start, as the kernel counts it
+	ss.opened = enf
+	return ss
 }

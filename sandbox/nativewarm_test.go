@@ -1,9 +1,12 @@
 package sandbox_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -189,4 +192,71 @@ func TestNativeWarmReadsNoWorkspaceFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantOutput(t, res, "True\n")
+}
+
+// A native session opened in a workspace that holds a warm worker runs its cells in
+// it: the stack already imported, its contract every layer's with the session's CPU
+// limit from the claim, state kept across cells, a workspace module that shadows a
+// preimported one the cells' own, and the session stopped between cells as a cold
+// one is. Opening it leaves a worker prepared for the workspace's next session or
+// run.
+func TestNativeWarmSession(t *testing.T) {
+	t.Parallel()
+	sp := sandbox.NewSpawner()
+	if err := sp.WarmNative(sandbox.NativeWarmOptions{Size: 1, Preimport: []string{"numpy", "pandas", "matplotlib.pyplot"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sp.WarmNative(sandbox.NativeWarmOptions{}) })
+	ws := t.TempDir()
+	res, err := sp.Run(context.Background(), nativeWarmRequest(t, ws, "print(1)"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantOutput(t, res, "1\n")
+	waitNativeIdle(t, sp, 1)
+	if err := os.WriteFile(filepath.Join(ws, "json.py"), []byte("MINE = 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	req := nativeWarmRequest(t, ws, "")
+	ss, err := sp.OpenSession(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	if st := sp.NativeWarmStats(); st.Hits != 1 {
+		t.Fatalf("not opened warm: %+v", st)
+	}
+	e := ss.Enforcement()
+	if e.Backend != protocol.BackendNative || len(e.Missing(protocol.Layers())) > 0 ||
+		e.Rlimits["CPU"] < uint64(sandbox.SessionCPU/time.Second) {
+		t.Fatalf("contract %+v", e)
+	}
+	lim := protocol.Limits{TimeoutMS: 30_000, CPUMS: 10_000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
+	cell := func(code, want string) {
+		t.Helper()
+		c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: code})
+		if err != nil || c.Reason != protocol.Exited || c.ExitCode != 0 || string(c.Stdout) != want {
+			t.Fatalf("%v %+v %q %s", err, c.Result, c.Stdout, c.Stderr)
+		}
+	}
+	cell(`import sys, os, json
+print("pandas" in sys.modules, os.getcwd(), getattr(json, "MINE", 0))
+import pandas as pd
+df = pd.DataFrame({"a": [1, 2]})`, "True /ws 1\n")
+	cell(`print(df["a"].sum())`, "3\n")
+	if st := sp.NativeWarmStats(); st.Hits != 1 {
+		t.Fatalf("%+v", st)
+	}
+	// Stopped between cells, as a cold session is (SIGSTOP: the state follows).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", ss.PID()))
+		if err == nil && strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))[0] == "T" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the idle session's interpreter is not stopped: %q %v", b, err)
+		}
+	}
+	waitNativeIdle(t, sp, 1) // prepared after the session opened
 }

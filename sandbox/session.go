@@ -113,6 +113,15 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 	if why := unboundedProcesses(req.Hardening); native && why != "" {
 		return nil, fmt.Errorf("sandbox: session refused (%s): %s", protocol.Rejected, why)
 	}
+	if native && resume == nil {
+		if w := s.takeNative(&req, wsDir); w != nil {
+			if ss := s.openSessionWarm(ctx, w, req, wsDir); ss != nil {
+				ss.idle()
+				s.warmNativeAfter(req)
+				return ss, nil
+			}
+		}
+	}
 	var module *os.File
 	if !native {
 		if module, err = s.sealedModule(req.ModulePath); err != nil {
@@ -168,6 +177,8 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 	ss.opened = *rep.Enforcement
 	if native {
 		ss.idle()
+		// The next native session or run in this workspace may find a warm worker.
+		s.warmNativeAfter(req)
 	}
 	return ss, nil
 }

@@ -13,7 +13,7 @@ const GuestWorkdir = "/ws"
 
 // Program is what the guest's interpreter reads from stdin before the program's own
 // stdin: ten decimal digits giving the header's length, then the header, its fields
-// joined by NUL: MODE (code, isolated or path), the source or the script's guest
+// joined by NUL: MODE (code, isolated or path; session: see SessionProgram), the source or the script's guest
 // path, the name, disk, N, the N arguments, then the environment as KEY, VALUE
 // pairs in key order. disk is what the wasm guest's shutil.disk_usage reports (see
 // the worker's diskField); the native runner skips it. The wasm snapshot's bootstrap
@@ -43,6 +43,14 @@ func Program(req *Request, disk string) ([]byte, error) {
 	fields = append(fields, disk, strconv.Itoa(len(req.Args)))
 	fields = append(fields, req.Args...)
 	return Header(append(fields, EnvFields(req.Env)...))
+}
+
+// SessionProgram is the header a warm native worker's runner reads, in place of a
+// program's (see Program), when it is claimed for a session: MODE session, the
+// other fields empty. The session's cells then come on the control fd.
+func SessionProgram() []byte {
+	h, _ := Header([]string{"session", "", "", "", "0"})
+	return h
 }
 
 // EnvFields is env as a program's header carries it: KEY, VALUE pairs in key order.

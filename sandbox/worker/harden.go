@@ -239,6 +239,12 @@ func narrow(req *protocol.Request, st *hardened) {
 			setGuestDisk(req, st)
 		}
 	}
+	if h.Seccomp != nil && st.seccomp == nil && st.seccompErr == nil {
+		// Compiled before the rlimits are set: libseccomp's allocations would count
+		// against RLIMIT_DATA, which on the native backend is the guest's memory
+		// limit (below about 100 MiB the compilation failed, and every run with it).
+		st.seccomp, st.seccompErr = seccomp.Compile(*h.Seccomp)
+	}
 	setRlimits(h, st, fail)
 
 	// Capabilities and (below ABI 8) Landlock are per thread: libcap's psx applies

@@ -31,6 +31,11 @@ def _sandcell_run():
     # the worker gave the process itself). DISK is what the wasm guest's
     # shutil.disk_usage reports; this guest has os.statvfs, the kernel's figures.
     fields = read(int(read(10))).decode("utf-8").split("\0")
+    if fields[0] == "session":
+        # A warm worker claimed for a session (protocol.SessionProgram): its cells
+        # come on the control fd, as a cold session's do.
+        os.chdir("/ws")
+        _sandcell_session()
     mode, text, name, nargs = fields[0], fields[1], fields[2], int(fields[4])
     args = fields[5:5 + nargs]
     os.chdir("/ws")  # (a warm worker imported from "/": see _sandcell_preimport)
@@ -52,6 +57,11 @@ def _sandcell_run():
         if mode == "code":
             sys.path.insert(0, "")
         code = compile(text, name, "exec")
+        # Tracebacks show the program's lines, as python3 -c's do (the runner's
+        # own source is registered under "<string>" too, by code object: see
+        # linecache; a name in linecache.cache comes first).
+        import linecache
+        linecache.cache[name] = (len(text), None, text.splitlines(True), name)
     del read, fields, text
     if mode != "isolated":
         _sandcell_unshadow(sys.path[0] or ".")
@@ -63,8 +73,9 @@ def _sandcell_run():
     except SystemExit:
         raise
     except BaseException as e:
-        tb = e.__traceback__
-        sys.excepthook(type(e), e, tb.tb_next if tb is not None else None)
+        if e.__traceback__ is not None:
+            e.__traceback__ = e.__traceback__.tb_next  # (the runner's own frame)
+        sys.excepthook(type(e), e, e.__traceback__)
         if isinstance(e, MemoryError):
             reason = "memory_limit"
         sys.exit(1)
@@ -343,8 +354,9 @@ def _sandcell_session():
             print(code, file=sys.stderr)
             return 1
         except BaseException as e:
-            tb = e.__traceback__
-            sys.excepthook(type(e), e, tb.tb_next if tb is not None else None)
+            if e.__traceback__ is not None:
+                e.__traceback__ = e.__traceback__.tb_next  # (the runner's own frame)
+            sys.excepthook(type(e), e, e.__traceback__)
             return 130 if isinstance(e, KeyboardInterrupt) else 1
         return 0
 
