@@ -695,10 +695,33 @@ func TestNativeTraceback(t *testing.T) {
 	if res.ExitCode != 1 || string(res.Stderr) != want {
 		t.Fatalf("exit %d, stderr:\n%s", res.ExitCode, res.Stderr)
 	}
+	// A syntax error, as python3 -c shows it (no frame).
+	res, _ = runNative(t, "x = (", nil)
+	if res.ExitCode != 1 || !strings.HasPrefix(string(res.Stderr), "  File \"<string>\", line 1\n    x = (\n") ||
+		!strings.HasSuffix(string(res.Stderr), "SyntaxError: '(' was never closed\n") {
+		t.Fatalf("exit %d, stderr:\n%s", res.ExitCode, res.Stderr)
+	}
+	// A program long enough that its lines and the runner's overlap: the runner's
+	// frames (display()'s) show the runner's lines, the program's its own.
+	long := "class A:\n    def _repr_html_(self):\n        raise ValueError('html')\n" +
+		strings.Repeat("pass\n", 400) + "display(A())\n"
+	res, _ = runNative(t, long, nil)
+	if res.ExitCode != 1 || !strings.Contains(string(res.Stderr), "line 404, in <module>\n    display(A())\n") ||
+		!strings.Contains(string(res.Stderr), "line 3, in _repr_html_\n    raise ValueError('html')\n") ||
+		strings.Contains(string(res.Stderr), "    pass\n") {
+		t.Fatalf("exit %d, stderr:\n%s", res.ExitCode, res.Stderr)
+	}
 	ss := openNativeSession(t)
 	lim := protocol.Limits{TimeoutMS: 30_000, CPUMS: 5_000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
 	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: code, Filename: "<string>"})
 	if err != nil || c.ExitCode != 1 || string(c.Stderr) != want {
+		t.Fatalf("%v exit %d, stderr:\n%s", err, c.ExitCode, c.Stderr)
+	}
+	// A value whose repr fails: the cell's frames, none of the runner's.
+	c, err = ss.Run(context.Background(), protocol.Request{Limits: lim, Filename: "<cell>",
+		Code: "class B:\n    def __repr__(self):\n        raise RuntimeError('bad repr')\nB()\n"})
+	if err != nil || c.ExitCode != 1 || !strings.HasPrefix(string(c.Stderr),
+		"Traceback (most recent call last):\n  File \"<cell>\", line 3, in __repr__\n") {
 		t.Fatalf("%v exit %d, stderr:\n%s", err, c.ExitCode, c.Stderr)
 	}
 }

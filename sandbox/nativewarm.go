@@ -28,7 +28,9 @@ import (
 // run in the same workspace, with the same policy, claims it, and the parent lowers
 // its CPU limit to the run's (counted from the claim) before it writes the program.
 // Each worker serves one run and is then gone; a new one is prepared for the
-// workspace after the run, in the background.
+// workspace after the run, in the background. A native session opened in the
+// workspace may claim it instead (openSessionWarm: the parent sets the session's
+// CPU limit and the runner serves cells), and leaves one prepared in turn.
 
 // NativeWarmOptions configure warm native workers (see Spawner.WarmNative).
 type NativeWarmOptions struct {

@@ -9,9 +9,10 @@
 # the workspace's, so that a json.py there is the program's module, never the runner's.
 import sys as _sys  # noqa: E402
 _sandcell_startup = set(_sys.modules)  # what the interpreter imported to start
-import base64 as _b64, io as _io, json as _json  # noqa: E401,E402
-_sandcell_stdlib = {"base64": _b64, "io": _io, "json": _json}
-del _b64, _io, _json
+import base64 as _b64, io as _io, json as _json, linecache as _lc  # noqa: E401,E402
+_sandcell_stdlib = {"base64": _b64, "io": _io, "json": _json, "linecache": _lc}
+_sandcell_globals = globals()  # the runner's, never a program's (see _sandcell_print_exception)
+del _b64, _io, _json, _lc
 
 
 def _sandcell_run():
@@ -49,33 +50,34 @@ def _sandcell_run():
         sys.argv = [text] + args
         sys.path.insert(0, os.path.dirname(text))
         main.__file__ = text
-        with open(text, "rb") as f:
-            source = f.read()
-        code = compile(source, text, "exec")
     else:
         sys.argv = ["-c" if name == "<string>" else name] + args
         if mode == "code":
             sys.path.insert(0, "")
-        code = compile(text, name, "exec")
-        # Tracebacks show the program's lines, as python3 -c's do (the runner's
-        # own source is registered under "<string>" too, by code object: see
-        # linecache; a name in linecache.cache comes first).
-        import linecache
-        linecache.cache[name] = (len(text), None, text.splitlines(True), name)
-    del read, fields, text
+    del read, fields
     if mode != "isolated":
         _sandcell_unshadow(sys.path[0] or ".")
     import builtins
     builtins.display = _Displays.display
     reason = "exited"
     try:
+        # Compiled here, so that a SyntaxError is reported as the program's.
+        if mode == "path":
+            with open(text, "rb") as f:
+                code = compile(f.read(), text, "exec")
+        else:
+            code = compile(text, name, "exec")
+            # Tracebacks show the program's lines, as python3 -c's do: -c
+            # registers source by code object (filename, name, first line), and the
+            # runner's own is "<string>" too.
+            linecache = _sandcell_stdlib["linecache"]
+            getattr(linecache, "_register_code", lambda *a: None)(code, text, name)
+        del text
         exec(code, main.__dict__)
     except SystemExit:
         raise
     except BaseException as e:
-        if e.__traceback__ is not None:
-            e.__traceback__ = e.__traceback__.tb_next  # (the runner's own frame)
-        sys.excepthook(type(e), e, e.__traceback__)
+        _sandcell_print_exception(e)
         if isinstance(e, MemoryError):
             reason = "memory_limit"
         sys.exit(1)
@@ -85,6 +87,17 @@ def _sandcell_run():
         except BaseException as e:
             print("sandcell: the open figures could not be shown: %r" % e, file=sys.stderr)
         _sandcell_report(reason)
+
+
+def _sandcell_print_exception(e):
+    # An uncaught exception as python3 shows it: the program's frames, without the
+    # runner's that lead to them (the runner's globals are not the program's).
+    import sys
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_globals is _sandcell_globals:
+        tb = tb.tb_next
+    e.__traceback__ = tb
+    sys.excepthook(type(e), e, tb)
 
 
 def _sandcell_setup():
@@ -354,9 +367,7 @@ def _sandcell_session():
             print(code, file=sys.stderr)
             return 1
         except BaseException as e:
-            if e.__traceback__ is not None:
-                e.__traceback__ = e.__traceback__.tb_next  # (the runner's own frame)
-            sys.excepthook(type(e), e, e.__traceback__)
+            _sandcell_print_exception(e)
             return 130 if isinstance(e, KeyboardInterrupt) else 1
         return 0
 
