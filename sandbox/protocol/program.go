@@ -13,9 +13,9 @@ const GuestWorkdir = "/ws"
 
 // Program is what the guest's interpreter reads from stdin before the program's own
 // stdin: ten decimal digits giving the header's length, then the header, its fields
-// joined by NUL: MODE (code, isolated or path; session: see SessionProgram), the source or the script's guest
-// path, the name, disk, N, the N arguments, then the environment as KEY, VALUE
-// pairs in key order. disk is what the wasm guest's shutil.disk_usage reports (see
+// joined by NUL: MODE (code, isolated or path; session: see SessionProgram), the
+// source or the script's guest path, the name, disk, N, the N arguments, then the
+// environment as KEY, VALUE pairs in key order. disk is what the wasm guest's shutil.disk_usage reports (see
 // the worker's diskField); the native runner skips it. The wasm snapshot's bootstrap
 // (bundle/bootstrap.py) and the native runner (sandbox/worker/native.py) read it.
 // It fails for a request with both or neither of Code and Path set as a run needs,
