@@ -27,6 +27,18 @@ func nativeWarmRequest(t *testing.T, ws, code string) protocol.Request {
 		Limits: limits, Hardening: pol.NativeHardening(limits)}
 }
 
+// warmNativeSpawner is a spawner that keeps one warm native worker, with the
+// daemon's default preimports, until the test ends.
+func warmNativeSpawner(t *testing.T) *sandbox.Spawner {
+	t.Helper()
+	sp := sandbox.NewSpawner()
+	if err := sp.WarmNative(sandbox.NativeWarmOptions{Size: 1, Preimport: []string{"numpy", "pandas", "matplotlib.pyplot"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sp.WarmNative(sandbox.NativeWarmOptions{}) })
+	return sp
+}
+
 // waitNativeIdle waits until sp holds n idle warm native workers.
 func waitNativeIdle(t *testing.T, sp *sandbox.Spawner, n int) {
 	t.Helper()
@@ -48,11 +60,7 @@ func waitNativeIdle(t *testing.T, sp *sandbox.Spawner, n int) {
 // policy, starts cold.
 func TestNativeWarm(t *testing.T) {
 	t.Parallel()
-	sp := sandbox.NewSpawner()
-	if err := sp.WarmNative(sandbox.NativeWarmOptions{Size: 1, Preimport: []string{"numpy", "pandas", "matplotlib.pyplot"}}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sp.WarmNative(sandbox.NativeWarmOptions{}) })
+	sp := warmNativeSpawner(t)
 	ws := t.TempDir()
 	run := func(req protocol.Request) protocol.Result {
 		t.Helper()
@@ -202,11 +210,7 @@ func TestNativeWarmReadsNoWorkspaceFile(t *testing.T) {
 // run.
 func TestNativeWarmSession(t *testing.T) {
 	t.Parallel()
-	sp := sandbox.NewSpawner()
-	if err := sp.WarmNative(sandbox.NativeWarmOptions{Size: 1, Preimport: []string{"numpy", "pandas", "matplotlib.pyplot"}}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sp.WarmNative(sandbox.NativeWarmOptions{}) })
+	sp := warmNativeSpawner(t)
 	ws := t.TempDir()
 	res, err := sp.Run(context.Background(), nativeWarmRequest(t, ws, "print(1)"))
 	if err != nil {
