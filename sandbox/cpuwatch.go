@@ -165,3 +165,45 @@ func exited(fd int, d time.Duration) bool {
 		}
 	}
 }
+
+// treeCPU returns the CPU time the process root and every process descending from
+// it have used (each with the children it has waited for), from /proc, to the
+// clock tick. A process that exits between the listing and its read is not counted
+// unless its parent has reaped it.
+func treeCPU(root int) (time.Duration, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	children := map[int][]int{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// The parent's pid is the second field after the command name's last ')'.
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 {
+			if f := bytes.Fields(b[i+1:]); len(f) > 1 {
+				if ppid, err := strconv.Atoi(string(f[1])); err == nil {
+					children[ppid] = append(children[ppid], pid)
+				}
+			}
+		}
+	}
+	total, err := processCPU(root)
+	if err != nil {
+		return 0, err
+	}
+	for todo := children[root]; len(todo) > 0; {
+		pid := todo[len(todo)-1]
+		todo = append(todo[:len(todo)-1], children[pid]...)
+		if d, err := processCPU(pid); err == nil {
+			total += d
+		}
+	}
+	return total, nil
+}

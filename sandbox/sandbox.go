@@ -75,6 +75,10 @@ type Spawner struct {
 	poolCounts poolCounts
 	native     nativeWarm // warm native workers (see WarmNative)
 
+	// GVisor is the runsc native runs go through where their policy requires the
+	// gvisor layer; nil: such runs end rejected.
+	GVisor *GVisor
+
 	pidProbe  sync.Mutex
 	pidProbed bool                   // the probe had a definite answer (see pidNamespace)
 	pidRetry  time.Time              // after a probe without one, when to probe again
@@ -600,6 +604,22 @@ func (s *Spawner) launch(namespaces, shareNet bool, dir, module, stdin *os.File)
 	if stdin != nil {
 		p.cmd.Stdin = stdin // (a nil *os.File would not be /dev/null)
 	}
+	startErr := p.start(netns, hostNet)
+	p.started = time.Now()
+	if err := <-startErr; err != nil {
+		p.ctl.Close()
+		p.outR.Close()
+		p.errR.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// start starts p.cmd from a goroutine locked to its thread, which stays until the
+// process is reaped (Linux sends the parent-death signal when the thread that forked
+// the child exits), in the network namespace netns when not nil (returning to
+// hostNet), and marks p gone before reaping it. The channel says whether it started.
+func (p *proc) start(netns, hostNet *os.File) <-chan error {
 	startErr := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -635,14 +655,7 @@ func (s *Spawner) launch(namespaces, shareNet bool, dir, module, stdin *os.File)
 		p.werr = p.cmd.Wait()
 		close(p.exited)
 	}()
-	p.started = time.Now()
-	if err := <-startErr; err != nil {
-		p.ctl.Close()
-		p.outR.Close()
-		p.errR.Close()
-		return nil, err
-	}
-	return p, nil
+	return startErr
 }
 
 // kill sends SIGKILL to the worker's process group (it is a session leader) unless
@@ -867,7 +880,23 @@ func guestEnded(res *protocol.Result, ps *os.ProcessState, rep *protocol.Report,
 // worker's own mount namespace is what gives the guest the native root.
 func (s *Spawner) runNative(ctx context.Context, req protocol.Request, wsDir *os.File, observe Observer) (protocol.Result, error) {
 	if why := unboundedProcesses(req.Hardening); why != "" {
-		return protocol.Result{ExitCode: -1, Reason: protocol.Rejected, Diagnostics: []string{why}}, nil
+		return rejected(why), nil
+	}
+	res, err := s.runNativeOn(ctx, req, wsDir, observe)
+	if err != nil {
+		return res, err
+	}
+	var diags []string
+	res.Displays, diags = checkDisplays(wsDir, res.Displays) // as the guest named them: checked here
+	res.Diagnostics = append(res.Diagnostics, diags...)
+	return res, nil
+}
+
+// runNativeOn runs req on what runs it: runsc where policy requires gVisor, else a
+// warm native worker, else a cold one. Its displays are as the guest named them.
+func (s *Spawner) runNativeOn(ctx context.Context, req protocol.Request, wsDir *os.File, observe Observer) (protocol.Result, error) {
+	if slices.Contains(req.Hardening.Require, protocol.LayerGVisor) {
+		return s.runGVisor(ctx, req, wsDir, observe)
 	}
 	frame, err := protocol.Encode(protocol.Frame{Step: protocol.StepRun, Request: &req})
 	if err != nil {
@@ -883,15 +912,11 @@ func (s *Spawner) runNative(ctx context.Context, req protocol.Request, wsDir *os
 	if !ran {
 		p, err := s.launch(true, req.Hardening.SharedNetwork, wsDir, nil, nil)
 		if err != nil {
-			return protocol.Result{ExitCode: -1, Reason: protocol.Rejected, Diagnostics: []string{
-				"cannot start the worker in new user, network, mount, pid, IPC and UTS namespaces (" + err.Error() +
-					"), without which the native backend cannot run; no code was run"}}, nil
+			return rejected("cannot start the worker in new user, network, mount, pid, IPC and UTS namespaces (" +
+				err.Error() + "), without which the native backend cannot run; no code was run"), nil
 		}
 		res = p.collect(ctx, frame, req, observe)
 	}
-	var diags []string
-	res.Displays, diags = checkDisplays(wsDir, res.Displays) // as the guest named them: checked here
-	res.Diagnostics = append(res.Diagnostics, diags...)
 	return res, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -112,6 +113,13 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 	}
 	if why := unboundedProcesses(req.Hardening); native && why != "" {
 		return nil, fmt.Errorf("sandbox: session refused (%s): %s", protocol.Rejected, why)
+	}
+	if native && slices.Contains(req.Hardening.Require, protocol.LayerGVisor) {
+		// A session's interpreter serves cells on a socket, which runsc cannot pass
+		// its container: no native session runs under gVisor yet, and none runs
+		// without a layer policy requires.
+		return nil, fmt.Errorf("sandbox: session refused (%s): policy requires the gvisor layer, under which "+
+			"native sessions are not offered yet (native runs are); no code was run", protocol.Rejected)
 	}
 	if native && resume == nil {
 		if w := s.takeNative(&req, wsDir); w != nil {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -155,6 +156,11 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 		}
 		pol.Seccomp = &prof
 	}
+	gvisor := slices.Contains(pol.Require, protocol.LayerGVisor)
+	if gvisor && f.backend == protocol.BackendNative {
+		// gvisor is the native backend's layer alone (see policy.Validate).
+		pol.NativeRequire, pol.Require = pol.Require, nil
+	}
 	if err := pol.Validate(); err != nil {
 		return rejected{err}
 	}
@@ -220,6 +226,16 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
 	sp := newSpawner(f.bundleDir, f.cacheDir)
+	if gvisor {
+		dir, err := os.MkdirTemp("", "sandcell-gvisor-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		if sp.GVisor, err = sandbox.NewGVisor("runsc", dir); err != nil {
+			return rejected{fmt.Errorf("--require gvisor: %w", err)}
+		}
+	}
 	res, err := sp.Run(ctx, req)
 	if errors.Is(err, sandbox.ErrBadRequest) {
 		return rejected{err}

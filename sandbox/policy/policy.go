@@ -187,6 +187,15 @@ func (p Policy) Validate() error {
 	if err := protocol.CheckLayers(p.NativeRequire); err != nil {
 		errs = multierror.Append(errs, fmt.Errorf("native require: %w", err))
 	}
+	if contains(p.Require, protocol.LayerGVisor) {
+		errs = multierror.Append(errs, fmt.Errorf("require: %q is a layer of the native backend alone: name it in native.require", protocol.LayerGVisor))
+	}
+	if contains(p.NativeRequire, protocol.LayerGVisor) && contains(p.NativeRequire, protocol.LayerLandlock) {
+		// A guest under gVisor calls gVisor's kernel, which has no Landlock; what
+		// Landlock keeps from the guest (every file but its mounts) the gofer does.
+		errs = multierror.Append(errs, fmt.Errorf("native require: %q and %q exclude each other: gVisor's kernel has no Landlock (its gofer serves the guest only the run's mounts); leave %q out",
+			protocol.LayerGVisor, protocol.LayerLandlock, protocol.LayerLandlock))
+	}
 	if p.NativeTmpBytes < 0 || p.NativeTmpBytes > 64<<30 {
 		errs = multierror.Append(errs, fmt.Errorf("native tmp: %d bytes is out of range (0 to 64 GiB)", p.NativeTmpBytes))
 	}

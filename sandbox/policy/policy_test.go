@@ -81,3 +81,25 @@ func TestHardening(t *testing.T) {
 		}
 	}
 }
+
+// gvisor is a native layer: named for wasm runs, or beside Landlock (which gVisor's
+// kernel lacks), it is a configuration error, never a run that cannot start.
+func TestGVisorRequire(t *testing.T) {
+	p := Default()
+	p.Require = append(p.Require, protocol.LayerGVisor)
+	p.NativeRequire = []string{protocol.LayerGVisor, protocol.LayerLandlock}
+	err := p.Validate()
+	for _, want := range []string{`require: "gvisor" is a layer of the native backend alone`, `native require: "gvisor" and "landlock" exclude each other`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in %v", want, err)
+		}
+	}
+	p = Default()
+	p.NativeRequire = []string{protocol.LayerGVisor, protocol.LayerSeccomp}
+	if err := p.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if h := p.NativeHardening(p.Default); !strings.Contains(strings.Join(h.Require, " "), protocol.LayerGVisor) {
+		t.Fatalf("native require %v", h.Require)
+	}
+}

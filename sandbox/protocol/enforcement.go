@@ -21,9 +21,18 @@ const (
 	LayerRlimits      = "rlimits"      // CORE 0 and NOFILE, FSIZE, CPU limits in force
 	LayerNoNewPrivs   = "no_new_privs" // prctl(PR_SET_NO_NEW_PRIVS) on every thread
 	LayerCapabilities = "capabilities" // no capability in any set, bounding set empty where it could be
+	// LayerGVisor (native backend only): the guest runs on gVisor's user-space
+	// kernel (runsc), which serves its system calls and files in place of the
+	// host's; see Enforcement.GVisor.
+	LayerGVisor = "gvisor"
 )
 
-// Layers lists every layer name, in the order the worker applies them.
+// knownLayers is every name a require list may hold: Layers and LayerGVisor.
+func knownLayers() []string { return append([]string{LayerGVisor}, Layers()...) }
+
+// Layers lists every layer a worker applies, in its order: the host kernel's. The
+// gvisor layer, a native run's alone, is not among them (see LayerGVisor); policy
+// names it where it wants it.
 func Layers() []string {
 	return []string{LayerRlimits, LayerUserNS, LayerNetNS, LayerMountNS, LayerPidNS, LayerIPCNS,
 		LayerUTSNS, LayerCapabilities, LayerLandlock, LayerNoNewPrivs, LayerSeccomp}
@@ -113,8 +122,22 @@ type Enforcement struct {
 	// Capabilities is the worker's capability state in libcap's text form; "=" means
 	// none in any set.
 	Capabilities string `json:"capabilities"`
+	// GVisor is the gVisor layer of a native run under runsc, or nil.
+	GVisor *GVisorState `json:"gvisor,omitempty"`
 	// Errors says, per layer, why a layer asked for is not active.
 	Errors map[string]string `json:"errors,omitempty"`
+}
+
+// GVisorState describes the gVisor layer: which runsc ran the guest, how, and the
+// container it was given.
+type GVisorState struct {
+	Active bool `json:"active"`
+	// Version is the first line of `runsc --version`.
+	Version string `json:"version"`
+	// Platform is how the sentry runs the guest's code ("ptrace").
+	Platform string `json:"platform"`
+	// Spec is the SHA-256 (hex) of the OCI runtime spec (config.json) runsc ran.
+	Spec string `json:"spec"`
 }
 
 // SeccompState describes the seccomp layer.
@@ -157,6 +180,8 @@ func (e Enforcement) Active(layer string) bool {
 		return e.NoNewPrivs
 	case LayerCapabilities:
 		return e.Capabilities == "="
+	case LayerGVisor:
+		return e.GVisor != nil && e.GVisor.Active
 	}
 	if _, ok := Namespaces()[layer]; ok {
 		return e.Namespaces[layer]
@@ -175,10 +200,11 @@ func (e Enforcement) Missing(require []string) []string {
 	return out
 }
 
-// ActiveLayers returns the names of the active layers, in Layers order.
+// ActiveLayers returns the names of the active layers, in Layers order after
+// gvisor's.
 func (e Enforcement) ActiveLayers() []string {
 	var out []string
-	for _, l := range Layers() {
+	for _, l := range knownLayers() {
 		if e.Active(l) {
 			out = append(out, l)
 		}
@@ -186,12 +212,13 @@ func (e Enforcement) ActiveLayers() []string {
 	return out
 }
 
-// CheckLayers returns an error naming every entry of names that is not a layer.
+// CheckLayers returns an error naming every entry of names that is not a layer
+// (Layers, or LayerGVisor).
 func CheckLayers(names []string) error {
 	var bad []string
 	for _, n := range names {
 		known := false
-		for _, l := range Layers() {
+		for _, l := range knownLayers() {
 			known = known || n == l
 		}
 		if !known {
@@ -200,7 +227,7 @@ func CheckLayers(names []string) error {
 	}
 	if len(bad) > 0 {
 		sort.Strings(bad)
-		return fmt.Errorf("unknown enforcement layer %v (known: %v)", bad, Layers())
+		return fmt.Errorf("unknown enforcement layer %v (known: %v)", bad, knownLayers())
 	}
 	return nil
 }

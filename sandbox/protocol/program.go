@@ -17,7 +17,7 @@ const GuestWorkdir = "/ws"
 // source or the script's guest path, the name, disk, N, the N arguments, then the
 // environment as KEY, VALUE pairs in key order. disk is what the wasm guest's shutil.disk_usage reports (see
 // the worker's diskField); the native runner skips it. The wasm snapshot's bootstrap
-// (bundle/bootstrap.py) and the native runner (sandbox/worker/native.py) read it.
+// (bundle/bootstrap.py) and the native runner (native.py) read it.
 // It fails for a request with both or neither of Code and Path set as a run needs,
 // and for a NUL byte in any field.
 func Program(req *Request, disk string) ([]byte, error) {

@@ -34,18 +34,12 @@ import (
 //	        devices, bound; nosuid, noexec) and the fd, stdin, stdout, stderr links
 const (
 	nativePython = "/usr/bin/python3.13"
-	nativeTmp    = "/tmp"
+	nativeTmp    = protocol.NativeTmp
 )
 
 // nativeDevices are the device nodes the native guest gets in /dev, and whether it
 // may write to each.
 var nativeDevices = map[string]bool{"null": true, "zero": true, "full": true, "random": false, "urandom": false}
-
-// nativeRunner is the Python program the guest's interpreter starts with (`-c`): it
-// reads the program from stdin as the wasm bootstrap does and runs it as __main__.
-//
-//go:embed native.py
-var nativeRunner string
 
 // native serves a run (or, with session, a session: StepSession) on the native
 // backend: prepare (namespaces, the native root), stdin, narrow, the contract, then
@@ -67,7 +61,7 @@ func native(r *reply, req *protocol.Request, session bool) {
 		return
 	}
 	st := prepare(req, false)
-	args := []string{"python3", "-I", "-B", "-c", nativeRunner}
+	args := []string{"python3", "-I", "-B", "-c", protocol.NativeRunner()}
 	switch {
 	case session:
 		// Cells come on the control fd; stdin stays the parent's /dev/null.
@@ -108,33 +102,17 @@ func native(r *reply, req *protocol.Request, session bool) {
 	}
 	if len(req.Preimport) > 0 {
 		// A warm worker's interpreter starts and imports away from the workspace
-		// (see native.py's _sandcell_preimport); the runner goes to /ws at the claim.
+		// (see the runner's _sandcell_preimport, sandbox/protocol/native.py); the runner goes to /ws at the claim.
 		if err := unix.Chdir("/"); err != nil {
 			fmt.Fprintf(os.Stderr, "sandcell: %v\n", err)
 			os.Exit(127)
 		}
 	}
-	err := unix.Exec(nativePython, args, nativeEnv(req.Env))
+	err := unix.Exec(nativePython, args, protocol.NativeEnv(req.Env))
 	// The contract is sent: what follows is read as the guest's. Say it on the
 	// guest's stderr and end as a shell does for a program it cannot run.
 	fmt.Fprintf(os.Stderr, "sandcell: cannot start the native interpreter: %v\n", err)
 	os.Exit(127)
-}
-
-// nativeEnv is the guest's environment: a few defaults for the root's libraries
-// (matplotlib draws to files, in /tmp; a UTF-8 locale), then the request's, which
-// policy has filtered and which may override them.
-func nativeEnv(env map[string]string) []string {
-	all := map[string]string{
-		"HOME": nativeTmp, "LANG": "C.UTF-8", "PATH": "/usr/bin",
-		"MPLBACKEND": "Agg", "MPLCONFIGDIR": nativeTmp + "/.matplotlib",
-	}
-	maps.Copy(all, env)
-	var out []string
-	for _, k := range slices.Sorted(maps.Keys(all)) {
-		out = append(out, k+"="+all[k])
-	}
-	return out
 }
 
 // mfdNoexecSeal is MFD_NOEXEC_SEAL (linux/memfd.h).

@@ -11,7 +11,7 @@ import (
 // The native runner writes its report frame itself, in Python: its version must be
 // this build's, or the parent refuses the frame and loses a MemoryError's reason.
 func TestNativeRunnerSpeaksThisProtocol(t *testing.T) {
-	if want := fmt.Sprintf(`'{"version":%d,"step":"%%s"%%s}'`, protocol.Version); !strings.Contains(nativeRunner, want) {
+	if want := fmt.Sprintf(`'{"version":%d,"step":"%%s"%%s}'`, protocol.Version); !strings.Contains(protocol.NativeRunner(), want) {
 		t.Fatalf("native.py does not write %s", want)
 	}
 }
@@ -19,7 +19,7 @@ func TestNativeRunnerSpeaksThisProtocol(t *testing.T) {
 // The guest's environment: the defaults for the root's libraries, which the
 // request's own variables override, in a stable order.
 func TestNativeEnv(t *testing.T) {
-	got := strings.Join(nativeEnv(map[string]string{"MPLBACKEND": "svg", "A": "1"}), " ")
+	got := strings.Join(protocol.NativeEnv(map[string]string{"MPLBACKEND": "svg", "A": "1"}), " ")
 	want := "A=1 HOME=/tmp LANG=C.UTF-8 MPLBACKEND=svg MPLCONFIGDIR=/tmp/.matplotlib PATH=/usr/bin"
 	if got != want {
 		t.Fatalf("got %s\nwant %s", got, want)

@@ -296,6 +296,10 @@ type Native struct {
 	Warm int `toml:"warm" env:"WARM"`
 	// Preimport are the modules a warm native worker imports before its run.
 	Preimport []string `toml:"preimport" env:"PREIMPORT"`
+	// Runsc is gVisor's runsc (a path, or a name looked up in PATH), through which
+	// native runs go where Require names "gvisor"; empty: none (such runs are
+	// refused). Read at start.
+	Runsc string `toml:"runsc" env:"RUNSC"`
 }
 
 // Access lists who may do what. An entry is a user name, a uid, "@group" or "@gid".
@@ -334,7 +338,7 @@ func Default() Config {
 			MaxThreads: p.MaxThreads, EnvAllow: []string{}, Disable: []string{}},
 		Access: Access{Runners: []string{"@sandcell"}, Approvers: []string{}, Admins: []string{"root"}},
 		Native: Native{Runners: []string{"*"}, Require: []string{}, TmpMiB: p.NativeTmpBytes / policy.MiB,
-			Warm: 2, Preimport: []string{"numpy", "pandas", "matplotlib.pyplot"}},
+			Warm: 2, Preimport: []string{"numpy", "pandas", "matplotlib.pyplot"}, Runsc: "runsc"},
 	}
 }
 

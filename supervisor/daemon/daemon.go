@@ -145,6 +145,15 @@ func Open(o Options) (_ *Daemon, err error) {
 	d.health.Add(checkManager, healthz.Liveness)
 
 	d.sp = sandbox.NewSpawner(cfg.Bundle.Dir, cfg.Bundle.CacheDir)
+	if cfg.Native.Runsc != "" {
+		// Without runsc, native runs whose policy requires gvisor are refused; the
+		// self-test's native canary says so where that is every native run.
+		g, err := sandbox.NewGVisor(cfg.Native.Runsc, filepath.Join(cfg.State.Dir, "gvisor"))
+		if err != nil {
+			d.log.Info("the gvisor layer is not offered", "error", err)
+		}
+		d.sp.GVisor = g
+	}
 	d.canaryW = filepath.Join(cfg.State.Dir, "canary")
 	workspace.RemoveTree(d.canaryW) // left by a daemon that died during a canary
 	if d.mgr, err = supervisor.NewManager(d.sp, supervisor.Options{Concurrency: cfg.Concurrency(),
@@ -503,7 +512,10 @@ func (d *Daemon) info() any {
 	}
 	native := map[string]any{"offered": false, "manifest_sha256": bundle.NativeManifestSHA256(),
 		"runners": cfg.Native.Runners, "require": pol.NativeHardening(pol.Default).Require, "processes": cfg.Native.Processes,
-		"warm": d.sp.NativeWarmStats(), "preimport": cfg.Native.Preimport}
+		"warm": d.sp.NativeWarmStats(), "preimport": cfg.Native.Preimport, "gvisor": nil}
+	if g := d.sp.GVisor; g != nil {
+		native["gvisor"] = map[string]any{"runsc": g.Runsc, "version": g.Version, "platform": sandbox.GVisorPlatform}
+	}
 	if r := d.report.Load(); r != nil {
 		info["enforcement"] = r.Enforcement
 		native["offered"], native["why_not"], native["enforcement"] = r.NativeRoot != "", r.NativeWhy, r.NativeEnforcement
@@ -620,7 +632,7 @@ func (d *Daemon) Reload() {
 		"socket": old.Socket == cfg.Socket, "tcp": old.TCP == cfg.TCP, "runs": old.Runs == cfg.Runs,
 		"workspaces": old.Workspaces == cfg.Workspaces, "health": old.Health == cfg.Health, "pool": old.Pool == cfg.Pool,
 		"audit": old.Audit == cfg.Audit, "approvals": reflect.DeepEqual(old.Approvals, cfg.Approvals),
-		"sessions": old.Sessions == cfg.Sessions} {
+		"sessions": old.Sessions == cfg.Sessions, "native.runsc": old.Native.Runsc == cfg.Native.Runsc} {
 		if !same {
 			restart = append(restart, key)
 		}

@@ -413,8 +413,54 @@ def _sandcell_send(report, step):
         b = b[os.write(3, b):]
 
 
+def _sandcell_control():
+    # A run under gVisor (runsc passes its container no descriptor but its stdio):
+    # stdin is a socket, the parent's, and the control channel too (fd 3, which
+    # the program's closing stdin leaves open). Before the program is read (the
+    # parent writes it only once it has checked this), the runner says what the
+    # kernel it runs on (gVisor's) has in force for it, as a hardened worker does
+    # before its exec: the seccomp mode, no_new_privs, the capability sets, the
+    # resource limits. Nothing of the caller's has run yet.
+    import ctypes
+    import os
+    import resource
+    os.dup2(0, 3, inheritable=False)
+    status = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            k, _, v = line.partition(":")
+            status[k] = v.strip()
+    # (A kernel without ambient capabilities, gVisor's, has no CapAmb line.)
+    caps = [int(status.get(k, "1"), 16) for k in ("CapInh", "CapPrm", "CapEff", "CapBnd")]
+    caps.append(int(status.get("CapAmb", "0"), 16))
+    libc = ctypes.CDLL(None, use_errno=True)
+    nnp = libc.prctl(39, 0, 0, 0, 0)  # PR_GET_NO_NEW_PRIVS
+    limits = {}
+    for name in ("CORE", "CPU", "DATA", "FSIZE", "NOFILE", "NPROC", "AS"):
+        soft = resource.getrlimit(getattr(resource, "RLIMIT_" + name))[0]
+        if soft != resource.RLIM_INFINITY:
+            limits[name] = soft
+    seccomp = status.get("Seccomp") == "2"
+    # The filter lets clone3 through to this kernel, which must not have it
+    # (ENOSYS): its flags, unlike clone's, are out of a filter's reach.
+    if libc.syscall(435, None, 0) != -1 or ctypes.get_errno() != 38:  # clone3, ENOSYS
+        seccomp = False
+    _sandcell_send({"exit_code": 0, "reason": "", "enforcement": {
+        "backend": "native",
+        "seccomp": {"active": seccomp, "mode": "filter" if seccomp else "disabled"},
+        "landlock": {"active": False, "abi": 0},
+        "namespaces": {},
+        "rlimits": limits,
+        "no_new_privs": nnp == 1,
+        "capabilities": "=" if not any(caps) else "caps " + " ".join("%x" % c for c in caps)}}, "exec")
+
+
 import sys as _sys  # noqa: E402
-if _sys.argv[1:] == ["session"]:
+if _sys.argv[1:] == ["control"]:
+    _sandcell_control()
+    del _sys
+    _sandcell_run()
+elif _sys.argv[1:] == ["session"]:
     del _sys
     _sandcell_session()
 else:

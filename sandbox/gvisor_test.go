@@ -1,0 +1,176 @@
+package sandbox_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/policy"
+	"github.com/sandcell/sandcell/sandbox/protocol"
+)
+
+// gvisorRequire is a native policy's require list with the gvisor layer: it and
+// every other layer but Landlock, which gVisor's kernel does not have.
+func gvisorRequire() []string {
+	out := []string{protocol.LayerGVisor}
+	for _, l := range protocol.Layers() {
+		if l != protocol.LayerLandlock {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// gvisorSpawner returns a spawner whose native runs may go through runsc, skipping
+// the test (saying why) where runsc is not installed or the kernel cannot run it.
+func gvisorSpawner(t *testing.T) *sandbox.Spawner {
+	t.Helper()
+	if _, err := exec.LookPath("runsc"); err != nil {
+		t.Skip("no runsc (apt-get install runsc): the gvisor layer is not offered here")
+	}
+	g, err := sandbox.NewGVisor("runsc", filepath.Join(t.TempDir(), "gvisor"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp := sandbox.NewSpawner()
+	sp.GVisor = g
+	return sp
+}
+
+// runGVisor runs code on the native backend under gVisor (policy's require list
+// gvisorRequire, changed by edit) in a fresh workspace.
+func runGVisor(t *testing.T, sp *sandbox.Spawner, code string, edit func(*protocol.Request, *policy.Policy)) (protocol.Result, string) {
+	t.Helper()
+	pol := policy.Default()
+	pol.NativeRequire = gvisorRequire()
+	req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Code: code, Workspace: t.TempDir()}
+	if edit != nil {
+		edit(&req, &pol)
+	}
+	limits, err := pol.Resolve(req.Limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Limits = limits
+	req.Hardening = pol.NativeHardening(limits)
+	res, err := sp.Run(context.Background(), req)
+	if err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	return res, req.Workspace
+}
+
+// TestGVisor runs the stack under gVisor: the program, its stdin, arguments and
+// workspace as on the native backend, the contract naming gVisor, the native
+// seccomp profile in force inside (no socket, no fork, no executable memory of the
+// guest's), the limits, displays, and nothing of runsc left once a run ends.
+func TestGVisor(t *testing.T) {
+	sp := gvisorSpawner(t)
+	gdir := sp.GVisor.Dir
+	rootBefore, err := os.ReadDir(nativeRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	res, ws := runGVisor(t, sp, `import sys, os, mmap, socket
+import numpy, pandas as pd
+import matplotlib.pyplot as plt
+print(sys.argv, os.getcwd(), sys.stdin.read())
+print(pd.DataFrame({"a": [1, 2]}).sum().to_dict())
+open("out.txt", "w").write("hi")
+import threading, select
+t = threading.Thread(target=select.select, args=([], [], [], 0.01))
+t.start()
+t.join()
+print("thread and select ok")
+for name, f in [("socket", lambda: socket.socket()), ("fork", os.fork),
+                ("exec memory", lambda: mmap.mmap(-1, 4096, prot=7)),
+                ("outside", lambda: open("/etc/passwd", "a"))]:
+    try:
+        f()
+        print(name, "allowed")
+    except OSError as e:
+        print(name, "refused", e.errno)
+os.close(0)  # stdin: the runner's channel stays open (its report names the figure)
+plt.plot([1, 2, 3])
+`, func(r *protocol.Request, _ *policy.Policy) {
+		r.Stdin = []byte("from stdin")
+		r.Args = []string{"a1"}
+	})
+	wantExit(t, res, 0)
+	out := string(res.Stdout)
+	for _, want := range []string{"['-c', 'a1'] /ws from stdin", "{'a': 3}", "thread and select ok", "socket refused 1", "fork refused 1",
+		"exec memory refused 1", "outside refused"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stdout lacks %q:\n%s\nstderr %s", want, out, res.Stderr)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(ws, "out.txt")); err != nil || string(b) != "hi" {
+		t.Errorf("out.txt: %q %v", b, err)
+	}
+	e := res.Enforcement
+	if e == nil || e.GVisor == nil || !e.GVisor.Active || e.GVisor.Platform != sandbox.GVisorPlatform ||
+		len(e.GVisor.Spec) != 64 || !strings.HasPrefix(e.GVisor.Version, "runsc version") {
+		t.Fatalf("contract %+v", e)
+	}
+	if missing := e.Missing(gvisorRequire()); len(missing) > 0 || e.Landlock.Active || e.Errors[protocol.LayerLandlock] == "" {
+		t.Errorf("contract: missing %v, landlock %+v, errors %v", missing, e.Landlock, e.Errors)
+	}
+	if e.Rlimits["AS"] == 0 || e.Rlimits["CORE"] != 0 || !e.NoNewPrivs || e.Capabilities != "=" || !e.Seccomp.Active {
+		t.Errorf("contract %+v", e)
+	}
+	if len(res.Displays) != 1 || res.Displays[0].Type != "image/png" {
+		t.Errorf("displays %+v", res.Displays)
+	}
+
+	// The limits: memory (RLIMIT_AS), CPU (the daemon's watch), the wall clock.
+	res, _ = runGVisor(t, sp, `b = bytearray(512 << 20)`, func(r *protocol.Request, _ *policy.Policy) {
+		r.Limits.MemoryBytes = 256 << 20
+	})
+	if res.Reason != protocol.MemoryLimit {
+		t.Errorf("512 MiB in 256: %s %d %q %v", res.Reason, res.ExitCode, res.Stderr, res.Diagnostics)
+	}
+	start := time.Now()
+	res, _ = runGVisor(t, sp, `while True: pass`, func(r *protocol.Request, _ *policy.Policy) {
+		r.Limits.CPUMS, r.Limits.TimeoutMS = 1000, 60000
+	})
+	if res.Reason != protocol.CPULimit || time.Since(start) > 30*time.Second {
+		t.Errorf("busy loop, 1 s of CPU: %s after %v %v", res.Reason, time.Since(start), res.Diagnostics)
+	}
+	res, _ = runGVisor(t, sp, `import time; time.sleep(60)`, func(r *protocol.Request, _ *policy.Policy) {
+		r.Limits.TimeoutMS = 3000
+	})
+	if res.Reason != protocol.Timeout {
+		t.Errorf("sleep past the wall clock: %s %v", res.Reason, res.Diagnostics)
+	}
+
+	// Nothing of a run is left: runsc's state and bundles are removed, its
+	// processes gone, the root as it was (runsc makes missing mount points in it).
+	time.Sleep(500 * time.Millisecond)
+	if ents, err := os.ReadDir(gdir); err != nil || len(ents) != 0 {
+		t.Errorf("%s holds %v (%v)", gdir, ents, err)
+	}
+	if out, _ := exec.Command("pgrep", "-f", "--", "--root "+gdir).Output(); len(out) > 0 {
+		t.Errorf("runsc processes left: %s", out)
+	}
+	if rootAfter, err := os.ReadDir(nativeRoot(t)); err != nil || len(rootAfter) != len(rootBefore) {
+		t.Errorf("the native root changed: %v, now %v (%v)", rootBefore, rootAfter, err)
+	}
+}
+
+// TestGVisorRequiredAbsent: where policy requires gVisor and the daemon has no
+// runsc, no code runs, and a session is not opened.
+func TestGVisorRequiredAbsent(t *testing.T) {
+	res, ws := runGVisor(t, sandbox.NewSpawner(), `open("ran", "w")`, nil)
+	if res.Reason != protocol.Rejected || !strings.Contains(strings.Join(res.Diagnostics, " "), "runsc") {
+		t.Fatalf("%s %v", res.Reason, res.Diagnostics)
+	}
+	if _, err := os.Stat(filepath.Join(ws, "ran")); err == nil {
+		t.Fatal("the program ran")
+	}
+}
