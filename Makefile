@@ -15,7 +15,7 @@ BUNDLE   := build/bundle
 export SANDCELL_BUNDLE_DIR := $(CURDIR)/$(BUNDLE)
 export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 
-.PHONY: help prereqs build interpreter interpreter-verify native native-verify bundle demo mcp-client test test-short bench fuzz soak chaos limits check clean stage deb rpm lint-packages test-packages image-root image test-image
+.PHONY: help prereqs build interpreter interpreter-verify native native-verify bundle demo mcp-client runsc test test-short bench fuzz soak chaos limits check clean stage deb rpm lint-packages test-packages image-root image test-image
 
 # Packages: the version comes from `git describe` (a v* tag), else 0.1.0 with the
 # commit count and hash; SOURCE_DATE_EPOCH (the last commit's time) dates everything.
@@ -115,7 +115,13 @@ test/mcp-client/node_modules/.package-lock.json: test/mcp-client/package-lock.js
 	cd test/mcp-client && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-test: bundle mcp-client ## Run every test with the real interpreter and real workers, then the sandbox suite again through warm workers
+# gVisor's runsc from Debian, for the native backend's gvisor layer and its tests.
+runsc: ## Install runsc (gVisor), which the gvisor layer's tests use
+	@if ! command -v runsc >/dev/null; then \
+	  if [ "$$(id -u)" != 0 ]; then echo "the tests need runsc; run: sudo apt-get install -y runsc" >&2; exit 1; fi; \
+	  echo "installing: runsc"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runsc; fi
+
+test: bundle mcp-client runsc ## Run every test with the real interpreter and real workers, then the sandbox suite again through warm workers
 	go test -count=1 -timeout 45m ./...
 	SANDCELL_TEST_WARM=1 go test -count=1 -timeout 30m ./sandbox
 

@@ -88,18 +88,29 @@ func NewGVisor(runsc, dir string) (*GVisor, error) {
 	return &GVisor{Runsc: path, Version: strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]), Dir: dir}, nil
 }
 
-// gvisorSeccomp is the native profile as runsc's sentry can load it. This runsc
-// takes no errno of a rule's own (every refusal is EPERM), so the rule that answers
-// clone3 with ENOSYS (glibc then uses clone, whose flags the filter reads) becomes
-// an allow: the sentry has no clone3 and answers ENOSYS itself, which the runner
-// checks before each program (see native.py's _sandcell_control), so that a runsc
-// that implemented it runs nothing.
+// gvisorSeccomp is the native profile as runsc's sentry loads it for the guest.
+// Two changes:
+//   - execve and execveat are refused: a worker needs them to become the
+//     interpreter, but here runsc starts it, and without Landlock (which lets a
+//     worker's guest execute only the interpreter) nothing else would keep the
+//     guest from executing the root's other programs;
+//   - this runsc takes no errno of a rule's own (every refusal is EPERM), so the
+//     rule that answers clone3 with ENOSYS (glibc then uses clone, whose flags the
+//     filter reads) becomes an allow: the sentry has no clone3 and answers ENOSYS
+//     itself, which the runner checks before each program (see native.py's
+//     _sandcell_control), so that under a runsc that has it nothing runs.
 func gvisorSeccomp(p specs.LinuxSeccomp) *specs.LinuxSeccomp {
 	out := p
 	out.Syscalls = nil
 	for _, r := range p.Syscalls {
 		if r.Action == specs.ActErrno && r.ErrnoRet != nil && *r.ErrnoRet == uint(unix.ENOSYS) {
 			r.Action, r.ErrnoRet = specs.ActAllow, nil
+		}
+		if r.Action == specs.ActAllow {
+			r.Names = slices.DeleteFunc(slices.Clone(r.Names), func(n string) bool { return n == "execve" || n == "execveat" })
+			if len(r.Names) == 0 {
+				continue
+			}
 		}
 		out.Syscalls = append(out.Syscalls, r)
 	}

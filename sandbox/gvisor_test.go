@@ -90,7 +90,8 @@ t.join()
 print("thread and select ok")
 for name, f in [("socket", lambda: socket.socket()), ("fork", os.fork),
                 ("exec memory", lambda: mmap.mmap(-1, 4096, prot=7)),
-                ("outside", lambda: open("/etc/passwd", "a"))]:
+                ("outside", lambda: open("/etc/passwd", "a")),
+                ("exec", lambda: os.execv("/usr/bin/getconf", ["getconf", "PAGESIZE"]))]:
     try:
         f()
         print(name, "allowed")
@@ -105,7 +106,7 @@ plt.plot([1, 2, 3])
 	wantExit(t, res, 0)
 	out := string(res.Stdout)
 	for _, want := range []string{"['-c', 'a1'] /ws from stdin", "{'a': 3}", "thread and select ok", "socket refused 1", "fork refused 1",
-		"exec memory refused 1", "outside refused"} {
+		"exec memory refused 1", "outside refused", "exec refused 1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stdout lacks %q:\n%s\nstderr %s", want, out, res.Stderr)
 		}

@@ -35,6 +35,11 @@ import (
 // ErrBadRequest is wrapped by Run for a request it refuses before starting a worker.
 var ErrBadRequest = errors.New("sandbox: bad request")
 
+// ErrUnavailable is wrapped by OpenSession for a session its backend cannot serve
+// here under its policy (a native session where policy requires gVisor, or
+// processes a root daemon cannot bound): nothing was started.
+var ErrUnavailable = errors.New("sandbox: unavailable")
+
 // Stop is a cause to cancel a run's context with (context.WithCancelCause) when the
 // caller ends the run for a limit of its own, not as a cancel: the Result then has
 // Reason and Detail as its one diagnostic instead of cancelled. The daemon's

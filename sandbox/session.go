@@ -112,14 +112,14 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 		return nil, fmt.Errorf("%w: a native session keeps no checkpoint to resume", ErrBadRequest)
 	}
 	if why := unboundedProcesses(req.Hardening); native && why != "" {
-		return nil, fmt.Errorf("sandbox: session refused (%s): %s", protocol.Rejected, why)
+		return nil, fmt.Errorf("%w: session refused (%s): %s", ErrUnavailable, protocol.Rejected, why)
 	}
 	if native && slices.Contains(req.Hardening.Require, protocol.LayerGVisor) {
 		// A session's interpreter serves cells on a socket, which runsc cannot pass
 		// its container: no native session runs under gVisor yet, and none runs
 		// without a layer policy requires.
-		return nil, fmt.Errorf("sandbox: session refused (%s): policy requires the gvisor layer, under which "+
-			"native sessions are not offered yet (native runs are); no code was run", protocol.Rejected)
+		return nil, fmt.Errorf("%w: session refused (%s): policy requires the gvisor layer, under which "+
+			"native sessions are not offered yet (native runs are); no code was run", ErrUnavailable, protocol.Rejected)
 	}
 	if native && resume == nil {
 		if w := s.takeNative(&req, wsDir); w != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -244,4 +245,65 @@ func (b bearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", "Bearer "+b.token)
 	return http.DefaultTransport.RoundTrip(r)
+}
+
+// A daemon whose policy requires gVisor for native code: its self-test's native
+// canary and probes run under runsc, every native run does (its contract says so),
+// and a native session, which runsc cannot serve yet, is refused with the reason.
+func TestNativeBackendGVisor(t *testing.T) {
+	if _, err := exec.LookPath("runsc"); err != nil {
+		t.Skip("no runsc (apt-get install runsc): the gvisor layer is not offered here")
+	}
+	d := startMCPDaemon(t, "[native]", `require = ["gvisor", "seccomp", "rlimits", "capabilities", "no_new_privs", "userns", "netns", "mntns", "pidns", "ipcns", "utsns"]`)
+	client := sandcellclient.HTTP(d.sock)
+	resp, err := client.Get("http://sandcell/v1/info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		Backends map[string]struct {
+			Offered bool   `json:"offered"`
+			WhyNot  string `json:"why_not"`
+			GVisor  *struct {
+				Version string `json:"version"`
+			} `json:"gvisor"`
+		} `json:"backends"`
+	}
+	json.NewDecoder(resp.Body).Decode(&info)
+	resp.Body.Close()
+	if n := info.Backends["native"]; !n.Offered || n.GVisor == nil || !strings.HasPrefix(n.GVisor.Version, "runsc") {
+		t.Fatalf("native backend under gVisor: %+v", info)
+	}
+
+	body, _ := json.Marshal(map[string]any{"code": dataProgram, "backend": "native", "limits": map[string]any{"memory_mib": 2048}})
+	resp, err = client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var run struct {
+		Result struct {
+			Stdout, Stderr string
+			Reason         string
+			Enforcement    struct {
+				Backend string
+				GVisor  *struct{ Active bool }
+			}
+		}
+	}
+	json.NewDecoder(resp.Body).Decode(&run)
+	resp.Body.Close()
+	r := run.Result
+	if r.Reason != "exited" || !strings.Contains(r.Stdout, dataOutput) || r.Enforcement.GVisor == nil || !r.Enforcement.GVisor.Active {
+		t.Fatalf("run under gVisor: %+v", r)
+	}
+
+	resp, err = client.Post("http://sandcell/v1/sessions", "application/json", strings.NewReader(`{"backend":"native"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(b), "backend_unavailable") || !strings.Contains(string(b), "gvisor") {
+		t.Fatalf("a native session under a policy requiring gVisor: %d %s", resp.StatusCode, b)
+	}
 }

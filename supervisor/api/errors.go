@@ -132,6 +132,7 @@ func problemOf(err error) *apiError {
 		{supervisor.ErrSessionLimit, wire.CodeSessionLimit},
 		{supervisor.ErrSessionLost, wire.CodeSessionLost},
 		{sandbox.ErrBadRequest, wire.CodeBadRequest},
+		{sandbox.ErrUnavailable, wire.CodeBackendUnavailable},
 		{workspace.ErrBadPath, wire.CodeBadRequest},
 		{workspace.ErrNotFound, wire.CodeNotFound},
 		{workspace.ErrUnsafe, wire.CodeUnsafeFile},
