@@ -14,7 +14,6 @@ import (
 // (cells on fd 3's socket), "preimport MODULE..." (a warm worker), or "control"
 // (a run under gVisor: stdin is a socket, fd 3 the same, and the runner reports
 // what it finds in force, StepExec, before it reads the program).
-//
 func NativeRunner() string { return nativeRunner }
 
 //go:embed native.py
