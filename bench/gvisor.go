@@ -28,6 +28,10 @@ import (
 // machines runsc's kvm platform did not start python3).
 const gvisorPlatform = "ptrace"
 
+// gvisorRequire is the CLI's --require for the native backend's gvisor layer: it
+// and every other layer but Landlock, which gVisor's kernel lacks.
+const gvisorRequire = "gvisor,rlimits,userns,netns,mntns,pidns,ipcns,utsns,capabilities,no_new_privs,seccomp"
+
 // gvisor runs python3 of the native root in one runsc container per run.
 type gvisor struct {
 	runsc   string // runsc's path

@@ -173,12 +173,13 @@ func nativeTable(bin, bundleDir string, warm, cold *daemon, dir string, n, start
 	} else {
 		gv.skip = why
 	}
-	cli := func(wasm bool) func(p nprog) (string, time.Duration, error) {
+	cli := func(wasm bool, extra ...string) func(p nprog) (string, time.Duration, error) {
 		return func(p nprog) (string, time.Duration, error) {
 			args := []string{"run", "--json", "--workspace", ws, "--timeout", "180s"}
 			if !wasm {
 				args = append(args, "--backend", "native", "--memory", strconv.Itoa(nativeMemoryMiB))
 			}
+			args = append(args, extra...)
 			cmd := exec.Command(bin, append(args, "-c", p.code)...)
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
@@ -228,6 +229,8 @@ func nativeTable(bin, bundleDir string, warm, cold *daemon, dir string, n, start
 		// The pool is of wasm workers: each run waits, untimed, until it is full
 		// again, as the first table's warm row does.
 		{name: "API wasm (warm)", run: api(warm, true), wasm: true, prepare: warm.waitFull},
+		// The native backend's gvisor layer: the CLI's run, through runsc.
+		{name: "CLI native (gVisor)", run: cli(false, "--require", gvisorRequire), skip: gv.skip},
 		gv,
 	}
 
@@ -313,6 +316,9 @@ func nativeTable(bin, bundleDir string, warm, cold *daemon, dir string, n, start
 	if g != nil {
 		fmt.Printf("  python3 (runsc): python3 (chroot)'s command, environment and workspace in a container of %s (gVisor: --rootless --network=none\n"+
 			"    --platform=%s; the root read-only, /ws bound, /tmp a tmpfs), no Sandcell: what a gVisor layer would add to a native run\n", g.version, gvisorPlatform)
+	}
+	if g != nil {
+		fmt.Printf("  CLI native (gVisor): CLI native with --require %s: the gvisor layer, each run in a runsc container of its own\n", gvisorRequire)
 	}
 	fmt.Printf("  the same 100 MB CSV (%d rows) in every workspace; the goal's program: %s\n", rows, nativeGoal)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
