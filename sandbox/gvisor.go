@@ -67,9 +67,11 @@ type GVisor struct {
 }
 
 // NewGVisor returns the gVisor layer of runsc (a path, or a name looked up in PATH)
-// with dir for its runs' state, made if missing. It fails when runsc cannot be found
-// or does not answer --version; whether it runs the native root is the self-test's
-// to find out (a run under it).
+// with dir for its runs' state, made if missing; what runs left there (a process
+// that died during them: runsc's own processes died with it) is removed, so dir must
+// be this process's alone. It fails when runsc cannot be found or does not answer
+// --version; whether it runs the native root is the self-test's to find out (a run
+// under it).
 func NewGVisor(runsc, dir string) (*GVisor, error) {
 	path, err := exec.LookPath(runsc)
 	if err != nil {
@@ -84,6 +86,10 @@ func NewGVisor(runsc, dir string) (*GVisor, error) {
 	}
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	left, _ := filepath.Glob(filepath.Join(dir, "run-*"))
+	for _, d := range left {
+		_ = os.RemoveAll(d)
 	}
 	return &GVisor{Runsc: path, Version: strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]), Dir: dir}, nil
 }
@@ -270,6 +276,8 @@ func (s *Spawner) runGVisor(ctx context.Context, req protocol.Request, wsDir *os
 	}
 	collected = true
 	res := p.collect(cctx, nil, req, observe)
+	// runsc's own peak, not the guest's: the sentry's memory is not the program's.
+	res.PeakMemoryBytes = 0
 	if res.Reason == protocol.MemoryLimit {
 		res.Diagnostics = []string{fmt.Sprintf("the program ran out of memory: an allocation was refused "+
 			"(uncaught MemoryError; address space limit %d MiB, RLIMIT_AS under gVisor)", req.Hardening.Rlimits.DATA>>20)}
@@ -335,7 +343,7 @@ func gvisorContract(e protocol.Enforcement, h protocol.Hardening, g *GVisor, dig
 	for layer := range protocol.Namespaces() {
 		e.Namespaces[layer] = true
 	}
-	e.MountRoot = []string{"proc", "run", "tmp", "ws"}
+	e.MountRoot = nil // the native root's own entries, with /proc, /tmp and /ws mounted on theirs
 	if e.Seccomp.Active && h.Seccomp != nil {
 		if b, err := json.Marshal(gvisorSeccomp(*h.Seccomp)); err == nil {
 			sum := sha256.Sum256(b)

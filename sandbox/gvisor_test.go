@@ -36,10 +36,21 @@ func gvisorSpawner(t *testing.T) *sandbox.Spawner {
 	if _, err := exec.LookPath("runsc"); err != nil {
 		t.Skip("no runsc (apt-get install runsc): the gvisor layer is not offered here")
 	}
-	g, err := sandbox.NewGVisor("runsc", filepath.Join(t.TempDir(), "gvisor"))
+	dir := filepath.Join(t.TempDir(), "gvisor")
+	// What a run of a process that died left is removed; nothing else is.
+	for _, d := range []string{"run-1/bundle", "kept"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := sandbox.NewGVisor("runsc", dir)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 || ents[0].Name() != "kept" {
+		t.Fatalf("%s after NewGVisor: %v", dir, ents)
+	}
+	os.Remove(filepath.Join(dir, "kept"))
 	sp := sandbox.NewSpawner()
 	sp.GVisor = g
 	return sp
