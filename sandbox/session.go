@@ -115,9 +115,9 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 		return nil, fmt.Errorf("%w: session refused (%s): %s", ErrUnavailable, protocol.Rejected, why)
 	}
 	if native && slices.Contains(req.Hardening.Require, protocol.LayerGVisor) {
-		// A session's interpreter serves cells on a socket, which runsc cannot pass
-		// its container: no native session runs under gVisor yet, and none runs
-		// without a layer policy requires.
+		// Not yet: a native session's cell CPU watch and its stop between cells act
+		// on the interpreter's own process, which under runsc is the sentry's to
+		// run; and no session runs without a layer policy requires.
 		return nil, fmt.Errorf("%w: session refused (%s): policy requires the gvisor layer, under which "+
 			"native sessions are not offered yet (native runs are); no code was run", ErrUnavailable, protocol.Rejected)
 	}

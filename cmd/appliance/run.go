@@ -87,7 +87,7 @@ ends the run as rejected (exit 126) with no code run.`,
 	fl.BoolVar(&f.json, "json", false, "print the result as JSON")
 	fl.StringVar(&f.bundleDir, "bundle-dir", defaultBundleDir(), "directory holding python.wasm and MANIFEST ($SANDCELL_BUNDLE_DIR)")
 	fl.StringVar(&f.cacheDir, "cache-dir", defaultCacheDir(), "where a rebuilt .cwasm is kept ($SANDCELL_CACHE_DIR)")
-	fl.StringSliceVar(&f.require, "require", protocol.Layers(), "enforcement layers without which no code runs (comma-separated; \"none\" for none)")
+	fl.StringSliceVar(&f.require, "require", protocol.Layers(), "enforcement layers without which no code runs (comma-separated; \"none\" for none; with --backend native, \"gvisor\" without \"landlock\" runs it under gVisor's runsc)")
 	fl.StringVar(&f.profile, "seccomp-profile", "", "OCI seccomp profile (JSON) to use instead of the built-in one")
 	fl.StringVar(&f.backend, "backend", protocol.BackendWasm, "where the code runs: wasm, or native (Debian's CPython with numpy, pandas, matplotlib, scipy, scikit-learn; the bundle's native root, make native)")
 	fl.StringVar(&f.socket, "socket", os.Getenv("SANDCELL_SOCKET"), "run through the daemon listening on this Unix socket ($SANDCELL_SOCKET) instead of a local worker")
