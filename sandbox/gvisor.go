@@ -41,6 +41,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -55,6 +56,18 @@ import (
 // kernel; kvm needs /dev/kvm (and, in a virtual machine, nested virtualisation).
 const GVisorPlatform = "ptrace"
 
+// gvisorMemoryHeadroom is what a gVisor sandbox's memory limit adds to the run's
+// memory and /tmp: the interpreter's and its libraries' files read into the
+// sentry's memory (the whole stack's imports fit in 384 MiB with 256 of memory and
+// 64 of /tmp, measured).
+const gvisorMemoryHeadroom = 64 << 20
+
+// gvisorMemory is the memory limit of h's gVisor sandbox, in bytes: the run's
+// memory, its /tmp and gvisorMemoryHeadroom.
+func gvisorMemory(h protocol.Hardening) int64 {
+	return int64(h.Rlimits.DATA) + h.TmpBytes + gvisorMemoryHeadroom
+}
+
 // GVisor is a runsc that a Spawner runs native guests under (see Spawner.GVisor).
 type GVisor struct {
 	// Runsc is runsc's path.
@@ -67,11 +80,12 @@ type GVisor struct {
 }
 
 // NewGVisor returns the gVisor layer of runsc (a path, or a name looked up in PATH)
-// with dir for its runs' state, made if missing; what runs left there (a process
-// that died during them: runsc's own processes died with it) is removed, so dir must
-// be this process's alone. It fails when runsc cannot be found or does not answer
-// --version; whether it runs the native root is the self-test's to find out (a run
-// under it).
+// with dir for its runs' state: made if missing, and then it must be a directory
+// (not a link) of this process's user, which it makes 0700. Runs a process left
+// there when it died (runsc's own processes died with it) are removed: each run's
+// directory names its process. It fails when runsc cannot be found or does not
+// answer --version; whether it runs the native root is the self-test's to find out
+// (a run under it).
 func NewGVisor(runsc, dir string) (*GVisor, error) {
 	path, err := exec.LookPath(runsc)
 	if err != nil {
@@ -84,14 +98,40 @@ func NewGVisor(runsc, dir string) (*GVisor, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR || int(st.Uid) != os.Geteuid() {
+		return nil, fmt.Errorf("gvisor: %s is not a directory of this user's (uid %d)", dir, os.Geteuid())
+	}
 	if err := os.Chmod(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
 	left, _ := filepath.Glob(filepath.Join(dir, "run-*"))
 	for _, d := range left {
-		_ = os.RemoveAll(d)
+		if !runAlive(filepath.Base(d)) {
+			_ = os.RemoveAll(d)
+		}
 	}
 	return &GVisor{Runsc: path, Version: strings.TrimSpace(strings.SplitN(string(out), "\n", 2)[0]), Dir: dir}, nil
+}
+
+// runDirPrefix is the start of the name of a run's directory: "run-PID-".
+func runDirPrefix() string { return fmt.Sprintf("run-%d-", os.Getpid()) }
+
+// runAlive says whether the process that named a run's directory (see
+// runDirPrefix) still runs.
+func runAlive(name string) bool {
+	f := strings.Split(name, "-")
+	if len(f) < 3 {
+		return false
+	}
+	pid, err := strconv.Atoi(f[1])
+	if err != nil || pid <= 0 {
+		return false
+	}
+	return pid == os.Getpid() || unix.Kill(pid, 0) != unix.ESRCH
 }
 
 // gvisorSeccomp is the native profile as runsc's sentry loads it for the guest.
@@ -109,7 +149,9 @@ func gvisorSeccomp(p specs.LinuxSeccomp) *specs.LinuxSeccomp {
 	out := p
 	out.Syscalls = nil
 	for _, r := range p.Syscalls {
-		if r.Action == specs.ActErrno && r.ErrnoRet != nil && *r.ErrnoRet == uint(unix.ENOSYS) {
+		if r.Action == specs.ActErrno && slices.Equal(r.Names, []string{"clone3"}) {
+			// (Only clone3: every other rule's errno becomes EPERM, which refuses
+			// the call as well, whatever a later runsc implements.)
 			r.Action, r.ErrnoRet = specs.ActAllow, nil
 		}
 		if r.Action == specs.ActAllow {
@@ -139,11 +181,14 @@ func (g *GVisor) spec(req protocol.Request, ws string) *specs.Spec {
 			rl = append(rl, limit(l.name, l.n))
 		}
 	}
+	sandboxMemory := gvisorMemory(h)
 	sp := &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
-			Args:            []string{"/usr/bin/python3.13", "-I", "-B", "-c", protocol.NativeRunner(), "control"},
-			Env:             protocol.NativeEnv(req.Env),
+			Args: []string{"/usr/bin/python3.13", "-I", "-B", "-c", protocol.NativeRunner(), "control"},
+			// The defaults alone: the runner sets the caller's environment from
+			// the program's header, after the contract (see native.py).
+			Env:             protocol.NativeEnv(nil),
 			Cwd:             "/",
 			NoNewPrivileges: true,
 			Capabilities:    &specs.LinuxCapabilities{},
@@ -155,11 +200,21 @@ func (g *GVisor) spec(req protocol.Request, ws string) *specs.Spec {
 			{Destination: protocol.NativeTmp, Type: "tmpfs", Source: "tmpfs",
 				Options: []string{"nosuid", "nodev", "noexec", fmt.Sprintf("size=%d", h.TmpBytes)}},
 			{Destination: protocol.GuestWorkdir, Type: "bind", Source: ws, Options: []string{"rbind", "rw", "nosuid", "nodev", "noexec"}},
+			// runsc's own /dev/shm would be a tmpfs without bound: none, as on the
+			// native backend (its /dev has no shm).
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "tmpfs", Options: []string{"ro", "nosuid", "nodev", "noexec", "size=4096"}},
 		},
-		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
-			{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
-			{Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
-		}},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+			},
+			// The sandbox's memory in all (the sentry's memory file: the guest's
+			// pages, its tmpfs files in /tmp and runsc's writable /dev, the cache of
+			// the files it reads): RLIMIT_AS does not count files in memory. Past
+			// it, the sentry kills the guest (SIGKILL).
+			Resources: &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &sandboxMemory}},
+		},
 	}
 	if h.Seccomp != nil {
 		sp.Linux.Seccomp = gvisorSeccomp(*h.Seccomp)
@@ -180,7 +235,7 @@ func (s *Spawner) runGVisor(ctx context.Context, req protocol.Request, wsDir *os
 	if err != nil {
 		return protocol.Result{}, fmt.Errorf("%w: %v", ErrBadRequest, err)
 	}
-	dir, err := os.MkdirTemp(g.Dir, "run-")
+	dir, err := os.MkdirTemp(g.Dir, runDirPrefix())
 	if err != nil {
 		return protocol.Result{}, fmt.Errorf("sandbox: gvisor: %w", err)
 	}
@@ -278,6 +333,18 @@ func (s *Spawner) runGVisor(ctx context.Context, req protocol.Request, wsDir *os
 	res := p.collect(cctx, nil, req, observe)
 	// runsc's own peak, not the guest's: the sentry's memory is not the program's.
 	res.PeakMemoryBytes = 0
+	if res.Reason == protocol.Exited && res.ExitCode > 128 && res.ExitCode < 128+65 && !p.reported {
+		// runsc ends with 128+N when its guest was killed by signal N; a runner
+		// that ends by itself reports first (os._exit(137) would read the same).
+		sig := syscall.Signal(res.ExitCode - 128)
+		res.ExitCode, res.Reason = -1, protocol.Trap
+		why := fmt.Sprintf("the interpreter was killed by signal %d (%s)", int(sig), sig)
+		if sig == syscall.SIGKILL {
+			why += fmt.Sprintf(": under gVisor, what the sandbox's memory limit does (%d MiB: the run's memory, "+
+				"its /tmp and %d MiB for the files it reads, together)", gvisorMemory(req.Hardening)>>20, gvisorMemoryHeadroom>>20)
+		}
+		res.Diagnostics = append(res.Diagnostics, why)
+	}
 	if res.Reason == protocol.MemoryLimit {
 		res.Diagnostics = []string{fmt.Sprintf("the program ran out of memory: an allocation was refused "+
 			"(uncaught MemoryError; address space limit %d MiB, RLIMIT_AS under gVisor)", req.Hardening.Rlimits.DATA>>20)}

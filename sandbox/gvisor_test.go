@@ -37,8 +37,10 @@ func gvisorSpawner(t *testing.T) *sandbox.Spawner {
 		t.Skip("no runsc (apt-get install runsc): the gvisor layer is not offered here")
 	}
 	dir := filepath.Join(t.TempDir(), "gvisor")
-	// What a run of a process that died left is removed; nothing else is.
-	for _, d := range []string{"run-1/bundle", "kept"} {
+	// What a run of a process that died left is removed; a live process's run and
+	// anything else are not.
+	live := fmt.Sprintf("run-%d-x", os.Getppid())
+	for _, d := range []string{"run-999999999-x/bundle", live, "kept"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -47,10 +49,17 @@ func gvisorSpawner(t *testing.T) *sandbox.Spawner {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ents, _ := os.ReadDir(dir); len(ents) != 1 || ents[0].Name() != "kept" {
+	if ents, _ := os.ReadDir(dir); len(ents) != 2 || ents[0].Name() != "kept" || ents[1].Name() != live {
 		t.Fatalf("%s after NewGVisor: %v", dir, ents)
 	}
 	os.Remove(filepath.Join(dir, "kept"))
+	os.Remove(filepath.Join(dir, live))
+	// Not a directory of this user's: refused (a link planted in a shared /tmp).
+	link := filepath.Join(t.TempDir(), "link")
+	os.Symlink(t.TempDir(), link)
+	if _, err := sandbox.NewGVisor("runsc", link); err == nil {
+		t.Fatal("NewGVisor took a symbolic link as its directory")
+	}
 	sp := sandbox.NewSpawner()
 	sp.GVisor = g
 	return sp
@@ -149,6 +158,31 @@ plt.plot([1, 2, 3])
 	})
 	if res.Reason != protocol.MemoryLimit {
 		t.Errorf("512 MiB in 256: %s %d %q %v", res.Reason, res.ExitCode, res.Stderr, res.Diagnostics)
+	}
+	// Files in memory count too: runsc's writable /dev is bounded by the
+	// sandbox's memory limit (memory, /tmp and the headroom), /dev/shm is none.
+	res, _ = runGVisor(t, sp, `import os
+try:
+    open("/dev/shm/x", "wb")
+except OSError as e:
+    print("shm", e.errno, flush=True)
+with open("/dev/x", "wb") as f:
+    for i in range(1024):
+        f.write(b"x" * (1 << 20))
+`, func(r *protocol.Request, _ *policy.Policy) { r.Limits.MemoryBytes = 256 << 20 })
+	if res.Reason != protocol.Trap || !strings.Contains(strings.Join(res.Diagnostics, " "), "memory limit") ||
+		!strings.Contains(string(res.Stdout), "shm 30") {
+		t.Errorf("1 GiB written to /dev: %s %q %v", res.Reason, res.Stdout, res.Diagnostics)
+	}
+	// A signal is a trap, as on the native backend; the environment arrives after
+	// the contract (the dynamic loader never sees the caller's LD_PRELOAD).
+	res, _ = runGVisor(t, sp, `import os, signal
+print(os.environ["SANDCELL_TEST"], os.environ.get("LD_PRELOAD"), flush=True)
+os.kill(os.getpid(), signal.SIGSEGV)`, func(r *protocol.Request, _ *policy.Policy) {
+		r.Env = map[string]string{"SANDCELL_TEST": "from the caller", "LD_PRELOAD": "/ws/none.so"}
+	})
+	if res.Reason != protocol.Trap || string(res.Stdout) != "from the caller /ws/none.so\n" || strings.Contains(string(res.Stderr), "preload") {
+		t.Errorf("SIGSEGV: %s %q %q %v", res.Reason, res.Stdout, res.Stderr, res.Diagnostics)
 	}
 	start := time.Now()
 	res, _ = runGVisor(t, sp, `while True: pass`, func(r *protocol.Request, _ *policy.Policy) {

@@ -547,6 +547,8 @@ type proc struct {
 	// execd is the contract of a warm native worker, which became its guest before
 	// the run was known (see runNativeWarm); nil for every other worker.
 	execd *protocol.Report
+	// reported says that the guest's runner sent its report (collect sets it).
+	reported bool
 }
 
 // launch starts a worker (in new namespaces when asked) with fds 3, 4, 5 the control
@@ -817,6 +819,7 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 			res.Diagnostics = []string{stopDetail}
 		}
 	case execd:
+		p.reported = guestRep != nil
 		guestEnded(&res, exitState(), guestRep, req)
 		if missing := checkContract(rep, req.Hardening.Require); missing != "" {
 			res.ExitCode = -1

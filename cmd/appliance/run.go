@@ -227,11 +227,9 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 	defer stop()
 	sp := newSpawner(f.bundleDir, f.cacheDir)
 	if gvisor {
-		dir, err := os.MkdirTemp("", "sandcell-gvisor-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
+		// One directory per user, shared by its concurrent runs: what a killed one
+		// left there goes at the next (see sandbox.NewGVisor).
+		dir := filepath.Join(os.TempDir(), fmt.Sprintf("sandcell-gvisor-%d", os.Geteuid()))
 		if sp.GVisor, err = sandbox.NewGVisor("runsc", dir); err != nil {
 			return rejected{fmt.Errorf("--require gvisor: %w", err)}
 		}

@@ -39,6 +39,13 @@ def _sandcell_run():
         _sandcell_session()
     mode, text, name, nargs = fields[0], fields[1], fields[2], int(fields[4])
     args = fields[5:5 + nargs]
+    if _sandcell_control_env:
+        # Under gVisor the caller's environment comes now, after the contract, not
+        # before the interpreter: what only the dynamic loader reads (LD_PRELOAD)
+        # takes no part, and no code of the caller's ran before the contract.
+        env = fields[5 + nargs:]
+        for k, v in zip(env[0::2], env[1::2]):
+            os.environ[k] = v
     os.chdir("/ws")  # (a warm worker imported from "/": see _sandcell_preimport)
 
     _sandcell_setup()
@@ -413,6 +420,9 @@ def _sandcell_send(report, step):
         b = b[os.write(3, b):]
 
 
+_sandcell_control_env = False  # the caller's environment is in the header (see below)
+
+
 def _sandcell_control():
     # A run under gVisor (runsc passes its container no descriptor but its stdio):
     # stdin is a socket, the parent's, and the control channel too (fd 3, which
@@ -421,6 +431,8 @@ def _sandcell_control():
     # kernel it runs on (gVisor's) has in force for it, as a hardened worker does
     # before its exec: the seccomp mode, no_new_privs, the capability sets, the
     # resource limits. Nothing of the caller's has run yet.
+    global _sandcell_control_env
+    _sandcell_control_env = True
     import ctypes
     import os
     import resource
