@@ -57,11 +57,13 @@ func statCPU(pid int, children bool) (time.Duration, error) {
 }
 
 // watchCPU closes the channel it returns once the live process p has used budget
-// more CPU time than when watchCPU was called, checking every 1/20 of the budget
-// (between 10 and 250 ms), until stop is closed or p exits. A native session's
-// cell limit: its interpreter runs every cell, so RLIMIT_CPU can only be the
-// session's backstop.
-func watchCPU(p *proc, budget time.Duration, stop <-chan struct{}) <-chan struct{} {
+// more CPU time than when watchCPU was called, as read reads it (processCPU: p and
+// the children it waited for; treeCPU: p and every process under it), checking
+// every 1/20 of the budget (between 10 and 250 ms), until stop is closed or p
+// exits. A native session's cell limit (its interpreter runs every cell, so
+// RLIMIT_CPU can only be the session's backstop), and a run's under gVisor (whose
+// sentry does not enforce RLIMIT_CPU).
+func watchCPU(p *proc, budget time.Duration, stop <-chan struct{}, read func(pid int) (time.Duration, error)) <-chan struct{} {
 	over := make(chan struct{})
 	pid := p.cmd.Process.Pid
 	// Read only while the process is not reaped: its pid is not reused before.
@@ -71,7 +73,7 @@ func watchCPU(p *proc, budget time.Duration, stop <-chan struct{}) <-chan struct
 		if p.gone {
 			return 0, os.ErrProcessDone
 		}
-		return processCPU(pid)
+		return read(pid)
 	}
 	start, err := cpu()
 	if err != nil {

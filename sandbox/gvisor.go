@@ -327,7 +327,16 @@ func (s *Spawner) runGVisor(ctx context.Context, req protocol.Request, wsDir *os
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if budget := gvisorCPU(req); budget > 0 {
-		go watchTreeCPU(p, budget, cancel)
+		// The sentry, its gofer and the guest's stubs: every process under runsc.
+		over := watchCPU(p, budget, nil, treeCPU)
+		go func() {
+			select {
+			case <-over:
+				cancel(&Stop{Reason: protocol.CPULimit, Detail: fmt.Sprintf(
+					"the program used its CPU time (%d ms, counted across gVisor's processes for the run)", budget.Milliseconds())})
+			case <-p.exited:
+			}
+		}()
 	}
 	collected = true
 	res := p.collect(cctx, nil, req, observe)
@@ -356,24 +365,11 @@ func (s *Spawner) runGVisor(ctx context.Context, req protocol.Request, wsDir *os
 // and p.ctl the parent's end of the socket pair whose other end is the container's
 // stdin (and its runner's control channel).
 func (g *GVisor) start(dir string) (*proc, error) {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	p, stdin, outW, errW, err := newProc()
 	if err != nil {
-		return nil, fmt.Errorf("socketpair: %w", err)
+		return nil, err
 	}
-	p := &proc{ctl: os.NewFile(uintptr(fds[0]), "control"), exited: make(chan struct{})}
-	stdin := os.NewFile(uintptr(fds[1]), "control-child")
 	defer stdin.Close()
-	var outW, errW *os.File
-	if p.outR, outW, err = os.Pipe(); err == nil {
-		if p.errR, errW, err = os.Pipe(); err != nil {
-			p.outR.Close()
-			outW.Close()
-		}
-	}
-	if err != nil {
-		p.ctl.Close()
-		return nil, fmt.Errorf("pipe: %w", err)
-	}
 	defer outW.Close()
 	defer errW.Close()
 	p.cmd = &exec.Cmd{
@@ -389,12 +385,7 @@ func (g *GVisor) start(dir string) (*proc, error) {
 		// runsc (their parent-death signal).
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGKILL},
 	}
-	startErr := p.start(nil, nil)
-	p.started = time.Now()
-	if err := <-startErr; err != nil {
-		p.ctl.Close()
-		p.outR.Close()
-		p.errR.Close()
+	if err := p.start(nil, nil); err != nil {
 		return nil, err
 	}
 	return p, nil
@@ -435,42 +426,6 @@ func gvisorCPU(req protocol.Request) time.Duration {
 		return time.Duration(req.Limits.CPUMS) * time.Millisecond
 	}
 	return time.Duration(req.Hardening.Rlimits.CPU) * time.Second
-}
-
-// watchTreeCPU ends p's run (cancel, with CPULimit) once runsc's processes (the
-// sentry, its gofer and the guest's stubs) have used budget more CPU time than
-// when it started, checking every 1/20 of the budget (50 to 250 ms).
-func watchTreeCPU(p *proc, budget time.Duration, cancel context.CancelCauseFunc) {
-	cpu := func() (time.Duration, error) {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		if p.gone {
-			return 0, os.ErrProcessDone
-		}
-		return treeCPU(p.cmd.Process.Pid)
-	}
-	start, err := cpu()
-	if err != nil {
-		return
-	}
-	t := time.NewTicker(min(max(budget/20, 50*time.Millisecond), 250*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-p.exited:
-			return
-		case <-t.C:
-			used, err := cpu()
-			if err != nil {
-				return
-			}
-			if used-start >= budget {
-				cancel(&Stop{Reason: protocol.CPULimit, Detail: fmt.Sprintf(
-					"the program used its CPU time (%d ms, counted across gVisor's processes for the run)", budget.Milliseconds())})
-				return
-			}
-		}
-	}
 }
 
 // rejected is the result of a run that policy or the host kept from running.

@@ -69,18 +69,12 @@ func gvisorSpawner(t *testing.T) *sandbox.Spawner {
 // gvisorRequire, changed by edit) in a fresh workspace.
 func runGVisor(t *testing.T, sp *sandbox.Spawner, code string, edit func(*protocol.Request, *policy.Policy)) (protocol.Result, string) {
 	t.Helper()
-	pol := policy.Default()
-	pol.NativeRequire = gvisorRequire()
-	req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Code: code, Workspace: t.TempDir()}
-	if edit != nil {
-		edit(&req, &pol)
-	}
-	limits, err := pol.Resolve(req.Limits)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Limits = limits
-	req.Hardening = pol.NativeHardening(limits)
+	req := nativeRequest(t, code, func(r *protocol.Request, p *policy.Policy) {
+		p.NativeRequire = gvisorRequire()
+		if edit != nil {
+			edit(r, p)
+		}
+	})
 	res, err := sp.Run(context.Background(), req)
 	if err != nil {
 		t.Fatalf("run: %v", err)

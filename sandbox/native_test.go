@@ -37,9 +37,9 @@ func nativeRoot(t *testing.T) string {
 	return d
 }
 
-// runNative executes code on the native backend with the default policy, changed by
-// edit, in a fresh workspace.
-func runNative(t *testing.T, code string, edit func(*protocol.Request, *policy.Policy)) (protocol.Result, string) {
+// nativeRequest is a request to run code on the native backend with the default
+// policy, changed by edit, in a fresh workspace.
+func nativeRequest(t *testing.T, code string, edit func(*protocol.Request, *policy.Policy)) protocol.Request {
 	t.Helper()
 	pol := policy.Default()
 	req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(t), Code: code, Workspace: t.TempDir()}
@@ -52,6 +52,14 @@ func runNative(t *testing.T, code string, edit func(*protocol.Request, *policy.P
 	}
 	req.Limits = limits
 	req.Hardening = pol.NativeHardening(limits)
+	return req
+}
+
+// runNative executes code on the native backend with the default policy, changed by
+// edit, in a fresh workspace.
+func runNative(t *testing.T, code string, edit func(*protocol.Request, *policy.Policy)) (protocol.Result, string) {
+	t.Helper()
+	req := nativeRequest(t, code, edit)
 	sp, done := spawnerFor(t, req, "")
 	res, err := sp.Run(context.Background(), req)
 	if err != nil {

@@ -570,24 +570,11 @@ func (s *Spawner) shareNetwork(h protocol.Hardening) bool {
 // empty network namespace when shareNet is true and one exists, see sharedNetns),
 // with stdin as its fd 0 (nil: /dev/null).
 func (s *Spawner) launch(namespaces, shareNet bool, dir, module, stdin *os.File) (*proc, error) {
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	p, childCtl, outW, errW, err := newProc()
 	if err != nil {
-		return nil, fmt.Errorf("socketpair: %w", err)
+		return nil, err
 	}
-	p := &proc{ctl: os.NewFile(uintptr(fds[0]), "control"), exited: make(chan struct{})}
-	childCtl := os.NewFile(uintptr(fds[1]), "control-child")
 	defer childCtl.Close()
-	var outW, errW *os.File
-	if p.outR, outW, err = os.Pipe(); err == nil {
-		if p.errR, errW, err = os.Pipe(); err != nil {
-			p.outR.Close()
-			outW.Close()
-		}
-	}
-	if err != nil {
-		p.ctl.Close()
-		return nil, fmt.Errorf("pipe: %w", err)
-	}
 	defer outW.Close()
 	defer errW.Close()
 
@@ -611,22 +598,42 @@ func (s *Spawner) launch(namespaces, shareNet bool, dir, module, stdin *os.File)
 	if stdin != nil {
 		p.cmd.Stdin = stdin // (a nil *os.File would not be /dev/null)
 	}
-	startErr := p.start(netns, hostNet)
-	p.started = time.Now()
-	if err := <-startErr; err != nil {
-		p.ctl.Close()
-		p.outR.Close()
-		p.errR.Close()
+	if err := p.start(netns, hostNet); err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
+// newProc returns a proc not yet started: the parent's end of its control socket
+// pair (p.ctl) and of its stdout and stderr pipes, and the child's ends, which the
+// caller gives the process and then closes.
+func newProc() (p *proc, childCtl, outW, errW *os.File, err error) {
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, nil, nil, fmt.Errorf("socketpair: %w", err)
+	}
+	p = &proc{ctl: os.NewFile(uintptr(fds[0]), "control"), exited: make(chan struct{})}
+	childCtl = os.NewFile(uintptr(fds[1]), "control-child")
+	if p.outR, outW, err = os.Pipe(); err == nil {
+		if p.errR, errW, err = os.Pipe(); err != nil {
+			p.outR.Close()
+			outW.Close()
+		}
+	}
+	if err != nil {
+		p.ctl.Close()
+		childCtl.Close()
+		return nil, nil, nil, nil, fmt.Errorf("pipe: %w", err)
+	}
+	return p, childCtl, outW, errW, nil
+}
+
 // start starts p.cmd from a goroutine locked to its thread, which stays until the
 // process is reaped (Linux sends the parent-death signal when the thread that forked
 // the child exits), in the network namespace netns when not nil (returning to
-// hostNet), and marks p gone before reaping it. The channel says whether it started.
-func (p *proc) start(netns, hostNet *os.File) <-chan error {
+// hostNet), and marks p gone before reaping it. When it cannot start, p's ends of
+// its channels are closed.
+func (p *proc) start(netns, hostNet *os.File) error {
 	startErr := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -662,7 +669,14 @@ func (p *proc) start(netns, hostNet *os.File) <-chan error {
 		p.werr = p.cmd.Wait()
 		close(p.exited)
 	}()
-	return startErr
+	p.started = time.Now()
+	if err := <-startErr; err != nil {
+		p.ctl.Close()
+		p.outR.Close()
+		p.errR.Close()
+		return err
+	}
+	return nil
 }
 
 // kill sends SIGKILL to the worker's process group (it is a session leader) unless

@@ -390,7 +390,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		if ss.native != nil && l.CPUMS > 0 {
 			stop := make(chan struct{})
 			defer close(stop)
-			cpuOver = watchCPU(ss.p, time.Duration(l.CPUMS)*time.Millisecond, stop)
+			cpuOver = watchCPU(ss.p, time.Duration(l.CPUMS)*time.Millisecond, stop, processCPU)
 		}
 		select {
 		case got = <-ch:

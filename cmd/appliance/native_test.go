@@ -32,44 +32,18 @@ const dataOutput = "{'a': 6.0, 'b': 12.0} 1.95 0.999 2."
 func TestNativeBackend(t *testing.T) {
 	d := startMCPDaemon(t)
 	client := sandcellclient.HTTP(d.sock)
-	resp, err := client.Get("http://sandcell/v1/info")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var info struct {
-		Backends map[string]struct {
-			Offered bool   `json:"offered"`
-			WhyNot  string `json:"why_not"`
-		} `json:"backends"`
-	}
-	json.NewDecoder(resp.Body).Decode(&info)
-	resp.Body.Close()
-	if n := info.Backends["native"]; !n.Offered {
-		t.Fatalf("native backend not offered: %+v", info)
+	if n := getNativeInfo(t, client); !n.Offered {
+		t.Fatalf("native backend not offered: %+v", n)
 	}
 
-	body, _ := json.Marshal(map[string]any{"code": dataProgram, "backend": "native", "limits": map[string]any{"memory_mib": 1024}})
-	resp, err = client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(string(body)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var run struct {
-		Result struct {
-			Stdout, Stderr string
-			Reason         string
-			Enforcement    struct{ Backend string }
-		}
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	json.Unmarshal(b, &run)
-	if resp.StatusCode != 200 || !strings.HasPrefix(run.Result.Stdout, dataOutput) || run.Result.Enforcement.Backend != "native" {
-		t.Fatalf("native run: %d %s", resp.StatusCode, b)
+	status, b, run := postNativeRun(t, client, 1024)
+	if status != 200 || !strings.HasPrefix(run.Result.Stdout, dataOutput) || run.Result.Enforcement.Backend != "native" {
+		t.Fatalf("native run: %d %s", status, b)
 	}
 
 	// The figure left open is a display: in the result, and an event of the run's stream.
-	body, _ = json.Marshal(map[string]any{"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])", "backend": "native", "wait": false})
-	resp, err = client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(string(body)))
+	body, _ := json.Marshal(map[string]any{"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])", "backend": "native", "wait": false})
+	resp, err := client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(string(body)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,19 +81,7 @@ func TestNativeBackend(t *testing.T) {
 	var ws struct{ ID string }
 	json.NewDecoder(resp.Body).Decode(&ws)
 	resp.Body.Close()
-	warmStats := func() (st struct{ Idle, Hits int }) {
-		t.Helper()
-		resp, err := client.Get("http://sandcell/v1/info")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var info struct {
-			Backends map[string]struct{ Warm struct{ Idle, Hits int } }
-		}
-		json.NewDecoder(resp.Body).Decode(&info)
-		return info.Backends["native"].Warm
-	}
+	warmStats := func() struct{ Idle, Hits int } { return getNativeInfo(t, client).Warm }
 	for i, want := range []string{"False\n", "True\n"} {
 		body, _ := json.Marshal(map[string]any{"code": "import sys; print('pandas' in sys.modules)", "backend": "native",
 			"workspace": ws.ID})
@@ -256,54 +218,78 @@ func TestNativeBackendGVisor(t *testing.T) {
 	}
 	d := startMCPDaemon(t, "[native]", `require = ["gvisor", "seccomp", "rlimits", "capabilities", "no_new_privs", "userns", "netns", "mntns", "pidns", "ipcns", "utsns"]`)
 	client := sandcellclient.HTTP(d.sock)
+	if n := getNativeInfo(t, client); !n.Offered || n.GVisor == nil || !strings.HasPrefix(n.GVisor.Version, "runsc") {
+		t.Fatalf("native backend under gVisor: %+v", n)
+	}
+
+	status, b, run := postNativeRun(t, client, 2048)
+	r := run.Result
+	if status != 200 || r.Reason != "exited" || !strings.Contains(r.Stdout, dataOutput) || r.Enforcement.GVisor == nil || !r.Enforcement.GVisor.Active {
+		t.Fatalf("run under gVisor: %d %s", status, b)
+	}
+
+	resp, err := client.Post("http://sandcell/v1/sessions", "application/json", strings.NewReader(`{"backend":"native"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || !strings.Contains(string(b), "backend_unavailable") || !strings.Contains(string(b), "gvisor") {
+		t.Fatalf("a native session under a policy requiring gVisor: %d %s", resp.StatusCode, b)
+	}
+}
+
+// nativeInfo is GET /v1/info's backends.native.
+type nativeInfo struct {
+	Offered bool   `json:"offered"`
+	WhyNot  string `json:"why_not"`
+	GVisor  *struct {
+		Version string `json:"version"`
+	} `json:"gvisor"`
+	Warm struct{ Idle, Hits int } `json:"warm"`
+}
+
+// getNativeInfo returns the daemon's backends.native.
+func getNativeInfo(t *testing.T, client *http.Client) nativeInfo {
+	t.Helper()
 	resp, err := client.Get("http://sandcell/v1/info")
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer resp.Body.Close()
 	var info struct {
-		Backends map[string]struct {
-			Offered bool   `json:"offered"`
-			WhyNot  string `json:"why_not"`
-			GVisor  *struct {
-				Version string `json:"version"`
-			} `json:"gvisor"`
-		} `json:"backends"`
+		Backends map[string]nativeInfo `json:"backends"`
 	}
-	json.NewDecoder(resp.Body).Decode(&info)
-	resp.Body.Close()
-	if n := info.Backends["native"]; !n.Offered || n.GVisor == nil || !strings.HasPrefix(n.GVisor.Version, "runsc") {
-		t.Fatalf("native backend under gVisor: %+v", info)
-	}
-
-	body, _ := json.Marshal(map[string]any{"code": dataProgram, "backend": "native", "limits": map[string]any{"memory_mib": 2048}})
-	resp, err = client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(string(body)))
-	if err != nil {
+	if err := json.NewDecoder(resp.Body).Decode(&info); err != nil {
 		t.Fatal(err)
 	}
-	var run struct {
-		Result struct {
-			Stdout, Stderr string
-			Reason         string
-			Enforcement    struct {
-				Backend string
-				GVisor  *struct{ Active bool }
-			}
+	return info.Backends["native"]
+}
+
+// nativeRun is what the native tests read of a run's view.
+type nativeRun struct {
+	Result struct {
+		Stdout, Stderr string
+		Reason         string
+		Enforcement    struct {
+			Backend string
+			GVisor  *struct{ Active bool }
 		}
 	}
-	json.NewDecoder(resp.Body).Decode(&run)
-	resp.Body.Close()
-	r := run.Result
-	if r.Reason != "exited" || !strings.Contains(r.Stdout, dataOutput) || r.Enforcement.GVisor == nil || !r.Enforcement.GVisor.Active {
-		t.Fatalf("run under gVisor: %+v", r)
-	}
+}
 
-	resp, err = client.Post("http://sandcell/v1/sessions", "application/json", strings.NewReader(`{"backend":"native"}`))
+// postNativeRun runs the data program on the native backend with memory MiB and
+// returns the HTTP status, the body and the view.
+func postNativeRun(t *testing.T, client *http.Client, memory int) (int, []byte, nativeRun) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"code": dataProgram, "backend": "native", "limits": map[string]any{"memory_mib": memory}})
+	resp, err := client.Post("http://sandcell/v1/runs", "application/json", strings.NewReader(string(body)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 503 || !strings.Contains(string(b), "backend_unavailable") || !strings.Contains(string(b), "gvisor") {
-		t.Fatalf("a native session under a policy requiring gVisor: %d %s", resp.StatusCode, b)
-	}
+	var run nativeRun
+	json.Unmarshal(b, &run)
+	return resp.StatusCode, b, run
 }
