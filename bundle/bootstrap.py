@@ -60,6 +60,19 @@ def _sandcell_init():
 
     # -S skips site, which is what defines exit() and quit(); scripts use them.
     builtins.exit = builtins.quit = sys.exit
+    # display(), as the native backend's: its source (sandbox/protocol/displays.py)
+    # is _sandcell_displays_source, defined before this file, compiled under a name
+    # of its own so that a traceback through it shows its lines, not a program's.
+    # What a run or cell displayed is left in DISPLAYS, the guest's /tmp, for the
+    # worker to read once it has ended (sandbox/worker: guestDisplays).
+    name = "<sandcell display>"
+    linecache.cache[name] = (len(_sandcell_displays_source), None, _sandcell_displays_source.splitlines(True), name)
+    ns = {}
+    exec(compile(_sandcell_displays_source, name, "exec"), ns)
+    displays = ns["_sandcell_displays"](io, json, base64)
+    builtins.display = displays.display
+    DISPLAYS = "/tmp/.sandcell-displays"
+    del name, ns
     # site would also have put site-packages on sys.path: the site layer, read-only
     # like the standard library (bundle/interpreter/build-site.sh). Last, as site puts
     # it; an isolated program leaves it out (see run()).
@@ -513,6 +526,10 @@ def _sandcell_init():
             collect()
         except BaseException:
             pass
+        try:
+            displays.dump(DISPLAYS)
+        except BaseException:
+            pass
         if opened:
             try:
                 close_files()
@@ -709,7 +726,15 @@ def _sandcell_init():
         cells.append(name)
         # Its own stdin: the pipe's next bytes are the next cell's.
         sys.stdin = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="surrogateescape")
+        if restored:
+            # Numbered afresh: the restored count would name a rolled-back cell's
+            # files again.
+            displays.prefix = None
         status = program(src, name, "cell", g, mark)
+        try:
+            displays.dump(DISPLAYS)
+        except BaseException:
+            pass
         for f in (sys.stdout, sys.stderr, stdout0, stderr0):
             try:
                 if f is not None and not getattr(f, "closed", False):
@@ -770,4 +795,4 @@ def _sandcell_init():
 
 
 _sandcell_run = _sandcell_init()
-del _sandcell_init
+del _sandcell_init, _sandcell_displays_source

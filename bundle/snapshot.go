@@ -12,13 +12,18 @@ import (
 	"sync"
 
 	_ "embed"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
 )
 
-// The guest's bootstrap (bootstrap.py): the init source of the snapshot. It is part
-// of every snapshot and so of every .cwasm's Key.
-//
+// The guest's bootstrap (bootstrap.py, after display()'s source, which the native
+// runner shares, as the string _sandcell_displays_source: protocol.DisplaysSource):
+// the init source of the snapshot. It is part of every snapshot and so of every
+// .cwasm's Key. (strconv.Quote's escapes are Python's too.)
+var bootstrap = "_sandcell_displays_source = " + strconv.Quote(protocol.DisplaysSource()) + "\n" + bootstrapOwn
+
 //go:embed bootstrap.py
-var bootstrap string
+var bootstrapOwn string
 
 // HashSeedName is the file in a .cwasm's directory that holds the hash seed of the
 // snapshots compiled there: a decimal number in [0, 2^32). CPython's str and bytes

@@ -85,7 +85,7 @@ func (ss *Session) Save(w io.Writer) (int64, error) {
 	if ss.lost != "" {
 		return 0, fmt.Errorf("%w: %s", ErrSessionLost, ss.lost)
 	}
-	if ss.native != nil {
+	if ss.native {
 		return 0, ErrNoCheckpoint
 	}
 	if err := protocol.Send(ss.p.ctl, protocol.Frame{Step: protocol.StepSave}); err != nil {

@@ -441,7 +441,7 @@ func (s *Spawner) openSessionWarm(ctx context.Context, w *nativeIdle, req protoc
 		w.drop()
 		return nil
 	}
-	ss := &Session{p: w.p, memory: req.Limits.MemoryBytes, processes: req.Hardening.Processes, native: ws}
+	ss := &Session{p: w.p, memory: req.Limits.MemoryBytes, processes: req.Hardening.Processes, native: true, ws: ws}
 	ch := ss.next()
 	_, err = w.stdin.Write(protocol.SessionProgram())
 	w.stdin.Close()

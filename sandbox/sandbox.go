@@ -453,9 +453,24 @@ func (s *Spawner) runStreaming(ctx context.Context, req protocol.Request, observ
 	}
 	defer wsDir.Close()
 
+	var res protocol.Result
 	if req.Backend == protocol.BackendNative {
-		return s.runNative(ctx, req, wsDir, observe)
+		res, err = s.runNative(ctx, req, wsDir, observe)
+	} else {
+		res, err = s.runWasm(ctx, req, wsDir, observe)
 	}
+	if err != nil {
+		return res, err
+	}
+	var diags []string
+	res.Displays, diags = checkDisplays(wsDir, res.Displays) // as the guest named them: checked here
+	res.Diagnostics = append(res.Diagnostics, diags...)
+	return res, nil
+}
+
+// runWasm runs req on the wasm backend: a warm worker of the pool, else a cold one.
+// Its displays are as the guest named them.
+func (s *Spawner) runWasm(ctx context.Context, req protocol.Request, wsDir *os.File, observe Observer) (protocol.Result, error) {
 	if w := s.pooled(&req); w != nil {
 		if res, ran, err := s.runWarm(ctx, w, req, observe); ran {
 			return res, err
@@ -815,6 +830,7 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 		res.Diagnostics = rep.Diagnostics
 		res.Enforcement = rep.Enforcement
 		res.WorkerMaxRSSBytes = rep.PeakRSSBytes
+		res.Displays = rep.Displays // unchecked: runStreaming checks them
 		if missing := checkContract(rep, req.Hardening.Require); missing != "" {
 			// The worker ran code without a required layer: never report that as a
 			// normal outcome.
@@ -855,7 +871,7 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 		// the run ended.
 		res.Enforcement = rep.Enforcement
 		if guestRep != nil {
-			res.Displays = guestRep.Displays // unchecked: runNative checks them
+			res.Displays = guestRep.Displays // unchecked: runStreaming checks them
 		}
 	}
 	if res.WorkerMaxRSSBytes == 0 {
@@ -896,27 +912,16 @@ func guestEnded(res *protocol.Result, ps *os.ProcessState, rep *protocol.Report,
 	}
 }
 
-// runNative runs req on the native backend: a warm native worker prepared for its
-// workspace and policy (see WarmNative), else a cold one, which hardens itself and
-// becomes the guest (see protocol.StepExec). Namespaces are not optional here: the
-// worker's own mount namespace is what gives the guest the native root.
+// runNative runs req on the native backend: under runsc where policy requires
+// gVisor (runGVisor), else a warm native worker prepared for its workspace and
+// policy (see WarmNative), else a cold one, which hardens itself and becomes the
+// guest (see protocol.StepExec). Namespaces are not optional here: the worker's own
+// mount namespace is what gives the guest the native root. Its displays are as the
+// guest named them.
 func (s *Spawner) runNative(ctx context.Context, req protocol.Request, wsDir *os.File, observe Observer) (protocol.Result, error) {
 	if why := unboundedProcesses(req.Hardening); why != "" {
 		return rejected(why), nil
 	}
-	res, err := s.runNativeOn(ctx, req, wsDir, observe)
-	if err != nil {
-		return res, err
-	}
-	var diags []string
-	res.Displays, diags = checkDisplays(wsDir, res.Displays) // as the guest named them: checked here
-	res.Diagnostics = append(res.Diagnostics, diags...)
-	return res, nil
-}
-
-// runNativeOn runs req on what runs it: runsc where policy requires gVisor, else a
-// warm native worker, else a cold one. Its displays are as the guest named them.
-func (s *Spawner) runNativeOn(ctx context.Context, req protocol.Request, wsDir *os.File, observe Observer) (protocol.Result, error) {
 	if slices.Contains(req.Hardening.Require, protocol.LayerGVisor) {
 		return s.runGVisor(ctx, req, wsDir, observe)
 	}

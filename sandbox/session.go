@@ -42,7 +42,8 @@ const SessionCPU = time.Hour
 // It serves one cell at a time (Run holds it). Create it with OpenSession; Close it.
 type Session struct {
 	p      *proc
-	native *os.File // a native session's workspace (its displays are read there), or nil
+	native bool     // a native session
+	ws     *os.File // the session's workspace, where its displays are read
 	// processes: a native session whose guest may start processes (see idle).
 	processes bool
 	memory    int64 // the memory limit: a saved checkpoint is at most that
@@ -141,12 +142,10 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 	if err != nil {
 		return nil, fmt.Errorf("sandbox: start the session's worker: %w", err)
 	}
-	ss := &Session{p: p, memory: req.Limits.MemoryBytes, processes: native && req.Hardening.Processes}
-	if native {
-		if ss.native, err = dupFile(wsDir); err != nil {
-			p.kill()
-			return nil, fmt.Errorf("sandbox: session: %w", err)
-		}
+	ss := &Session{p: p, memory: req.Limits.MemoryBytes, processes: native && req.Hardening.Processes, native: native}
+	if ss.ws, err = dupFile(wsDir); err != nil {
+		p.kill()
+		return nil, fmt.Errorf("sandbox: session: %w", err)
 	}
 	if err := protocol.Send(p.ctl, protocol.Frame{Step: protocol.StepSession, Request: &req}); err != nil {
 		ss.Close()
@@ -242,7 +241,7 @@ func (ss *Session) next() <-chan received {
 	ch := make(chan received, 1)
 	go func() {
 		max := protocol.MaxFrame
-		if ss.native != nil && ss.opened.Backend != "" {
+		if ss.native && ss.opened.Backend != "" {
 			max = protocol.MaxGuestFrame // the interpreter's own frames, which the guest can forge
 		}
 		f, err := protocol.ReceiveMax(ss.p.ctl, max, protocol.StepReport, protocol.StepAck, protocol.StepExec)
@@ -346,7 +345,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	frame := protocol.Request{Code: cell.Code, Filename: cell.Filename, Stdin: cell.Stdin, Env: cell.Env,
 		Limits: protocol.Limits{CPUMS: l.CPUMS}, CellEnd: end, ValueMark: hex.EncodeToString(mark)}
 	began := time.Now()
-	if ss.native != nil {
+	if ss.native {
 		ss.p.signalGroup(syscall.SIGCONT) // stopped since the last cell (see idle)
 	}
 	if err := protocol.Send(ss.p.ctl, protocol.Frame{Step: protocol.StepCell, Request: &frame}); err != nil {
@@ -375,7 +374,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		got = <-ch
 		got.err = errors.New("the worker did not start the cell")
 	}
-	if ss.native != nil && got.err == nil && !got.ack {
+	if ss.native && got.err == nil && !got.ack {
 		// A report where the cell's ack was due: a frame the guest wrote in an
 		// earlier cell. Its frames cannot be told from the runner's any more.
 		ss.p.kill()
@@ -387,7 +386,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		timer := time.NewTimer(time.Duration(l.TimeoutMS) * time.Millisecond)
 		defer timer.Stop()
 		var cpuOver <-chan struct{} // nil: never (a wasm worker enforces its own)
-		if ss.native != nil && l.CPUMS > 0 {
+		if ss.native && l.CPUMS > 0 {
 			stop := make(chan struct{})
 			defer close(stop)
 			cpuOver = watchCPU(ss.p, time.Duration(l.CPUMS)*time.Millisecond, stop, processCPU)
@@ -406,7 +405,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 			}
 		}
 	}
-	if why != "" && ss.native != nil {
+	if why != "" && ss.native {
 		// No checkpoint to roll back to: the cell ends its session.
 		ss.p.kill()
 		got = <-ch
@@ -428,7 +427,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	res := protocol.Result{ExitCode: -1, Reason: why}
 	rolledBack := false
 	switch {
-	case got.err == nil && ss.native != nil:
+	case got.err == nil && ss.native:
 		// The interpreter's report (untrusted): its status alone, within a shell's.
 		res.ExitCode, res.Reason = got.rep.ExitCode&0xFF, protocol.Exited
 	case got.err == nil:
@@ -452,7 +451,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		ss.lose(fmt.Sprintf("a cell ended %s and the state could not be restored", res.Reason))
 		ss.p.kill() // its streams end, so the reads do
 	}
-	if ss.native != nil {
+	if ss.native {
 		// The end markers follow the report at once; a guest that forged the
 		// report (its markers never come) loses the session, not the daemon a slot.
 		streams := make(chan struct{})
@@ -465,7 +464,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		}
 	}
 	wg.Wait()
-	if ss.native != nil && ss.lost == "" {
+	if ss.native && ss.lost == "" {
 		ss.idle()
 	}
 	enf := ss.opened
@@ -473,9 +472,9 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	res.StdoutPieces, res.StdoutTruncated = stdout.out, stdout.truncated
 	res.StderrPieces, res.StderrTruncated = stderr.out, stderr.truncated
 	res.ElapsedMS = float64(time.Since(began).Microseconds()) / 1000
-	if ss.native != nil && got.err == nil {
+	if got.err == nil {
 		var diags []string
-		res.Displays, diags = checkDisplays(ss.native, got.rep.Displays)
+		res.Displays, diags = checkDisplays(ss.ws, got.rep.Displays)
 		res.Diagnostics = append(res.Diagnostics, diags...)
 	}
 	c := Cell{Result: res, RolledBack: rolledBack}
@@ -513,8 +512,8 @@ func (ss *Session) Close() error {
 	<-ss.p.exited
 	ss.p.outR.Close()
 	ss.p.errR.Close()
-	if ss.native != nil {
-		ss.native.Close()
+	if ss.ws != nil {
+		ss.ws.Close()
 	}
 	return nil
 }

@@ -14,10 +14,19 @@ import (
 // (cells on fd 3's socket), "preimport MODULE..." (a warm worker), or "control"
 // (a run under gVisor: stdin is a socket, fd 3 the same, and the runner reports
 // what it finds in force, StepExec, before it reads the program).
-func NativeRunner() string { return nativeRunner }
+func NativeRunner() string { return displays + nativeRunner }
 
-//go:embed native.py
-var nativeRunner string
+// DisplaysSource returns the Python source of display() that both guests share
+// (displays.py: the function _sandcell_displays(io, json, base64), which returns the
+// class whose display method is the guest's builtin), for a bootstrap to begin with.
+func DisplaysSource() string { return displays }
+
+var (
+	//go:embed native.py
+	nativeRunner string
+	//go:embed displays.py
+	displays string
+)
 
 // NativeTmp is the native guest's private temporary directory.
 const NativeTmp = "/tmp"

@@ -195,90 +195,8 @@ def _sandcell_unshadow(entry):
                 del sys.modules[k]
 
 
-class _Displays:
-    """What the program displayed, as Jupyter's display() and inline figures give it:
-    each object's richest representations, saved whole as workspace files under
-    displays/ (the parent checks and reads them; it trusts nothing else of this)."""
-    items = []
-    prefix = None
-    # (type, IPython's method for it, whether it is an image), richest first
-    kinds = (("image/png", "_repr_png_", True), ("image/svg+xml", "_repr_svg_", True),
-             ("text/html", "_repr_html_", False), ("application/json", "_repr_json_", False))
-
-    @classmethod
-    def save(cls, mime, data):
-        import os
-        if cls.prefix is None:
-            cls.prefix = os.urandom(4).hex()
-        ext = {"image/png": "png", "image/svg+xml": "svg", "text/html": "html",
-               "application/json": "json", "text/plain": "txt"}[mime]
-        os.makedirs("/ws/displays", exist_ok=True)
-        name = "displays/%s-%d.%s" % (cls.prefix, len(cls.items) + 1, ext)
-        if isinstance(data, str):
-            data = data.encode("utf-8")
-        with open("/ws/" + name, "wb") as f:
-            f.write(data)
-        cls.items.append({"type": mime, "path": name})
-
-    @classmethod
-    def bundle(cls, obj):
-        json = _sandcell_stdlib["json"]
-        out = {}
-        if hasattr(obj, "_repr_mimebundle_"):
-            b = obj._repr_mimebundle_()
-            out = dict(b[0] if isinstance(b, tuple) else b or {})
-        for mime, method, _ in cls.kinds:
-            if mime not in out and hasattr(obj, method):
-                v = getattr(obj, method)()
-                if isinstance(v, tuple):
-                    v = v[0]
-                if v is not None:
-                    out[mime] = v
-        if "application/json" in out and not isinstance(out["application/json"], (str, bytes)):
-            out["application/json"] = json.dumps(out["application/json"])
-        if "image/png" in out and isinstance(out["image/png"], str):
-            base64 = _sandcell_stdlib["base64"]
-            out["image/png"] = base64.b64decode(out["image/png"])
-        out.setdefault("text/plain", repr(obj))
-        return out
-
-    @classmethod
-    def display(cls, *objs):
-        """Show each object as Jupyter's display() does: its richest representation
-        (PNG, SVG, HTML, JSON, else its repr), returned with the run's result."""
-        for obj in objs:
-            mod = type(obj).__module__ or ""
-            if mod.startswith("matplotlib.figure"):
-                cls.figure(obj)
-                continue
-            b = cls.bundle(obj)
-            for mime, _, image in cls.kinds:
-                if mime in b:
-                    cls.save(mime, b[mime])
-                    if not image:
-                        cls.save("text/plain", b["text/plain"])
-                    break
-            else:
-                cls.save("text/plain", b["text/plain"])
-
-    @classmethod
-    def figure(cls, fig):
-        io = _sandcell_stdlib["io"]
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        cls.save("image/png", buf.getvalue())
-
-    @classmethod
-    def figures(cls):
-        # Every figure still open when the program ends, as the inline backend
-        # shows them at the end of a cell.
-        import sys
-        plt = sys.modules.get("matplotlib.pyplot")
-        if plt is None:
-            return
-        for n in plt.get_fignums():
-            cls.figure(plt.figure(n))
-        plt.close("all")
+_Displays = _sandcell_displays(_sandcell_stdlib["io"], _sandcell_stdlib["json"], _sandcell_stdlib["base64"])
+del _sandcell_displays
 
 
 def _sandcell_report(reason):
@@ -286,7 +204,7 @@ def _sandcell_report(reason):
     # program that ended with status 1, and its displays only as files it finds and
     # checks itself.
     try:
-        _sandcell_send({"exit_code": 0, "reason": reason, "displays": _Displays.items}, "report")
+        _sandcell_send({"exit_code": 0, "reason": reason, "displays": _Displays.take()}, "report")
     except OSError:
         pass
 
@@ -406,8 +324,7 @@ def _sandcell_session():
         end = base64.b64decode(req.get("cell_end") or "")
         write_all(1, end)
         write_all(2, end)
-        _sandcell_send({"exit_code": status, "reason": "exited", "displays": _Displays.items}, "report")
-        _Displays.items = []
+        _sandcell_send({"exit_code": status, "reason": "exited", "displays": _Displays.take()}, "report")
 
 
 def _sandcell_send(report, step):

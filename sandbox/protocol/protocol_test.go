@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"testing"
 )
 
@@ -175,5 +176,15 @@ func TestCheckpointCheck(t *testing.T) {
 		if err := c.Check(4 * PageBytes); !errors.Is(err, ErrCheckpoint) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// The guests' display() keeps at most MaxDisplays items, which the parent keeps.
+func TestDisplaysSourceBound(t *testing.T) {
+	if want := fmt.Sprintf("MAX = %d ", MaxDisplays); !strings.Contains(DisplaysSource(), want) {
+		t.Fatalf("displays.py does not say %q", want)
+	}
+	if !strings.HasPrefix(NativeRunner(), DisplaysSource()) {
+		t.Fatal("the native runner does not begin with displays.py")
 	}
 }

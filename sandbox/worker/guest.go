@@ -1,8 +1,12 @@
 package worker
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -21,8 +25,62 @@ const GuestWorkdir = protocol.GuestWorkdir
 // a fresh instance of the interpreter's snapshot, its RunExport called once.
 func runGuest(req *protocol.Request, env *Env) protocol.Report {
 	spec := guestSpec(req, env)
-	spec.Ended = func(out engine.Outcome) { env.reply.send(report(out)) }
-	return report(env.Engine.Run(env.Module, spec))
+	spec.Ended = func(out engine.Outcome) {
+		rep := report(out)
+		env.withDisplays(&rep)
+		env.reply.send(rep)
+	}
+	rep := report(env.Engine.Run(env.Module, spec))
+	env.withDisplays(&rep)
+	return rep
+}
+
+// guestDisplaysFile is where in its /tmp the wasm guest leaves what its run or cell
+// displayed (bundle/bootstrap.py's DISPLAYS), as JSON: the items a native runner
+// reports.
+const guestDisplaysFile = ".sandcell-displays"
+
+// guestDisplays returns, and removes, what the guest's run or cell displayed, as it
+// named them (untrusted: the parent checks each against the workspace), and why
+// none, when the guest left something it cannot read there: not a regular file
+// (whatever it is, it is removed), larger than a frame, not a list of items.
+func (env *Env) guestDisplays() ([]protocol.Display, string) {
+	if env.Tmp == "" {
+		return nil, ""
+	}
+	path := filepath.Join(env.Tmp, guestDisplaysFile)
+	defer os.RemoveAll(path)
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return nil, ""
+	}
+	if err != nil {
+		return nil, "the guest's list of displays was left out: " + err.Error()
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return nil, "the guest's list of displays was left out: not a regular file"
+	}
+	b, err := io.ReadAll(io.LimitReader(f, protocol.MaxGuestFrame+1))
+	var items []protocol.Display
+	switch {
+	case err != nil:
+		return nil, "the guest's list of displays was left out: " + err.Error()
+	case len(b) > protocol.MaxGuestFrame:
+		return nil, fmt.Sprintf("the guest's list of displays was left out: over %d bytes", protocol.MaxGuestFrame)
+	case json.Unmarshal(b, &items) != nil:
+		return nil, "the guest's list of displays was left out: not a JSON list of displays"
+	}
+	return items, ""
+}
+
+// withDisplays adds to rep what the guest displayed (see guestDisplays).
+func (env *Env) withDisplays(rep *protocol.Report) {
+	var why string
+	if rep.Displays, why = env.guestDisplays(); why != "" {
+		rep.Diagnostics = append(rep.Diagnostics, why)
+	}
 }
 
 // msDuration is ms milliseconds.

@@ -158,6 +158,7 @@ func session(r *reply, req *protocol.Request) {
 			return
 		}
 		crep := report(out)
+		env.withDisplays(&crep)
 		if why := interrupted.Load(); why != nil && crep.Reason == protocol.CPULimit {
 			crep.Reason, crep.Diagnostics = *why, nil
 		}

@@ -104,7 +104,9 @@ type Env struct {
 	// GuestRoot is the host directory to preopen as the guest's "/" (it holds the
 	// workspace as "ws"), or "" without a root of the worker's own: then the
 	// workspace itself is preopened as /ws.
-	GuestRoot   string
+	GuestRoot string
+	// Tmp is the host directory of the guest's /tmp, or "" (it has none).
+	Tmp         string
 	Enforcement protocol.Enforcement
 
 	reply *reply
@@ -313,7 +315,7 @@ func recoverReport(rep *protocol.Report) {
 // env is the Env for a body once st is in force; r sends its report.
 func (st *hardened) env(eng *engine.Engine, mod *engine.Module, r *reply) *Env {
 	return &Env{Engine: eng, Module: mod, Workspace: st.workspace, Library: st.library, GuestRoot: st.guestRoot,
-		Enforcement: st.enf, reply: r}
+		Tmp: st.tmp, Enforcement: st.enf, reply: r}
 }
 
 func failed(msg string) protocol.Report {
