@@ -172,6 +172,7 @@ type Run struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 	granted chan struct{} // closed when a worker is the run's (under Manager.mu)
+	ended   func()        // Start's; called by finish before the end is visible, then nil
 
 	mu       sync.Mutex
 	state    wire.State
@@ -303,9 +304,11 @@ func (r *Run) Err() error {
 
 // Start admits req: it returns at once with the run queued or running, or fails with
 // ErrQueueFull or ErrStopping. A request without a workspace gets a private one,
-// removed when the run ends.
-func (m *Manager) Start(req protocol.Request, caller Caller) (*Run, error) {
-	return m.start(JobRun, req, caller)
+// removed when the run ends. ended, if not nil, is called once when the run no
+// longer uses its worker or workspace, before its end is visible (Done, View): a
+// caller who saw the run end never finds what ended holds still held.
+func (m *Manager) Start(req protocol.Request, caller Caller, ended func()) (*Run, error) {
+	return m.start(JobRun, req, caller, ended)
 }
 
 // Do runs req as a job of kind for caller and returns its result once it ends: it
@@ -313,7 +316,7 @@ func (m *Manager) Start(req protocol.Request, caller Caller) (*Run, error) {
 // cancelled when ctx ends, and is forgotten when it returns (its result is the
 // caller's answer, kept nowhere). Errors are Start's, or the job's own (Run.Err).
 func (m *Manager) Do(ctx context.Context, kind JobKind, req protocol.Request, caller Caller) (protocol.Result, error) {
-	r, err := m.start(kind, req, caller)
+	r, err := m.start(kind, req, caller, nil)
 	if err != nil {
 		return protocol.Result{}, err
 	}
@@ -332,7 +335,7 @@ func (m *Manager) Do(ctx context.Context, kind JobKind, req protocol.Request, ca
 	return r.View().Result.Joined(), nil
 }
 
-func (m *Manager) start(kind JobKind, req protocol.Request, caller Caller) (*Run, error) {
+func (m *Manager) start(kind JobKind, req protocol.Request, caller Caller, ended func()) (*Run, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stopping {
@@ -353,7 +356,7 @@ func (m *Manager) start(kind JobKind, req protocol.Request, caller Caller) (*Run
 	m.sweep()
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &Run{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Created: time.Now().UTC(), Caller: caller, Job: kind,
-		cancel: cancel, done: make(chan struct{}), granted: make(chan struct{}), state: wire.Queued,
+		cancel: cancel, done: make(chan struct{}), granted: make(chan struct{}), state: wire.Queued, ended: ended,
 		live:    [2]*protocol.Output{protocol.NewOutput(req.Limits.MaxStdoutBytes), protocol.NewOutput(req.Limits.MaxStderrBytes)},
 		counter: &m.inflight, changed: make(chan struct{})}
 	m.runs[r.ID] = r
@@ -618,6 +621,12 @@ func (m *Manager) finish(r *Run, res protocol.Result, err error) {
 	if r.state == wire.Done {
 		r.mu.Unlock()
 		return
+	}
+	if ended := r.ended; ended != nil {
+		r.ended = nil
+		r.mu.Unlock()
+		ended()
+		r.mu.Lock()
 	}
 	if res.Stdout == nil && res.Stderr == nil && res.StdoutPieces == nil && res.StderrPieces == nil {
 		// The runner gave the output to observe and kept none itself: the result

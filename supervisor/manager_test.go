@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,10 +42,19 @@ func TestCancelRacesCompletion(t *testing.T) {
 	counts := map[protocol.Reason]int{}
 	var mu sync.Mutex
 	for i := 0; i < 1000; i++ {
-		r, err := m.Start(protocol.Request{Code: "1"}, Caller{})
+		// What the run's caller holds for it (a workspace) is given back once, before
+		// the end is visible.
+		started, ended := make(chan *Run, 1), new(atomic.Int32)
+		r, err := m.Start(protocol.Request{Code: "1"}, Caller{}, func() {
+			if r := <-started; r.View().State == wire.Done {
+				t.Errorf("run %s: its end was visible before its hold was given back", r.ID)
+			}
+			ended.Add(1)
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
+		started <- r
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -52,6 +62,9 @@ func TestCancelRacesCompletion(t *testing.T) {
 			m.Cancel(r.ID)
 			m.Cancel(r.ID)
 			<-r.Done()
+			if n := ended.Load(); n != 1 {
+				t.Errorf("run %s: its hold was given back %d times", r.ID, n)
+			}
 			v := r.View()
 			if v.State != wire.Done || v.Result == nil || v.FinishedAt == nil {
 				t.Errorf("run %s: %+v", r.ID, v)
@@ -68,7 +81,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 		t.Fatalf("final states: %v", counts)
 	}
 	t.Logf("final states of 1000 cancel/complete races: %v", counts)
-	if _, err := m.Start(protocol.Request{Code: "1"}, Caller{}); err != ErrStopping {
+	if _, err := m.Start(protocol.Request{Code: "1"}, Caller{}, nil); err != ErrStopping {
 		t.Fatalf("after shutdown: %v", err)
 	}
 }
@@ -90,7 +103,7 @@ func TestRetainedOutputBounded(t *testing.T) {
 	}
 	var runs []*Run
 	for i := 0; i < 20; i++ {
-		r, err := m.Start(protocol.Request{Code: "1"}, Caller{})
+		r, err := m.Start(protocol.Request{Code: "1"}, Caller{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -119,7 +132,7 @@ func TestJobsAreNotKept(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := m.Start(protocol.Request{Code: "1"}, Caller{UID: 1})
+	r, err := m.Start(protocol.Request{Code: "1"}, Caller{UID: 1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +196,7 @@ func TestOutputInPieces(t *testing.T) {
 	}
 	wantOut, wantErr := s.output()
 	r, err := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{MaxStdoutBytes: int64(len(wantOut)),
-		MaxStderrBytes: 64 << 20}}, Caller{})
+		MaxStderrBytes: 64 << 20}}, Caller{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +275,7 @@ func TestWedged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 50}}, Caller{})
+	r, err := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 50}}, Caller{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,11 +303,11 @@ func TestShutdownCancelsQueued(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	running, _ := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 60_000}}, Caller{})
+	running, _ := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 60_000}}, Caller{}, nil)
 	for running.View().State != wire.Running {
 		time.Sleep(time.Millisecond)
 	}
-	queued, _ := m.Start(protocol.Request{Code: "2", Limits: protocol.Limits{TimeoutMS: 60_000}}, Caller{})
+	queued, _ := m.Start(protocol.Request{Code: "2", Limits: protocol.Limits{TimeoutMS: 60_000}}, Caller{}, nil)
 	done := make(chan struct{})
 	go func() { m.Shutdown(time.Minute); close(done) }()
 	time.Sleep(20 * time.Millisecond)
@@ -326,13 +339,13 @@ func TestFairShare(t *testing.T) {
 	a, b := Caller{UID: -1, Token: "a"}, Caller{UID: -1, Token: "b"}
 	var mine []*Run
 	for i := 0; i < 4; i++ {
-		r, err := m.Start(protocol.Request{Code: "a", Limits: protocol.Limits{TimeoutMS: 60_000}}, a)
+		r, err := m.Start(protocol.Request{Code: "a", Limits: protocol.Limits{TimeoutMS: 60_000}}, a, nil)
 		if err != nil {
 			t.Fatalf("a's run %d: %v", i, err)
 		}
 		mine = append(mine, r)
 	}
-	if _, err := m.Start(protocol.Request{Code: "a"}, a); !errors.Is(err, ErrCallerLimit) {
+	if _, err := m.Start(protocol.Request{Code: "a"}, a, nil); !errors.Is(err, ErrCallerLimit) {
 		t.Fatalf("a's fifth run: %v", err)
 	}
 	if running, queued := m.Busy(); running != 2 || queued != 2 {
@@ -353,7 +366,7 @@ func TestFairShare(t *testing.T) {
 			t.Fatalf("%d of a's runs running, want 2", n)
 		}
 	}
-	theirs, err := m.Start(protocol.Request{Code: "b", Limits: protocol.Limits{TimeoutMS: 60_000}}, b)
+	theirs, err := m.Start(protocol.Request{Code: "b", Limits: protocol.Limits{TimeoutMS: 60_000}}, b, nil)
 	if err != nil {
 		t.Fatalf("b's run: %v", err)
 	}

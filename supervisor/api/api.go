@@ -103,7 +103,9 @@ var (
 
 // Service is what the API needs from the daemon.
 type Service interface {
-	Start(req protocol.Request, caller supervisor.Caller) (*supervisor.Run, error)
+	// Start admits a run; ended (if not nil) is called once it no longer uses its
+	// workspace, before its end is visible.
+	Start(req protocol.Request, caller supervisor.Caller, ended func()) (*supervisor.Run, error)
 	// Get returns the run, whose Output and Done the event stream follows.
 	Get(id string) (*supervisor.Run, error)
 	Cancel(id string) (*supervisor.Run, error)

@@ -129,21 +129,19 @@ func (s *Server) createRun(c echo.Context) error {
 	if err := s.record(ctx, store.RunRequested, "", detail); err != nil {
 		return fail(wire.CodeAuditDown, "the audit log cannot be written: "+err.Error()).audited()
 	}
-	run, err := s.o.Service.Start(req, peer.Caller())
+	var ended func()
+	if acquired != "" {
+		// The workspace stays in use (alone, for approved code) until the run ends,
+		// not until this answer: the run takes this request's use over, and gives
+		// it back before its end is visible.
+		ws := acquired
+		ended = func() { s.release(ws) }
+	}
+	run, err := s.o.Service.Start(req, peer.Caller(), ended)
 	if err != nil {
 		return err // queue_full, caller_limit, stopping (problemOf)
 	}
-	started = true
-	released := make(chan struct{}) // closed once the run no longer uses its workspace
-	if acquired != "" {
-		// The workspace stays in use (alone, for approved code) until the run ends,
-		// not until this answer: the run takes this request's use over.
-		ws := acquired
-		acquired = ""
-		go func() { <-run.Done(); s.release(ws); close(released) }()
-	} else {
-		close(released)
-	}
+	started, acquired = true, ""
 	s.record(ctx, store.RunAdmitted, run.ID, map[string]any{"code_sha256": detail["code_sha256"]})
 	if body.Wait != nil && !*body.Wait {
 		c.Response().Header().Set("Location", "/v1/runs/"+run.ID)
@@ -156,7 +154,6 @@ func (s *Server) createRun(c echo.Context) error {
 		s.o.Service.Cancel(run.ID)
 		<-run.Done()
 	}
-	<-released // the workspace is free for the caller's next request once it has the answer
 	return runJSON(c, http.StatusOK, run)
 }
 

@@ -247,6 +247,8 @@ func (s *Server) runCell(c echo.Context) error {
 		}
 		return nil
 	})
+	unhold() // the cell is over: its workspace is shared again before the answer
+	unhold = func() {}
 	if err != nil {
 		if stream != nil && stream.started() {
 			// Past the status line: the failure is the stream's last event.

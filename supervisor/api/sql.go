@@ -105,7 +105,8 @@ func (s *Server) sql(c echo.Context) error {
 	if err := acquire(w.ID); err != nil {
 		return acquireError(w.ID, err)
 	}
-	defer s.release(w.ID)
+	release := s.releaser(w.ID)
+	defer release()
 	digest := sqlDigest(body)
 	detail := map[string]any{"workspace": w.ID, "db": body.DB, "sql_sha256": digest}
 	if s.o.RecordCode {
@@ -171,6 +172,7 @@ func (s *Server) sql(c echo.Context) error {
 			out, err = s.runSQL(c, w, req, caller)
 		}
 	}
+	release() // the statement is over: the workspace is free before the answer
 	if err != nil {
 		return failed(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"sync"
 
 	"github.com/labstack/echo/v4"
 
@@ -157,8 +158,10 @@ func (s *Server) putFile(c echo.Context) error {
 	if err := s.acquire(w.ID); err != nil {
 		return acquireError(w.ID, err)
 	}
-	defer s.release(w.ID)
+	release := s.releaser(w.ID)
+	defer release()
 	n, err := w.Write(path, c.Request().Body)
+	release()
 	s.auditWorkspace(c, store.WorkspaceFileWritten, w.ID, map[string]any{"path": path, "bytes": n}, err)
 	if err != nil {
 		return problemOf(err).audited() // recorded with its outcome
@@ -194,8 +197,10 @@ func (s *Server) deleteFile(c echo.Context) error {
 	if err := s.acquire(w.ID); err != nil {
 		return acquireError(w.ID, err)
 	}
-	defer s.release(w.ID)
+	release := s.releaser(w.ID)
+	defer release()
 	err = w.Remove(path)
+	release()
 	s.auditWorkspace(c, store.WorkspaceFileRemoved, w.ID, map[string]any{"path": path}, err)
 	if err != nil {
 		return problemOf(err).audited() // recorded with its outcome
@@ -204,7 +209,7 @@ func (s *Server) deleteFile(c echo.Context) error {
 }
 
 // acquire marks workspace id in use (it cannot be deleted meanwhile): errWorkspaceGone
-// when it is being deleted, errWorkspaceBusy while an approved write holds it alone.
+// when it is being deleted, errWorkspaceBusy while approved code or an approved write holds it alone.
 func (s *Server) acquire(id string) error { return s.use(id, false) }
 
 // acquireAlone marks workspace id in use by nothing else (an approved SQL write: no
@@ -219,7 +224,7 @@ func (s *Server) use(id string, alone bool) error {
 	case s.deleting[id]:
 		return errWorkspaceGone
 	case s.alone[id] != nil:
-		return fmt.Errorf("%w: an approved SQL write holds it alone", errWorkspaceBusy)
+		return fmt.Errorf("%w: approved code or an approved SQL write holds it alone", errWorkspaceBusy)
 	case alone && s.inUse[id] > 0:
 		return fmt.Errorf("%w: a run, statement or upload is using it, and an approved write waits for none", errWorkspaceBusy)
 	}
@@ -274,6 +279,16 @@ func acquireError(id string, err error) error {
 		return failf(wire.CodeWorkspaceBusy, "workspace %s: %v", id, err)
 	}
 	return fail(wire.CodeNotFound, "no workspace "+id)
+}
+
+// releaser is release(id) made to run once: a handler defers it and also calls it
+// as soon as its work in the workspace is done, before it writes its answer. A
+// deferred release alone ends after the answer was sent, and the caller's next
+// request could find the workspace still held by its own last one (an approved run
+// or write, which must have it alone, refused as busy).
+func (s *Server) releaser(id string) func() {
+	var once sync.Once
+	return func() { once.Do(func() { s.release(id) }) }
 }
 
 func (s *Server) release(id string) {

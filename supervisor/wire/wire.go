@@ -45,7 +45,7 @@ const (
 	CodeApprovalInvalid     = "approval_invalid"     // 409: the approval is pending, denied, spent, expired or for another request
 	CodeSQLError            = "sql_error"            // 400/404/409/422: SQLite failed; sql_code says how
 	CodeTooManyPending      = "too_many_pending"     // 429: the caller has supervisor.MaxPending approvals waiting
-	CodeWorkspaceBusy       = "workspace_busy"       // 409: a run or statement is using the workspace (or an approved SQL write holds it alone)
+	CodeWorkspaceBusy       = "workspace_busy"       // 409: a run or statement is using the workspace (or approved code or an approved SQL write holds it alone)
 	CodeSessionLimit        = "session_limit"        // 429: this caller (or the daemon) has as many MCP sessions, or interpreter sessions, open as may be
 	CodeSessionBusy         = "session_busy"         // 409: a cell of the session is running
 	CodeSessionLost         = "session_lost"         // 410: the session's interpreter state was lost (a cell past its limits ended it)
