@@ -21,7 +21,9 @@
 //   - architectures is informational: the filter is built for the running
 //     architecture only, and a call through any other ABI (x32 or i386 on x86_64)
 //     fails with ENOSYS.
-//   - flags, listenerPath, SCMP_ACT_NOTIFY and SCMP_ACT_TRACE are refused.
+//   - flags, listenerPath and SCMP_ACT_TRACE are refused; so is SCMP_ACT_NOTIFY in a
+//     file (LoadFile): a notifying rule is the worker's own (a native session's
+//     checkpoint, see Supervise), whose answers only the daemon gives.
 package seccomp
 
 import (
@@ -59,6 +61,10 @@ type Program struct {
 	Instructions int
 	// Arch is the architecture the program was built for (for example "amd64").
 	Arch string
+	// Notifies says a rule's action is SCMP_ACT_NOTIFY: the program is installed
+	// with InstallListener, and the listener's holder answers those calls
+	// (Supervise).
+	Notifies bool
 }
 
 // Compile turns profile into a BPF program for the running architecture. Errors wrap
@@ -84,7 +90,7 @@ func Compile(profile specs.LinuxSeccomp) (*Program, error) {
 	if err := f.SetBadArchAction(libseccomp.ActErrno.SetReturnCode(int16(unix.ENOSYS))); err != nil {
 		return nil, fmt.Errorf("seccomp: %w", err)
 	}
-	rules := 0
+	rules, notifies := 0, false
 	for i, rule := range profile.Syscalls {
 		act, err := action(rule.Action, rule.ErrnoRet)
 		if err != nil {
@@ -93,6 +99,7 @@ func Compile(profile specs.LinuxSeccomp) (*Program, error) {
 		if act == def {
 			continue // libseccomp refuses rules that repeat the default action
 		}
+		notifies = notifies || act == libseccomp.ActNotify
 		alts, err := conditions(rule.Args)
 		if err != nil {
 			return nil, fmt.Errorf("syscalls[%d]: %w", i, err)
@@ -124,7 +131,8 @@ func Compile(profile specs.LinuxSeccomp) (*Program, error) {
 		return nil, err
 	}
 	sum := sha256.Sum256(raw)
-	return &Program{raw: raw, SHA256: hex.EncodeToString(sum[:]), Instructions: len(raw) / 8, Arch: native.String()}, nil
+	return &Program{raw: raw, SHA256: hex.EncodeToString(sum[:]), Instructions: len(raw) / 8, Arch: native.String(),
+		Notifies: notifies}, nil
 }
 
 // export returns the BPF program libseccomp generates for f (seccomp_export_bpf(3)).
@@ -151,22 +159,48 @@ func export(f *libseccomp.ScmpFilter) ([]byte, error) {
 // Install loads p, exactly the program SHA256 names, with SECCOMP_FILTER_FLAG_TSYNC,
 // so that every thread of the process runs under it from now on and gets the calling
 // thread's no_new_privs, which must be set (seccomp(2)). If a thread cannot be
-// synchronised the call fails and no thread gets the filter.
+// synchronised the call fails and no thread gets the filter. A program that
+// notifies is installed with InstallListener instead.
 func (p *Program) Install() error {
+	if p.Notifies {
+		return errors.New("seccomp: the program notifies: install it with InstallListener")
+	}
+	_, err := p.load(unix.SECCOMP_FILTER_FLAG_TSYNC)
+	return err
+}
+
+// InstallListener is Install for a program that notifies (Notifies): it returns the
+// filter's listener (SECCOMP_FILTER_FLAG_NEW_LISTENER), through which its notifying
+// calls are answered (Supervise). Until the listener is handed to a supervisor, a
+// notifying call waits; once every copy of it is closed, such calls fail with
+// ENOSYS.
+func (p *Program) InstallListener() (*os.File, error) {
+	if !p.Notifies {
+		return nil, errors.New("seccomp: the program notifies of no call")
+	}
+	// TSYNC with a listener needs TSYNC_ESRCH (Linux 5.7): the return value is then
+	// the listener, and a thread that cannot be synchronised is ESRCH.
+	fd, err := p.load(unix.SECCOMP_FILTER_FLAG_TSYNC | unix.SECCOMP_FILTER_FLAG_TSYNC_ESRCH | unix.SECCOMP_FILTER_FLAG_NEW_LISTENER)
+	if err != nil {
+		return nil, err
+	}
+	return os.NewFile(fd, "seccomp-listener"), nil
+}
+
+func (p *Program) load(flags uintptr) (uintptr, error) {
 	if len(p.raw) == 0 || len(p.raw)%8 != 0 || len(p.raw)/8 > 0xffff {
-		return errors.New("seccomp: no program")
+		return 0, errors.New("seccomp: no program")
 	}
 	prog := unix.SockFprog{Len: uint16(len(p.raw) / 8), Filter: (*unix.SockFilter)(unsafe.Pointer(&p.raw[0]))}
-	r, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_TSYNC,
-		uintptr(unsafe.Pointer(&prog)))
+	r, _, e := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&prog)))
 	runtime.KeepAlive(p)
 	switch {
 	case e != 0:
-		return fmt.Errorf("seccomp: load: %w", e)
-	case r != 0:
-		return fmt.Errorf("seccomp: load: thread %d cannot be synchronised", r)
+		return 0, fmt.Errorf("seccomp: load: %w", e)
+	case r != 0 && flags&unix.SECCOMP_FILTER_FLAG_NEW_LISTENER == 0:
+		return 0, fmt.Errorf("seccomp: load: thread %d cannot be synchronised", r)
 	}
-	return nil
+	return r, nil
 }
 
 // Mode returns the calling thread's seccomp mode from prctl(PR_GET_SECCOMP): 0 means
@@ -204,6 +238,12 @@ func LoadFile(path string) (specs.LinuxSeccomp, error) {
 	if _, err := Compile(p); err != nil {
 		return p, fmt.Errorf("seccomp profile %s: %w", path, err)
 	}
+	for i, rule := range p.Syscalls {
+		if rule.Action == specs.ActNotify {
+			return p, fmt.Errorf("seccomp profile %s: %w: syscalls[%d]: SCMP_ACT_NOTIFY is the worker's own: a profile's calls are allowed or refused",
+				path, ErrProfile, i)
+		}
+	}
 	return p, nil
 }
 
@@ -211,6 +251,8 @@ func defaultAction(p specs.LinuxSeccomp) (libseccomp.ScmpAction, error) {
 	switch p.DefaultAction {
 	case specs.ActAllow, specs.ActLog:
 		return 0, fmt.Errorf("%w: defaultAction %s would allow every unlisted call", ErrProfile, p.DefaultAction)
+	case specs.ActNotify:
+		return 0, fmt.Errorf("%w: defaultAction %s would ask for every unlisted call", ErrProfile, p.DefaultAction)
 	}
 	a, err := action(p.DefaultAction, p.DefaultErrnoRet)
 	if err != nil {
@@ -242,6 +284,8 @@ func action(a specs.LinuxSeccompAction, errno *uint) (libseccomp.ScmpAction, err
 		return libseccomp.ActTrap, nil
 	case specs.ActLog:
 		return libseccomp.ActLog, nil
+	case specs.ActNotify:
+		return libseccomp.ActNotify, nil
 	}
 	return 0, fmt.Errorf("%w: action %q", ErrProfile, a)
 }

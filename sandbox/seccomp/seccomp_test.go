@@ -109,8 +109,8 @@ func TestRulesInvariants(t *testing.T) {
 func TestCompileRefusals(t *testing.T) {
 	base := Rules()
 	cases := map[string]func(p *specs.LinuxSeccomp){
-		"allow by default": func(p *specs.LinuxSeccomp) { p.DefaultAction = specs.ActAllow },
-		"notify":           func(p *specs.LinuxSeccomp) { p.Syscalls[0].Action = specs.ActNotify },
+		"allow by default":  func(p *specs.LinuxSeccomp) { p.DefaultAction = specs.ActAllow },
+		"notify by default": func(p *specs.LinuxSeccomp) { p.DefaultAction = specs.ActNotify }, // a rule may (TestLoadFileRefusesNotify)
 		"errno zero": func(p *specs.LinuxSeccomp) {
 			z := uint(0)
 			p.Syscalls[0].ErrnoRet = &z
@@ -184,6 +184,10 @@ const victimEnv = "SANDCELL_SECCOMP_VICTIM"
 func TestMain(m *testing.M) {
 	if os.Getenv(victimEnv) == "1" {
 		victim()
+		return
+	}
+	if os.Getenv(notifyVictimEnv) == "1" {
+		notifyVictim()
 		return
 	}
 	os.Exit(m.Run())
