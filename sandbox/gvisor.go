@@ -35,7 +35,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -289,11 +288,7 @@ func (s *Spawner) runGVisor(ctx context.Context, req protocol.Request, wsDir *os
 		return stopped(p, protocol.Timeout, "runsc did not start the guest within the run's wall-clock limit"), nil
 	case <-ctx.Done():
 		p.kill()
-		reason, detail := protocol.Cancelled, ""
-		var stop *Stop
-		if errors.As(context.Cause(ctx), &stop) {
-			reason, detail = stop.Reason, stop.Detail
-		}
+		reason, detail := stopCause(ctx)
 		return stopped(p, reason, detail), nil
 	}
 	if fr.err != nil || fr.f.Report == nil || fr.f.Report.Enforcement == nil {

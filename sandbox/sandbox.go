@@ -51,6 +51,16 @@ type Stop struct {
 
 func (s *Stop) Error() string { return string(s.Reason) + ": " + s.Detail }
 
+// stopCause is why ctx, which has ended, ended a run: its *Stop cause's reason and
+// detail, or cancelled with no detail.
+func stopCause(ctx context.Context) (protocol.Reason, string) {
+	var stop *Stop
+	if errors.As(context.Cause(ctx), &stop) {
+		return stop.Reason, stop.Detail
+	}
+	return protocol.Cancelled, ""
+}
+
 type workerKey struct{}
 
 // WithWorker returns ctx carrying f: RunStreaming calls f with the pid of the
@@ -794,13 +804,9 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 	case <-timer.C:
 		kill(protocol.Timeout)
 	case <-ctx.Done():
-		var stop *Stop
-		if errors.As(context.Cause(ctx), &stop) {
-			stopDetail = stop.Detail
-			kill(stop.Reason)
-		} else {
-			kill(protocol.Cancelled)
-		}
+		var why protocol.Reason
+		why, stopDetail = stopCause(ctx)
+		kill(why)
 	}
 	<-waited
 	elapsed := time.Since(p.started)

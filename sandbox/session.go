@@ -398,11 +398,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		case <-cpuOver:
 			why = protocol.CPULimit
 		case <-ctx.Done():
-			why = protocol.Cancelled
-			var stop *Stop
-			if errors.As(context.Cause(ctx), &stop) {
-				why = stop.Reason
-			}
+			why, _ = stopCause(ctx)
 		}
 	}
 	if why != "" && ss.native {
