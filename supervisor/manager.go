@@ -174,12 +174,13 @@ type Run struct {
 	granted chan struct{} // closed when a worker is the run's (under Manager.mu)
 	ended   func()        // Start's; called by finish before the end is visible, then nil
 
-	mu       sync.Mutex
-	state    wire.State
-	result   protocol.Result
-	err      error
-	finished time.Time
-	deadline time.Time // while running: when its worker must have been reaped
+	mu        sync.Mutex
+	finishing bool // finish has begun: the final state is being recorded
+	state     wire.State
+	result    protocol.Result
+	err       error
+	finished  time.Time
+	deadline  time.Time // while running: when its worker must have been reaped
 
 	// The output as it was produced, held once: while the run is going, live holds
 	// each stream's bytes so far (the runner keeps no copy), in pieces that are
@@ -615,38 +616,43 @@ func atLeast(u workspace.Usage, n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
-// finish records the final state once.
+// finish records the final state once. What the run held is given back (ended)
+// and the hooks (the audit record, the metrics) run before the final state is
+// visible (View, the event stream) and Done is closed: whoever sees the run end,
+// by waiting, polling or following it, finds its workspace free and its
+// run.finished record written.
 func (m *Manager) finish(r *Run, res protocol.Result, err error) {
 	r.mu.Lock()
-	if r.state == wire.Done {
+	if r.state == wire.Done || r.finishing {
 		r.mu.Unlock()
 		return
 	}
-	if ended := r.ended; ended != nil {
-		r.ended = nil
-		r.mu.Unlock()
-		ended()
-		r.mu.Lock()
-	}
+	r.finishing = true
+	ended := r.ended
+	r.ended = nil
 	if res.Stdout == nil && res.Stderr == nil && res.StdoutPieces == nil && res.StderrPieces == nil {
 		// The runner gave the output to observe and kept none itself: the result
 		// holds the pieces observe gathered, not a copy.
 		res.StdoutPieces, res.StderrPieces = r.live[0], r.live[1]
 	}
-	r.state, r.result, r.err, r.finished = wire.Done, res, err, time.Now().UTC()
+	finished := time.Now().UTC()
+	final := res
+	v := wire.View{ID: r.ID, State: wire.Done, CreatedAt: r.Created, Result: &final, FinishedAt: &finished}
+	r.mu.Unlock()
+	if ended != nil {
+		ended()
+	}
+	for _, f := range m.onFinish {
+		f(r, v)
+	}
+	r.mu.Lock()
+	r.state, r.result, r.err, r.finished = wire.Done, res, err, finished
 	r.live = [2]*protocol.Output{}
 	r.counter.Add(-r.held)
 	r.held = 0
 	kept := r.keptLocked()
 	close(r.changed)
 	r.mu.Unlock()
-	// The hooks (the audit record, the metrics) run before Done is closed, so whoever
-	// waits for the run (a synchronous caller, a cancel) sees the result only after
-	// it has been recorded.
-	v := r.View()
-	for _, f := range m.onFinish {
-		f(r, v)
-	}
 	if r.Job == JobRun {
 		// Only runs are kept. A job of Do's is its caller's answer, held until Do
 		// returns (bounded by the workers and the job's own output cap), and must

@@ -38,6 +38,13 @@ func TestCancelRacesCompletion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The hooks (the audit record) run before the end is visible, as the holds'
+	// release does.
+	m.OnFinish(func(r *Run, v wire.View) {
+		if r.View().State == wire.Done || v.State != wire.Done || v.Result == nil {
+			t.Errorf("run %s: its end was visible before its hooks ran (or they got no result)", r.ID)
+		}
+	})
 	var wg sync.WaitGroup
 	counts := map[protocol.Reason]int{}
 	var mu sync.Mutex

@@ -374,16 +374,25 @@ func (m *Sessions) attach(ctx context.Context, s *Session, start func(protocol.R
 	return nil
 }
 
-// detach ends s's worker and gives its workspace back; s.mu is held.
+// detach ends s's worker and gives its workspace back once the worker has exited
+// (in the background: its exit may take a moment, unmapping its memory); s.mu is
+// held. Not before: approved code may take the workspace alone as soon as it is
+// given back, and a dying worker must not write to it then.
 func (s *Session) detach() {
-	if ss := s.ss; ss != nil {
+	ss, release := s.ss, s.release
+	s.ss, s.release = nil, nil
+	switch {
+	case ss != nil:
 		s.closing.Add(1)
-		go func() { defer s.closing.Done(); ss.Close() }()
-		s.ss = nil
-	}
-	if s.release != nil {
-		s.release()
-		s.release = nil
+		go func() {
+			defer s.closing.Done()
+			ss.Close()
+			if release != nil {
+				release()
+			}
+		}()
+	case release != nil:
+		release()
 	}
 }
 
@@ -623,15 +632,14 @@ func (m *Sessions) end(s *Session, why string) {
 	m.mu.Unlock()
 	s.mu.Lock()
 	s.closed = true
-	ss := s.ss
-	s.ss = nil
-	if s.release != nil {
-		s.release()
-		s.release = nil
-	}
+	ss, release := s.ss, s.release
+	s.ss, s.release = nil, nil
 	s.mu.Unlock()
 	if ss != nil {
-		ss.Close()
+		ss.Close() // the worker has exited: nothing of it can write to the workspace now
+	}
+	if release != nil {
+		release()
 	}
 	m.remove(s)
 	m.event(s, SessionClosed, map[string]any{"why": why})

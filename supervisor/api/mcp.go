@@ -211,6 +211,10 @@ func (s *Server) serveMCP(c echo.Context) error {
 			return err
 		}
 	}
+	if id := c.Request().Header.Get(mcpSessionHeader); id != "" && c.Request().Method == http.MethodDelete {
+		// The client ends its session: its interpreter ends before the answer.
+		s.mcp.server.CloseCellsOf(id)
+	}
 	reserved := false
 	if c.Request().Header.Get(mcpSessionHeader) == "" && c.Request().Method == http.MethodPost {
 		// A new session: within the caller's share, counting those being made.
@@ -239,6 +243,12 @@ func (s *Server) serveMCP(c echo.Context) error {
 				delete(s.mcp.opening, peer.Caller())
 			}
 		}
+	}, none: func() {
+		// No session was made: the place is free before the answer is.
+		if reserved {
+			reserved = false
+			s.mcp.release(peer.Caller())
+		}
 	}}
 	s.mcp.handler.ServeHTTP(w, c.Request())
 	return nil
@@ -247,7 +257,8 @@ func (s *Server) serveMCP(c echo.Context) error {
 // sessionRecorder notes the session id an answer gives (the one of a new session).
 type sessionRecorder struct {
 	http.ResponseWriter
-	record func(id string)
+	record func(id string) // an answer that names a session
+	none   func()          // one that names none
 	wrote  bool
 }
 
@@ -258,6 +269,8 @@ func (w *sessionRecorder) WriteHeader(status int) {
 	w.wrote = true
 	if id := w.Header().Get(mcpSessionHeader); id != "" {
 		w.record(id)
+	} else {
+		w.none()
 	}
 	w.ResponseWriter.WriteHeader(status)
 }

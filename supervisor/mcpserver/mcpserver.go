@@ -161,6 +161,24 @@ func (s *Server) closeCells(live map[string]bool) {
 		}
 	}
 	s.mu.Unlock()
+	s.closeEach(ended)
+}
+
+// CloseCellsOf ends the interpreter session run_cell opened for MCP session id, if
+// any, before it returns: its client is ending the session (DELETE /mcp), and
+// the interpreter's place and workspace are free once the client has its answer
+// (the watch would end it within a second).
+func (s *Server) CloseCellsOf(id string) {
+	s.mu.Lock()
+	c, ok := s.cells[id]
+	delete(s.cells, id)
+	s.mu.Unlock()
+	if ok {
+		s.closeEach([]cell{c})
+	}
+}
+
+func (s *Server) closeEach(ended []cell) {
 	for _, c := range ended {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		c.b.CloseSession(ctx, c.id)
