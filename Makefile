@@ -130,7 +130,7 @@ test-short: bundle mcp-client ## Run the tests that take seconds, not minutes
 
 bench: bundle ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_WASM), epoch vs fuel, cold runs by hardening layer, then bench/: API, CLI, native python3 and bwrap side by side
 	go test -run '^$$' -bench . -benchtime 10x -count 1 ./sandbox/engine
-	go test -run '^$$' -bench 'BenchmarkColdRun|BenchmarkWarmRun|BenchmarkSession' -benchtime 20x -count 1 ./sandbox
+	go test -run '^$$' -bench 'BenchmarkColdRun|BenchmarkWarmRun|BenchmarkSession|BenchmarkNativeSession' -benchtime 20x -count 1 ./sandbox
 	go run ./bench -sandcell $(BIN)
 
 # Go's native fuzzing of every decoder of untrusted input, each target for FUZZTIME

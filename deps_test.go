@@ -49,11 +49,12 @@ func TestImportRules(t *testing.T) {
 		}
 	}
 	leaves := map[string][]string{
-		module + "/sandbox/protocol": nil,
-		module + "/sandbox/seccomp":  nil,
-		module + "/healthz":          {module + "/supervisor/wire", module + "/sandbox/protocol"},
-		module + "/sandbox/policy":   {module + "/sandbox/protocol", module + "/sandbox/seccomp"},
-		module + "/supervisor/wire":  {module + "/sandbox/protocol"},
+		module + "/sandbox/protocol":        nil,
+		module + "/sandbox/seccomp":         nil,
+		module + "/sandbox/seccomp/unotify": nil,
+		module + "/healthz":                 {module + "/supervisor/wire", module + "/sandbox/protocol"},
+		module + "/sandbox/policy":          {module + "/sandbox/protocol", module + "/sandbox/seccomp"},
+		module + "/supervisor/wire":         {module + "/sandbox/protocol"},
 	}
 	for leaf, allowed := range leaves {
 		for _, dep := range imports[leaf] {

@@ -2,6 +2,7 @@ package sandbox_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
@@ -225,6 +226,49 @@ func BenchmarkSessionResume(b *testing.B) {
 			b.ReportMetric(median(saves), "ms/pause")
 			b.ReportMetric(median(resumes), "ms/resume")
 			b.ReportMetric(float64(size)/(1<<20), "MiB/file")
+		})
+	}
+}
+
+// BenchmarkNativeSessionCell times a cell's round trip in a native session (as
+// BenchmarkSessionCell), whose interpreter holds pandas and a DataFrame of 0 or 200
+// MiB: each cell forks the interpreter's checkpoint first (copy-on-write: its page
+// tables are copied, so the cost grows with the interpreter's memory) and the
+// daemon checks that the checkpoint stopped; it reports the median.
+func BenchmarkNativeSessionCell(b *testing.B) {
+	for _, mib := range []int{0, 200} {
+		b.Run(fmt.Sprintf("%dMiB", mib), func(b *testing.B) {
+			pol := policy.Default()
+			limits, err := pol.Resolve(protocol.Limits{MemoryBytes: 1 << 30})
+			if err != nil {
+				b.Fatal(err)
+			}
+			req := protocol.Request{Backend: protocol.BackendNative, RootDir: nativeRoot(b), Workspace: b.TempDir(),
+				Limits: limits, Hardening: pol.NativeHardening(limits)}
+			ss, err := sandbox.NewSpawner().OpenSession(context.Background(), req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ss.Close()
+			setup := fmt.Sprintf("import pandas as pd, numpy as np\ndf = pd.DataFrame({'a': np.ones(%d)})\nx = 42", mib<<20/8)
+			if c, err := ss.Run(context.Background(), protocol.Request{Code: setup, Limits: limits}); err != nil || c.ExitCode != 0 {
+				b.Fatalf("%v %s", err, c.Stderr)
+			}
+			times := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				time.Sleep(50 * time.Millisecond)
+				b.StartTimer()
+				start := time.Now()
+				res, err := ss.Run(context.Background(), protocol.Request{Code: "print(x)", Limits: limits})
+				times = append(times, time.Since(start))
+				if err != nil || res.Reason != protocol.Exited || string(res.Stdout) != "42\n" {
+					b.Fatalf("%v %s %q %v", err, res.Reason, res.Stdout, res.Diagnostics)
+				}
+			}
+			sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+			b.ReportMetric(float64(times[len(times)/2].Microseconds())/1000, "ms/median")
 		})
 	}
 }

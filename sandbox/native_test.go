@@ -22,7 +22,7 @@ import (
 // nativeRoot returns the native backend's root file system for the tests:
 // $SANDCELL_NATIVE_ROOT, or the bundle's (make native). Under make (the bundle
 // directory set) a missing root fails the test; elsewhere it skips, saying so.
-func nativeRoot(t *testing.T) string {
+func nativeRoot(t testing.TB) string {
 	t.Helper()
 	if d := os.Getenv("SANDCELL_NATIVE_ROOT"); d != "" {
 		return d
@@ -488,14 +488,38 @@ T()`)
 	if c := cell("x"); c.Value != "7" {
 		t.Fatalf("after save: %q", c.Value)
 	}
-	c, err := ss.Run(context.Background(), protocol.Request{Code: "import time; time.sleep(30)",
+	// A cell past its time is rolled back: the interpreter is ended and the
+	// checkpoint forked before the cell carries on, with what the cell changed
+	// undone and its output so far kept.
+	c, err := ss.Run(context.Background(), protocol.Request{Code: "x = 100\nprint('before', flush=True)\nimport time; time.sleep(30)",
 		Limits: protocol.Limits{TimeoutMS: 300, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}})
-	if err != nil || c.Reason != protocol.Timeout || c.RolledBack {
-		t.Fatalf("timeout cell: %+v %v", c.Result, err)
+	if err != nil || c.Reason != protocol.Timeout || !c.RolledBack || string(c.Stdout) != "before\n" {
+		t.Fatalf("timeout cell: %+v %v stdout %q", c.Result, err, c.Stdout)
 	}
-	if _, err := ss.Run(context.Background(), protocol.Request{Code: "x", Limits: protocol.Limits{TimeoutMS: 5000,
-		MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}}); !errors.Is(err, sandbox.ErrSessionLost) {
-		t.Fatalf("after a timeout: %v", err)
+	if c := cell("x"); c.Value != "7" || len(c.Stdout) != 0 {
+		t.Fatalf("after a timeout: value %q stdout %q", c.Value, c.Stdout)
+	}
+	// One that ends the interpreter itself (os._exit) is rolled back too.
+	if c := cell("x = 200\nimport os; os._exit(3)"); c.Reason != protocol.Exited || !c.RolledBack {
+		t.Fatalf("os._exit: %+v", c.Result)
+	}
+	// A thread a cell left running is not in the checkpoint (it holds the thread
+	// that forked it alone).
+	cell("import threading, time\nev = threading.Event()\nth = threading.Thread(target=ev.wait, daemon=True)\nth.start()")
+	if c := cell("x, threading.active_count()"); c.Value != "(7, 2)" {
+		t.Fatalf("a thread: %q", c.Value)
+	}
+	if c, err := ss.Run(context.Background(), protocol.Request{Code: "time.sleep(30)",
+		Limits: protocol.Limits{TimeoutMS: 300, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}}); err != nil || !c.RolledBack {
+		t.Fatalf("timeout with a thread: %+v %v", c.Result, err)
+	}
+	if c := cell("x, threading.active_count(), th.is_alive()"); c.Value != "(7, 1, False)" {
+		t.Fatalf("after a rollback with a thread: %q stderr %q", c.Value, c.Stderr)
+	}
+	// The guest still starts no process: the one fork the daemon allows is the
+	// runner's, before each cell.
+	if c := cell("import os\ntry:\n    os.fork()\nexcept OSError as e:\n    print(e.errno)"); string(c.Stdout) != "1\n" {
+		t.Fatalf("a cell's fork: %q %q", c.Stdout, c.Stderr)
 	}
 }
 
@@ -524,9 +548,9 @@ os.write(3, len(b).to_bytes(4, "big") + b)`, protocol.Version)})
 }
 
 // A native session's cell is held to its own CPU-time limit (the parent watches the
-// interpreter's CPU time: RLIMIT_CPU is the session's backstop), threads' time
-// included; with no checkpoint to return to, the session is then lost, saying so.
-// A cell within its limit, after others have used more, is not cut.
+// session's processes' CPU time: RLIMIT_CPU is the session's backstop), threads'
+// time included; the cell is then rolled back, its threads with it. A cell within
+// its limit, after others have used more, is not cut.
 func TestNativeSessionCellCPULimit(t *testing.T) {
 	t.Parallel()
 	ss := openNativeSession(t)
@@ -549,14 +573,16 @@ def spin(s):
 ts = [threading.Thread(target=spin, args=(1000,)) for _ in range(2)]
 for t in ts: t.start()
 for t in ts: t.join()`})
-	if err != nil || c.Reason != protocol.CPULimit {
+	if err != nil || c.Reason != protocol.CPULimit || !c.RolledBack {
 		t.Fatalf("a spinning cell: %v %+v", err, c.Result)
 	}
 	if d := time.Since(began); d > 10*time.Second {
 		t.Fatalf("the cell ran %s past a 0.7 s CPU limit", d)
 	}
-	if _, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: "1"}); !errors.Is(err, sandbox.ErrSessionLost) {
-		t.Fatalf("after the limit: %v", err)
+	// Its threads ended with the interpreter: the next cell has the CPU to itself.
+	c, err = ss.Run(context.Background(), protocol.Request{Limits: lim, Code: "import threading\nspin(0.4)\nthreading.active_count()"})
+	if err != nil || c.Reason != protocol.Exited || c.Value != "1" {
+		t.Fatalf("after the limit: %v %+v %q %s", err, c.Result, c.Value, c.Stderr)
 	}
 }
 
@@ -745,5 +771,69 @@ func TestNativeLeastMemory(t *testing.T) {
 	wantOutput(t, res, "42\n")
 	if e := res.Enforcement; e == nil || !e.Seccomp.Active || e.Rlimits["DATA"] != policy.MinMemoryBytes {
 		t.Fatalf("contract %+v", e)
+	}
+}
+
+// A fork hook of the guest's (os.register_at_fork) runs inside the window the
+// daemon opens for the runner's checkpoint, and its fork takes the window's one
+// fork (the hook's of cell 2, and of each cell after): the runner's is refused, and
+// the hook's process, not a stopped checkpoint, is killed when the cell's ack comes
+// (between cells, pid 1 and the interpreter are the session's only processes); a
+// cell past its time then ends the session, saying why.
+func TestNativeSessionAtForkHook(t *testing.T) {
+	t.Parallel()
+	ss := openNativeSession(t)
+	lim := protocol.Limits{TimeoutMS: 5000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
+	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: `import os, time
+forked, busy = [], []
+def hook():
+    if busy:
+        return  # its own fork runs the hooks too
+    busy.append(1)
+    try:
+        if os.fork() == 0:
+            time.sleep(3600)
+            os._exit(0)
+        forked.append("child")
+    except OSError as e:
+        forked.append(e.errno)
+    finally:
+        busy.pop()
+os.register_at_fork(before=hook)`})
+	if err != nil || c.Reason != protocol.Exited || c.ExitCode != 0 {
+		t.Fatalf("cell 1: %v %+v %s", err, c.Result, c.Stderr)
+	}
+	c, err = ss.Run(context.Background(), protocol.Request{Limits: lim, Code: "print(forked)"})
+	if err != nil || string(c.Stdout) != "['child']\n" {
+		t.Fatalf("the hook's fork: %v %+v %q %s", err, c.Result, c.Stdout, c.Stderr)
+	}
+	// Between cells, the hook's process is gone: pid 1, the interpreter, and no
+	// other process in the session's pid namespace.
+	var others int
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", ss.PID()))
+		others = 0
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			if l, err := os.Readlink("/proc/" + e.Name() + "/ns/pid"); err == nil && l == ns {
+				if b, _ := os.ReadFile("/proc/" + e.Name() + "/stat"); !bytes.Contains(b, []byte(") Z")) {
+					others++
+				}
+			}
+		}
+		if others <= 2 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if others != 2 {
+		t.Fatalf("%d living processes in the session's pid namespace between cells, want 2 (pid 1, the interpreter)", others)
+	}
+	c, err = ss.Run(context.Background(), protocol.Request{Code: "import time; time.sleep(30)",
+		Limits: protocol.Limits{TimeoutMS: 300, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}})
+	if err != nil || c.Reason != protocol.Timeout || c.RolledBack || !strings.Contains(strings.Join(c.Diagnostics, " "), "had no checkpoint") {
+		t.Fatalf("a cell without its checkpoint: %v %+v", err, c.Result)
+	}
+	if _, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: "1"}); !errors.Is(err, sandbox.ErrSessionLost) {
+		t.Fatalf("after it: %v", err)
 	}
 }

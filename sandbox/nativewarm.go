@@ -100,6 +100,7 @@ type nativeIdle struct {
 	key      string   // nativeKey of the run it was prepared after
 	ws       protocol.FileID
 	contract protocol.Report // from its StepExec frame
+	forks    *forks          // its checkpoints', if it is claimed for a session (nil: none)
 	used     time.Time       // when it was made idle
 	expire   *time.Timer
 }
@@ -400,7 +401,12 @@ func (s *Spawner) startNative(req protocol.Request, preimport []string, anyRC bo
 		if _, err := p.ctl.Write(frame); err != nil {
 			return protocol.Frame{}, err
 		}
-		return protocol.Receive(p.ctl, protocol.StepReport, protocol.StepExec)
+		f, listener, err := protocol.ReceiveFile(p.ctl, protocol.MaxFrame, protocol.StepReport, protocol.StepExec)
+		if listener != nil {
+			// Forks are refused until a session claims it (openSessionWarm).
+			w.forks = superviseForks(listener, p.cmd.Process.Pid, false)
+		}
+		return f, err
 	}()
 	switch {
 	case err != nil:
@@ -441,13 +447,20 @@ func (s *Spawner) openSessionWarm(ctx context.Context, w *nativeIdle, req protoc
 		w.drop()
 		return nil
 	}
-	ss := &Session{p: w.p, memory: req.Limits.MemoryBytes, processes: req.Hardening.Processes, native: true, ws: ws}
+	ss := &Session{p: w.p, memory: req.Limits.MemoryBytes, processes: req.Hardening.Processes, native: true, ws: ws,
+		forks: w.forks}
+	if ss.forks != nil {
+		ss.forks.window(true) // for pid 1's fork of the interpreter
+	}
 	ch := ss.next()
 	_, err = w.stdin.Write(protocol.SessionProgram())
 	w.stdin.Close()
 	var rep protocol.Report
 	if err == nil {
 		rep, err = ss.wait(ctx, ch, openTimeout)
+	}
+	if err == nil && ss.forks != nil {
+		err = ss.forks.adopt(0)
 	}
 	if err != nil || rep.Reason != protocol.Exited || w.contract.Enforcement == nil {
 		ss.Close()

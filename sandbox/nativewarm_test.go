@@ -205,8 +205,8 @@ func TestNativeWarmReadsNoWorkspaceFile(t *testing.T) {
 // A native session opened in a workspace that holds a warm worker runs its cells in
 // it: the stack already imported, its contract every layer's with the session's CPU
 // limit from the claim, state kept across cells, a workspace module that shadows a
-// preimported one the cells' own, and the session stopped between cells as a cold
-// one is. Opening it leaves a worker prepared for the workspace's next session or
+// preimported one the cells' own, a cell past its time rolled back, and the
+// session stopped between cells as a cold one is. Opening it leaves a worker prepared for the workspace's next session or
 // run.
 func TestNativeWarmSession(t *testing.T) {
 	t.Parallel()
@@ -248,6 +248,13 @@ func TestNativeWarmSession(t *testing.T) {
 print("pandas" in sys.modules, os.getcwd(), getattr(json, "MINE", 0))
 import pandas as pd
 df = pd.DataFrame({"a": [1, 2]})`, "True /ws 1\n")
+	cell(`print(df["a"].sum())`, "3\n")
+	// A cell past its time is rolled back, as in a cold session.
+	c, err := ss.Run(context.Background(), protocol.Request{Code: "df = None\nimport time; time.sleep(30)",
+		Limits: protocol.Limits{TimeoutMS: 300, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}})
+	if err != nil || c.Reason != protocol.Timeout || !c.RolledBack {
+		t.Fatalf("a cell past its time: %v %+v", err, c.Result)
+	}
 	cell(`print(df["a"].sum())`, "3\n")
 	if st := sp.NativeWarmStats(); st.Hits != 1 {
 		t.Fatalf("%+v", st)

@@ -24,9 +24,9 @@ import (
 var ErrSessionLost = errors.New("sandbox: the session's interpreter state is lost")
 
 // ErrNoCheckpoint is returned by Save for a session on the native backend, whose
-// interpreter is a process the sandbox cannot yet save (nothing is lost: the
-// session goes on).
-var ErrNoCheckpoint = errors.New("sandbox: a native session keeps no checkpoint")
+// interpreter (and its checkpoint) is a process the sandbox cannot save to disk
+// (nothing is lost: the session goes on).
+var ErrNoCheckpoint = errors.New("sandbox: a native session keeps no checkpoint on disk")
 
 // openTimeout bounds how long a session's worker may take to harden itself and
 // instantiate the snapshot.
@@ -44,6 +44,11 @@ type Session struct {
 	p      *proc
 	native bool     // a native session
 	ws     *os.File // the session's workspace, where its displays are read
+	// forks are a native session's checkpoints (nil: it keeps none, and a cell
+	// that does not end by itself ends the session); listener is the filter's,
+	// received with the contract, until they are made.
+	forks    *forks
+	listener *os.File
 	// processes: a native session whose guest may start processes (see idle).
 	processes bool
 	memory    int64 // the memory limit: a saved checkpoint is at most that
@@ -151,7 +156,7 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 		ss.Close()
 		return nil, fmt.Errorf("sandbox: session: %w", err)
 	}
-	ch := ss.next() // a worker that refuses reports at once, and reads no checkpoint
+	ch := ss.first() // a worker that refuses reports at once, and reads no checkpoint
 	if resume != nil {
 		// A write that fails because the worker refused and left is told by its
 		// report; a checkpoint that cannot be read is told at once.
@@ -165,6 +170,10 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 		// The worker's contract (StepExec); the interpreter it became says the
 		// session is open with a report of its own.
 		contract := rep.Enforcement
+		if ss.listener != nil {
+			// Before the interpreter's report: its pid 1 forks it first.
+			ss.forks, ss.listener = superviseForks(ss.listener, p.cmd.Process.Pid, true), nil
+		}
 		if rep, err = ss.wait(ctx, ss.next(), openTimeout); err == nil {
 			rep.Enforcement = contract
 		}
@@ -182,6 +191,12 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 		return nil, fmt.Errorf("sandbox: session: %s", missing)
 	}
 	ss.opened = *rep.Enforcement
+	if ss.forks != nil {
+		if err := ss.forks.adopt(0); err != nil {
+			ss.Close()
+			return nil, fmt.Errorf("sandbox: session: %w", err)
+		}
+	}
 	if native {
 		ss.idle()
 		// The next native session or run in this workspace may find a warm worker.
@@ -196,10 +211,15 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 // With processes allowed, the processes a cell started end with it: every process of
 // the session's pid namespace but the interpreter is killed (a process that left the
 // interpreter's group would escape the stop, and could continue the interpreter).
+// With checkpoints, the last cell's checkpoint is killed (the cell ended by itself):
+// the session's only process besides pid 1 and the interpreter.
 // A wasm session's worker runs nothing of the guest's between cells.
 func (ss *Session) idle() {
 	if ss.processes {
 		endOthers(ss.p.cmd.Process.Pid)
+	}
+	if ss.forks != nil {
+		ss.forks.drop() // the last cell's checkpoint, if the cell ended by itself
 	}
 	ss.p.signalGroup(syscall.SIGSTOP)
 }
@@ -234,6 +254,27 @@ type received struct {
 	ack bool // StepAck: the cell started
 	rep protocol.Report
 	err error
+}
+
+// first is next for the worker's first frame, which may carry a file: a native
+// session's seccomp listener, with its contract (protocol.SendFile), kept in
+// ss.listener before the frame is given.
+func (ss *Session) first() <-chan received {
+	if !ss.native {
+		return ss.next()
+	}
+	ch := make(chan received, 1)
+	go func() {
+		f, file, err := protocol.ReceiveFile(ss.p.ctl, protocol.MaxFrame, protocol.StepReport, protocol.StepExec)
+		switch {
+		case err != nil:
+			ch <- received{err: err}
+		default:
+			ss.listener = file
+			ch <- received{rep: *f.Report}
+		}
+	}()
+	return ch
 }
 
 // next reads the worker's next frame (a report, or a cell's ack) in the background.
@@ -348,12 +389,19 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	if ss.native {
 		ss.p.signalGroup(syscall.SIGCONT) // stopped since the last cell (see idle)
 	}
+	if ss.forks != nil {
+		ss.forks.window(true) // for the cell's checkpoint, until its ack
+	}
 	if err := protocol.Send(ss.p.ctl, protocol.Frame{Step: protocol.StepCell, Request: &frame}); err != nil {
 		ss.lose("the worker is gone")
 		return Cell{}, fmt.Errorf("%w: the worker is gone", ErrSessionLost)
 	}
 	stdout := cellStream{out: protocol.NewOutput(l.MaxStdoutBytes), value: valueMarks(frame.ValueMark), name: "stdout", observe: observe}
 	stderr := cellStream{out: protocol.NewOutput(l.MaxStderrBytes), name: "stderr", observe: observe}
+	if ss.forks != nil {
+		// A rolled back cell's output ends with its checkpoint's marker instead.
+		stdout.alt, stderr.alt = rollbackMarker(end), rollbackMarker(end)
+	}
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { defer wg.Done(); stdout.read(ss.p.outR, end, l.MaxStdoutBytes) }()
@@ -380,7 +428,12 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		ss.p.kill()
 		got = received{err: errors.New("the interpreter sent a frame out of turn")}
 	}
+	checkpointed := false // the cell's checkpoint was forked, and is kept
+	ended := false        // the interpreter ended during the cell by itself
 	if got.err == nil && got.ack {
+		if ss.forks != nil {
+			checkpointed = ss.forks.window(false) && ss.forks.keep()
+		}
 		ch = ss.next()
 		got = received{}
 		timer := time.NewTimer(time.Duration(l.TimeoutMS) * time.Millisecond)
@@ -389,10 +442,22 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		if ss.native && l.CPUMS > 0 {
 			stop := make(chan struct{})
 			defer close(stop)
-			cpuOver = watchCPU(ss.p, time.Duration(l.CPUMS)*time.Millisecond, stop, processCPU)
+			read := processCPU // the interpreter is the worker
+			if ss.forks != nil {
+				read = treeCPU // the session's processes under pid 1
+			}
+			cpuOver = watchCPU(ss.p, time.Duration(l.CPUMS)*time.Millisecond, stop, read)
+		}
+		var exit <-chan struct{} // nil: not watched (the interpreter is the worker)
+		if checkpointed {
+			stop := make(chan struct{})
+			defer close(stop)
+			exit = ss.forks.exit(stop)
 		}
 		select {
 		case got = <-ch:
+		case <-exit:
+			ended = true
 		case <-timer.C:
 			why = protocol.Timeout
 		case <-cpuOver:
@@ -401,11 +466,18 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 			why, _ = stopCause(ctx)
 		}
 	}
-	if why != "" && ss.native {
+	rolledBack := false
+	if (why != "" || ended) && checkpointed {
+		got = ss.rollback(ch)
+		rolledBack = got.err == nil
+	} else if why != "" && ss.native {
 		// No checkpoint to roll back to: the cell ends its session.
 		ss.p.kill()
 		got = <-ch
-		got.err = errors.New("the native backend keeps no checkpoint to roll back to")
+		got.err = errors.New("the native session keeps no checkpoint to roll back to")
+		if ss.forks != nil {
+			got.err = errors.New("the cell had no checkpoint (its fork failed, or the process forked was not the runner's stopped checkpoint: see os.register_at_fork)")
+		}
 	} else if why != "" {
 		grace := time.NewTimer(interruptGrace)
 		defer grace.Stop()
@@ -421,8 +493,14 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		}
 	}
 	res := protocol.Result{ExitCode: -1, Reason: why}
-	rolledBack := false
 	switch {
+	case ended && rolledBack:
+		// The interpreter ended in the middle of the cell (os._exit, a signal, a
+		// crash); its checkpoint is the interpreter now.
+		res.Reason = protocol.Exited
+		res.Diagnostics = []string{"the interpreter ended during the cell (os._exit, a signal or a crash); its checkpoint from before the cell carries on"}
+	case rolledBack:
+		// The interpreter was ended; its checkpoint is the interpreter now.
 	case got.err == nil && ss.native:
 		// The interpreter's report (untrusted): its status alone, within a shell's.
 		res.ExitCode, res.Reason = got.rep.ExitCode&0xFF, protocol.Exited
@@ -460,6 +538,14 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		}
 	}
 	wg.Wait()
+	if rolledBack && ss.lost == "" {
+		// A stream whose cell's end marker came (the interpreter was ended as the
+		// cell ended) holds its checkpoint's marker still: read past it.
+		if !ss.pastRollback(&stdout, ss.p.outR) || !ss.pastRollback(&stderr, ss.p.errR) {
+			ss.lose("the checkpoint's output did not end with its marker")
+			ss.p.kill()
+		}
+	}
 	if ss.native && ss.lost == "" {
 		ss.idle()
 	}
@@ -478,6 +564,83 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		c.Value, c.ValueTruncated = string(stdout.value.buf), stdout.value.truncated
 	}
 	return c, nil
+}
+
+// rollback ends the interpreter of a cell that did not end by itself (or finds it
+// ended) and continues the cell's checkpoint, which carries on from the state
+// before the cell, and says so (a report with RolledBack). ch brings the
+// interpreter's frames: any it sent before it ended (its report, if the cell ended
+// as it was stopped) are passed over. Within interruptGrace, or the session's
+// worker is killed and the result is an error.
+func (ss *Session) rollback(ch <-chan received) received {
+	old, err := ss.forks.resume()
+	if err != nil {
+		ss.p.kill()
+		<-ch
+		return received{err: fmt.Errorf("cannot roll back: %w", err)}
+	}
+	grace := time.NewTimer(interruptGrace)
+	defer grace.Stop()
+	for {
+		select {
+		case g := <-ch:
+			if g.err != nil {
+				return g
+			}
+			if !g.rep.RolledBack {
+				ch = ss.next() // the ended interpreter's
+				continue
+			}
+			if err := ss.forks.adopt(old); err != nil {
+				ss.p.kill()
+				return received{err: err}
+			}
+			return g
+		case <-grace.C:
+			ss.p.kill()
+			<-ch
+			return received{err: fmt.Errorf("the cell's checkpoint did not carry on within %s", interruptGrace)}
+		}
+	}
+}
+
+// rollbackMarker is what a checkpoint writes on both streams when it carries on (the
+// cell's end marker with its last byte inverted: see the runner's
+// _sandcell_session), after everything the ended interpreter wrote.
+func rollbackMarker(end []byte) []byte {
+	m := slices.Clone(end)
+	m[len(m)-1] ^= 0xFF
+	return m
+}
+
+// pastRollback reads r (c's stream) past c's rollback marker when c stopped at the
+// cell's end marker instead, so that the next cell's output begins after it; false
+// when it does not come within interruptGrace.
+func (ss *Session) pastRollback(c *cellStream, r *os.File) bool {
+	if c.sawAlt {
+		return true
+	}
+	done := make(chan bool, 1)
+	go func() {
+		seen := c.after
+		buf := make([]byte, 4096)
+		for !bytes.Contains(seen, c.alt) {
+			n, err := r.Read(buf)
+			if err != nil {
+				done <- false
+				return
+			}
+			// Only what may still hold the marker is kept.
+			seen = append(seen[max(0, len(seen)-len(c.alt)):], buf[:n]...)
+		}
+		done <- true
+	}()
+	select {
+	case ok := <-done:
+		return ok
+	case <-time.After(interruptGrace):
+		return false
+	}
 }
 
 // lose records why the session's state is gone; ss.mu is held.
@@ -511,6 +674,12 @@ func (ss *Session) Close() error {
 	if ss.ws != nil {
 		ss.ws.Close()
 	}
+	if ss.listener != nil {
+		ss.listener.Close()
+	}
+	if ss.forks != nil {
+		ss.forks.close()
+	}
 	return nil
 }
 
@@ -523,6 +692,12 @@ type cellStream struct {
 	value     *cellValue // nil: no value is looked for
 	name      string     // the stream's, for observe
 	observe   Observer   // given what is kept, as it is; nil: nothing
+	// alt is a second end marker (a native checkpoint's: rollbackMarker), or nil;
+	// sawAlt says the stream has had it; after holds what followed the marker the
+	// read stopped at, in its last read.
+	alt    []byte
+	sawAlt bool
+	after  []byte
 }
 
 // cellValue is a cell's value as it comes on stdout, between its marks.
@@ -565,8 +740,16 @@ func (c *cellStream) read(r *os.File, end []byte, limit int64) {
 				} else if c.value != nil && !c.value.closed {
 					next, marker = bytes.Index(data, c.value.begin), c.value.begin
 				}
-				if i := bytes.Index(data, end); i >= 0 && (next < 0 || i < next) {
-					sink(data[:i], limit)
+				stop, mark := bytes.Index(data, end), end
+				if c.alt != nil {
+					if i := bytes.Index(data, c.alt); i >= 0 && (stop < 0 || i < stop) {
+						stop, mark = i, c.alt
+					}
+				}
+				if stop >= 0 && (next < 0 || stop < next) {
+					sink(data[:stop], limit)
+					c.after = slices.Clone(data[stop+len(mark):])
+					c.sawAlt = c.alt != nil && (bytes.Equal(mark, c.alt) || bytes.Contains(c.after, c.alt))
 					return
 				}
 				if next < 0 {

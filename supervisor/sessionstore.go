@@ -423,7 +423,7 @@ func (m *Sessions) Fork(ctx context.Context, id string, caller Caller) (*Session
 		return nil, fmt.Errorf("%w: %s", ErrSessionLost, lost)
 	}
 	if req.Backend == protocol.BackendNative {
-		return nil, fmt.Errorf("%w: a native session keeps no checkpoint to fork from", sandbox.ErrBadRequest)
+		return nil, fmt.Errorf("%w: a native session cannot be forked: its interpreter is a process inside its own workspace's sandbox", sandbox.ErrBadRequest)
 	}
 	req.Workspace = ""
 	s, err := m.reserve(caller, req, "")

@@ -113,7 +113,7 @@ func TestNativeBackend(t *testing.T) {
 	}
 
 	// A session on the native backend: state across cells, a DataFrame's value as
-	// text and its HTML as a display; no fork (no checkpoint).
+	// text and its HTML as a display, a cell past its time rolled back; no fork.
 	post := func(path, body string) (int, []byte) {
 		t.Helper()
 		resp, err := client.Post("http://sandcell"+path, "application/json", strings.NewReader(body))
@@ -145,6 +145,14 @@ func TestNativeBackend(t *testing.T) {
 	if code != 200 || ans.State != "preserved" || !strings.Contains(ans.Value, "a  b") || len(ans.Result.Displays) != 2 ||
 		ans.Result.Displays[0].Type != "text/html" || !strings.Contains(ans.Result.Displays[0].Text, "<table") {
 		t.Fatalf("cell 2: %d %s", code, b)
+	}
+	code, b = post("/v1/sessions/"+sess.ID+"/cells", `{"code":"df = None\nimport time\ntime.sleep(60)","limits":{"timeout_ms":500}}`)
+	if json.Unmarshal(b, &ans); code != 200 || ans.State != "rolled_back" {
+		t.Fatalf("a cell past its time: %d %s", code, b)
+	}
+	code, b = post("/v1/sessions/"+sess.ID+"/cells", `{"code":"int(df.a.sum())"}`)
+	if json.Unmarshal(b, &ans); code != 200 || ans.State != "preserved" || ans.Value != "3" {
+		t.Fatalf("after the rollback: %d %s", code, b)
 	}
 	if code, b := post("/v1/sessions/"+sess.ID+"/fork", ``); code != 400 {
 		t.Fatalf("fork of a native session: %d %s", code, b)

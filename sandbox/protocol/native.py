@@ -215,8 +215,19 @@ def _sandcell_session():
     # bootstrap does: a last expression's value goes between the cell's value marks
     # on stdout (and, where it has a rich representation, to the displays), the
     # figures left open are displays, and the cell's end marker follows its output on
-    # both streams before its report. No checkpoint is kept: the parent ends the
-    # session when a cell does not end by itself.
+    # both streams before its report.
+    #
+    # With checkpoints, this process (pid 1 of the session's pid namespace) forks the
+    # interpreter and stays as its reaper, running no cell; before each cell the
+    # interpreter forks a checkpoint of itself (only the fork the parent allows
+    # passes the filter: seccomp.WithCheckpoints), which stops itself at once and
+    # then waits on a pipe only the interpreter writes to. The parent ends it
+    # between cells once the cell has ended by itself; a cell that does not is
+    # ended by the parent killing the interpreter and continuing the checkpoint,
+    # which reads the pipe's end and carries on as the interpreter, from the state
+    # before the cell (its only thread the one that forked: a cell's threads are not
+    # in it). Without checkpoints the parent ends the session when a cell does not
+    # end by itself.
     import ast
     import base64
     import io
@@ -296,6 +307,74 @@ def _sandcell_session():
             return 130 if isinstance(e, KeyboardInterrupt) else 1
         return 0
 
+    def wait_for(pid):
+        while True:
+            try:
+                return os.waitpid(pid, 0)
+            except InterruptedError:
+                pass
+            except ChildProcessError:
+                return None
+
+    def reap_forever():
+        # pid 1: reap the interpreters the checkpoints replace, until none is left.
+        for fd in (0, 1, 2, 3):
+            os.close(fd)
+        while True:
+            try:
+                os.wait()
+            except InterruptedError:
+                pass
+            except ChildProcessError:
+                os._exit(0)
+
+    def checkpoint():
+        # (pid, pipe) in the interpreter; None when the fork was refused; "restored"
+        # in the checkpoint, once the interpreter it was taken from is gone.
+        import signal
+        import warnings
+        flush()
+        r, w = os.pipe()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # forking a process with threads
+                pid = os.fork()
+        except OSError:
+            os.close(r)
+            os.close(w)
+            return None
+        if pid:
+            os.close(r)
+            return pid, w
+        # The checkpoint stops at once: the parent keeps it only stopped, and
+        # continues it only to carry on as the interpreter.
+        os.kill(os.getpid(), signal.SIGSTOP)
+        os.close(w)
+        while True:
+            try:
+                b = os.read(r, 1)
+                break
+            except InterruptedError:
+                pass
+        if b:
+            os._exit(0)  # the cell it stood for ended by itself
+        os.close(r)
+        return "restored"
+
+    def release(kept):
+        # The last cell ended by itself: its checkpoint is not needed.
+        if isinstance(kept, tuple):
+            pid, w = kept
+            try:
+                os.write(w, b"x")
+            except OSError:
+                pass  # ended already (the parent ends what a cell left)
+            os.close(w)
+            wait_for(pid)
+
+    checkpoints = _sandcell_checkpoints
+    if checkpoints and os.fork():
+        reap_forever()
     _sandcell_setup()
     main = types.ModuleType("__main__")
     main.__builtins__ = __builtins__
@@ -306,11 +385,26 @@ def _sandcell_session():
     import builtins
     builtins.display = _Displays.display
     _sandcell_send({"exit_code": 0, "reason": "exited"}, "report")  # open
+    kept = None
     while True:
         f = recv()
         if f is None or f.get("step") != "cell":
             os._exit(0)
         req = f["request"]
+        if checkpoints:
+            release(kept)
+            kept = checkpoint()
+            if kept == "restored":
+                # The cell's output ends with the checkpoint's marker (the end
+                # marker, its last byte inverted), after all the ended one wrote.
+                kept = None
+                end = base64.b64decode(req.get("cell_end") or "")
+                if end:
+                    mark = end[:-1] + bytes([end[-1] ^ 0xFF])
+                    write_all(1, mark)
+                    write_all(2, mark)
+                _sandcell_send({"exit_code": 0, "reason": "exited", "rolled_back": True}, "report")
+                continue
         _sandcell_send(None, "ack")
         os.environ.update(req.get("env") or {})
         sys.stdin = io.TextIOWrapper(io.BytesIO(base64.b64decode(req.get("stdin") or "")), encoding="utf-8",
@@ -385,6 +479,9 @@ def _sandcell_control():
 
 
 import sys as _sys  # noqa: E402
+_sandcell_checkpoints = _sys.argv[1:2] == ["checkpoints"]  # a session's, if it becomes one
+if _sandcell_checkpoints:
+    del _sys.argv[1]
 if _sys.argv[1:] == ["control"]:
     _sandcell_control()
     del _sys

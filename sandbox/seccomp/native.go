@@ -208,7 +208,7 @@ func NativeRules(processes bool) specs.LinuxSeccomp {
 // for a native session whose interpreter forks a checkpoint of itself before each
 // cell: a new process (clone without CLONE_THREAD and without a namespace flag) is
 // no longer refused by the filter but notified (SCMP_ACT_NOTIFY) to the daemon,
-// which lets exactly the checkpoint's fork through (Supervise) and refuses every
+// which lets exactly the checkpoint's fork through (unotify.Supervise) and refuses every
 // other with EPERM, as before; and the interpreter may reap its checkpoints (wait4,
 // waitid: with no other child, they find none). fork and vfork stay refused: glibc
 // forks with clone.
@@ -217,13 +217,4 @@ func WithCheckpoints(p specs.LinuxSeccomp) specs.LinuxSeccomp {
 		specs.LinuxSyscall{Names: []string{"clone"}, Action: specs.ActNotify, Args: args(0, unix.CLONE_THREAD|namespaceFlags, 0)},
 		allow("wait4", "waitid"))
 	return p
-}
-
-// CheckpointFork reports whether c is the clone(2) glibc's fork makes (no
-// CLONE_THREAD, no namespace flag, no CLONE_VM: a process with its own copy of the
-// caller's memory, SIGCHLD at its end), as a native session's interpreter calls
-// it for a checkpoint.
-func CheckpointFork(c Call) bool {
-	const want = unix.CLONE_CHILD_SETTID | unix.CLONE_CHILD_CLEARTID | uint64(unix.SIGCHLD)
-	return c.Syscall == "clone" && c.Args[0] == want
 }

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandcell/sandcell/sandbox/seccomp/unotify"
 )
 
 // notifyVictimEnv makes the test binary a native session's interpreter as far as
@@ -114,14 +116,14 @@ func TestSuperviseCheckpointFork(t *testing.T) {
 	var asked, allowed atomic.Int32
 	served := make(chan error, 1)
 	go func() {
-		served <- Supervise(os.NewFile(uintptr(lfds[0]), "listener"), func(c Call) bool {
+		served <- unotify.Supervise(os.NewFile(uintptr(lfds[0]), "listener"), func(c unotify.Call) bool {
 			asked.Add(1)
-			if c.TID != cmd.Process.Pid || !CheckpointFork(c) || allowed.Load() > 0 {
+			if c.TID != cmd.Process.Pid || !unotify.CheckpointFork(c) || allowed.Load() > 0 {
 				return false
 			}
 			allowed.Add(1)
 			return true
-		})
+		}, func(unotify.Call) { allowed.Add(-1) })
 	}()
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("victim: %v: %s", err, out)

@@ -23,7 +23,7 @@
 //     fails with ENOSYS.
 //   - flags, listenerPath and SCMP_ACT_TRACE are refused; so is SCMP_ACT_NOTIFY in a
 //     file (LoadFile): a notifying rule is the worker's own (a native session's
-//     checkpoint, see Supervise), whose answers only the daemon gives.
+//     checkpoint, see package unotify), whose answers only the daemon gives.
 package seccomp
 
 import (
@@ -63,7 +63,7 @@ type Program struct {
 	Arch string
 	// Notifies says a rule's action is SCMP_ACT_NOTIFY: the program is installed
 	// with InstallListener, and the listener's holder answers those calls
-	// (Supervise).
+	// (unotify.Supervise).
 	Notifies bool
 }
 
@@ -171,7 +171,7 @@ func (p *Program) Install() error {
 
 // InstallListener is Install for a program that notifies (Notifies): it returns the
 // filter's listener (SECCOMP_FILTER_FLAG_NEW_LISTENER), through which its notifying
-// calls are answered (Supervise). Until the listener is handed to a supervisor, a
+// calls are answered (unotify.Supervise). Until the listener is handed to a supervisor, a
 // notifying call waits; once every copy of it is closed, such calls fail with
 // ENOSYS.
 func (p *Program) InstallListener() (*os.File, error) {
@@ -179,8 +179,15 @@ func (p *Program) InstallListener() (*os.File, error) {
 		return nil, errors.New("seccomp: the program notifies of no call")
 	}
 	// TSYNC with a listener needs TSYNC_ESRCH (Linux 5.7): the return value is then
-	// the listener, and a thread that cannot be synchronised is ESRCH.
-	fd, err := p.load(unix.SECCOMP_FILTER_FLAG_TSYNC | unix.SECCOMP_FILTER_FLAG_TSYNC_ESRCH | unix.SECCOMP_FILTER_FLAG_NEW_LISTENER)
+	// the listener, and a thread that cannot be synchronised is ESRCH. With
+	// WAIT_KILLABLE_RECV (Linux 5.19) a call the supervisor has received waits for
+	// its answer through signals other than a fatal one, so that an answer is not
+	// lost to a signal (the call would ask again, and a one-time approval be spent).
+	flags := uintptr(unix.SECCOMP_FILTER_FLAG_TSYNC | unix.SECCOMP_FILTER_FLAG_TSYNC_ESRCH | unix.SECCOMP_FILTER_FLAG_NEW_LISTENER)
+	fd, err := p.load(flags | unix.SECCOMP_FILTER_FLAG_WAIT_KILLABLE_RECV)
+	if errors.Is(err, unix.EINVAL) {
+		fd, err = p.load(flags)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -199,6 +199,10 @@ func victim() {
 		os.Stdout.WriteString("compile: " + err.Error())
 		os.Exit(2)
 	}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil { // as the worker, unprivileged
+		os.Stdout.WriteString("no_new_privs: " + err.Error())
+		os.Exit(2)
+	}
 	if err := prog.Install(); err != nil {
 		os.Stdout.WriteString("install: " + err.Error())
 		os.Exit(2)

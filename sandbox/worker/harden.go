@@ -71,6 +71,9 @@ type hardened struct {
 
 	seccomp    *seccomp.Program // compiled ahead by a warm worker, or nil
 	seccompErr error
+	// listener is the filter's (a program that notifies: a native session's
+	// checkpoints, see seccomp.WithCheckpoints), for the parent; nil otherwise.
+	listener *os.File
 }
 
 // Hardening applies req.Hardening to this process in two steps: prepare, then
@@ -821,7 +824,11 @@ func installSeccomp(h protocol.Hardening, st *hardened) error {
 	if err != nil {
 		return err
 	}
-	if err := prog.Install(); err != nil {
+	if prog.Notifies {
+		if st.listener, err = prog.InstallListener(); err != nil {
+			return err
+		}
+	} else if err := prog.Install(); err != nil {
 		return err
 	}
 	mode, err := seccomp.Mode()

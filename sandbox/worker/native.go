@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/sandbox/seccomp"
 )
 
 // The native backend. The worker hardens itself exactly as for a wasm run (the same
@@ -57,11 +58,21 @@ func native(r *reply, req *protocol.Request, session bool) {
 		return
 	}
 	if session && (req.Resume || req.Fork || len(req.Preimport) > 0) {
-		rep = failed("a native session keeps no checkpoint to resume or fork from, and imports nothing before its cells")
+		rep = failed("a native session is never resumed or forked (its checkpoints are processes, never saved), and imports nothing before its cells")
 		return
 	}
 	st := prepare(req, false)
 	args := []string{"python3", "-I", "-B", "-c", protocol.NativeRunner()}
+	if (session || len(req.Preimport) > 0) && checkpoints(req, st) {
+		// A session's interpreter (a warm worker's, if it is claimed for one) forks
+		// a checkpoint of itself before each cell, which the filter lets through
+		// only where the parent, given its listener, says so
+		// (seccomp.WithCheckpoints); this process stays pid 1, the reaper, and
+		// runs no cell.
+		p := seccomp.WithCheckpoints(*req.Hardening.Seccomp)
+		req.Hardening.Seccomp = &p
+		args = append(args, "checkpoints")
+	}
 	switch {
 	case session:
 		// Cells come on the control fd; stdin stays the parent's /dev/null.
@@ -95,7 +106,20 @@ func native(r *reply, req *protocol.Request, session bool) {
 		return
 	}
 	enf := st.enf
-	if err := protocol.Send(r.ctl, protocol.Frame{Step: protocol.StepExec, Report: &protocol.Report{Enforcement: &enf}}); err != nil {
+	exec := protocol.Frame{Step: protocol.StepExec, Report: &protocol.Report{Enforcement: &enf}}
+	var err error
+	if st.listener != nil {
+		// The listener goes to the parent with the contract, and is closed here
+		// before the exec: the guest never holds what answers its own calls.
+		err = protocol.SendFile(r.ctl, exec, st.listener)
+		st.listener.Close()
+	} else if slices.Contains(args, "checkpoints") {
+		rep = failed("the session's seccomp filter has no listener for its checkpoints")
+		return
+	} else {
+		err = protocol.Send(r.ctl, exec)
+	}
+	if err != nil {
 		r.ok = false
 		r.once.Do(func() {}) // the parent is gone: nothing to report to
 		return
@@ -108,11 +132,21 @@ func native(r *reply, req *protocol.Request, session bool) {
 			os.Exit(127)
 		}
 	}
-	err := unix.Exec(nativePython, args, protocol.NativeEnv(req.Env))
+	err = unix.Exec(nativePython, args, protocol.NativeEnv(req.Env))
 	// The contract is sent: what follows is read as the guest's. Say it on the
 	// guest's stderr and end as a shell does for a program it cannot run.
 	fmt.Fprintf(os.Stderr, "sandcell: cannot start the native interpreter: %v\n", err)
 	os.Exit(127)
+}
+
+// checkpoints says a native session's interpreter keeps a checkpoint of itself (a
+// fork before each cell): where its guest may not start processes (with processes
+// on, a checkpoint could not be told from them), under a seccomp filter (which
+// gates the fork), in a pid namespace of its own (pid 1, the reaper, outlives the
+// interpreter it replaces with the checkpoint, and the parent can find every
+// process of the session to end those a cell left).
+func checkpoints(req *protocol.Request, st *hardened) bool {
+	return !req.Hardening.Processes && req.Hardening.Seccomp != nil && st.enf.Namespaces[protocol.LayerPidNS]
 }
 
 // mfdNoexecSeal is MFD_NOEXEC_SEAL (linux/memfd.h).

@@ -79,7 +79,7 @@ type RunCellArgs struct {
 	Approval string `json:"approval,omitempty" jsonschema:"where code needs approval: the id of one an approver gave for exactly this call"`
 	// Backend is the interpreter's, when this call starts one (the first, or a
 	// restart); a session keeps the backend it started with.
-	Backend string `json:"backend,omitempty" jsonschema:"the interpreter's backend when this call starts one (the first call, or restart): wasm (default) or native (numpy, pandas, matplotlib, scipy, scikit-learn, seaborn, statsmodels; a native interpreter keeps no checkpoint: a cell past its time or CPU limit ends it)"`
+	Backend string `json:"backend,omitempty" jsonschema:"the interpreter's backend when this call starts one (the first call, or restart): wasm (default) or native (numpy, pandas, matplotlib, scipy, scikit-learn, seaborn, statsmodels; a native cell past its time or CPU limit is rolled back to a fork taken before it)"`
 }
 
 // RunSQLArgs are run_sql's arguments.

@@ -205,10 +205,10 @@ type SessionRequest struct {
 	// Env is the session's environment (names in policy's allowlist).
 	Env map[string]string `json:"env,omitempty"`
 	// Backend is the session's backend, as a run's (RunRequest.Backend). A native
-	// session keeps no checkpoint yet: a cell that does not end by itself (its
-	// wall clock, a cancel) ends the session, it is never paused (it lives until
-	// idle_timeout or close; the daemon's stop ends it, lost), and it cannot be
-	// forked (400).
+	// session's checkpoint is a process forked before each cell: a cell that does
+	// not end by itself (its wall clock, its CPU limit, a cancel) is rolled back to
+	// it; it is never paused (it lives until idle_timeout or close; the daemon's
+	// stop ends it, lost), and it cannot be forked (400).
 	Backend string `json:"backend,omitempty"`
 }
 
