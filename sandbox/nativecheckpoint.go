@@ -221,13 +221,6 @@ func (f *forks) adopt(gone int) error {
 	}
 }
 
-// interpreter is the interpreter's pid.
-func (f *forks) interpreter() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.interp
-}
-
 // close lets go of the interpreter's pidfd.
 func (f *forks) close() {
 	f.mu.Lock()
