@@ -1,5 +1,7 @@
 package sandbox
 
+import "time"
+
 // WithoutPidNamespace makes s start workers without a pid namespace of their own, as
 // it does where its probe finds that a procfs cannot be mounted (a container's
 // masked /proc), and gives why as the reason in the contract.
@@ -17,4 +19,13 @@ func PrepareDespiteMatplotlibrc(s *Spawner) {
 	s.native.mu.Lock()
 	defer s.native.mu.Unlock()
 	s.native.anyRC = true
+}
+
+// SetSessionCPU sets the CPU time in all the daemon keeps a native session with
+// checkpoints to (SessionCPU), until the returned func restores it. Tests that
+// call it must not run in parallel.
+func SetSessionCPU(d time.Duration) (restore func()) {
+	old := sessionCPU
+	sessionCPU = d
+	return func() { sessionCPU = old }
 }

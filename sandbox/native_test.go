@@ -837,3 +837,109 @@ os.register_at_fork(before=hook)`})
 		t.Fatalf("after it: %v", err)
 	}
 }
+
+// A native cell's limits run from its frame, not from the runner's ack: an at-fork
+// hook that sleeps or spins before the checkpoint's fork is held to the cell's
+// wall clock and CPU time (and the session, its checkpoint not taken, is lost).
+func TestNativeSessionLimitsBeforeTheAck(t *testing.T) {
+	t.Parallel()
+	for name, hook := range map[string]string{
+		"sleep": "time.sleep(6)",
+		"spin":  "end = time.process_time() + 6\n    while time.process_time() < end: pass",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ss := openNativeSession(t)
+			lim := protocol.Limits{TimeoutMS: 5000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
+			if c, err := ss.Run(context.Background(), protocol.Request{Limits: lim,
+				Code: "import os, time\ndef hook():\n    " + hook + "\nos.register_at_fork(before=hook)"}); err != nil || c.ExitCode != 0 {
+				t.Fatalf("cell 1: %v %+v %s", err, c.Result, c.Stderr)
+			}
+			began := time.Now()
+			c, err := ss.Run(context.Background(), protocol.Request{Code: "print('ran')",
+				Limits: protocol.Limits{TimeoutMS: 800, CPUMS: 400, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}})
+			if d := time.Since(began); err != nil || (c.Reason != protocol.Timeout && c.Reason != protocol.CPULimit) || d > 4*time.Second {
+				t.Fatalf("a cell whose hook holds it before the ack: %v %+v after %s", err, c.Result, d)
+			}
+		})
+	}
+}
+
+// The session's CPU time in all is kept across the interpreters its checkpoints
+// replace (RLIMIT_CPU counts one process, and each starts at zero): past it the
+// session is lost, saying so, however each cell stays within its own limit.
+func TestNativeSessionCPUBackstop(t *testing.T) {
+	defer sandbox.SetSessionCPU(2 * time.Second)()
+	ss := openNativeSession(t)
+	lim := protocol.Limits{TimeoutMS: 20_000, CPUMS: 1500, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
+	spin := "import time\nend = time.process_time() + 0.8\nwhile time.process_time() < end: pass"
+	for i := range 6 {
+		c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: spin})
+		if errors.Is(err, sandbox.ErrSessionLost) {
+			if i < 2 || !strings.Contains(err.Error(), "CPU time in all") {
+				t.Fatalf("cell %d: %v", i, err)
+			}
+			return
+		}
+		if err != nil || c.Reason == protocol.CPULimit && !strings.Contains(strings.Join(c.Diagnostics, " "), "CPU time in all") {
+			t.Fatalf("cell %d: %v %+v", i, err, c.Result)
+		}
+	}
+	t.Fatal("six cells of 0.8 s each in a session of 2 s of CPU time")
+}
+
+// A kept checkpoint runs only as the interpreter: one the cell continues itself (a
+// signal) is ended (or, continued before the daemon has kept it, not kept), and a
+// rollback then has nothing to return to: the session is lost, saying why.
+func TestNativeSessionCheckpointContinued(t *testing.T) {
+	t.Parallel()
+	ss := openNativeSession(t)
+	c, err := ss.Run(context.Background(), protocol.Request{Code: `import os, signal, time
+kids = open("/proc/self/task/%d/children" % os.getpid()).read().split()
+for k in kids:
+    for _ in range(200):  # once it has stopped itself
+        if open("/proc/%s/stat" % k).read().rsplit(")", 1)[1].split()[0] == "T":
+            break
+        time.sleep(0.01)
+    os.kill(int(k), signal.SIGCONT)
+time.sleep(30)`, Limits: protocol.Limits{TimeoutMS: 1000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}})
+	if err != nil || c.Reason != protocol.Timeout || c.RolledBack || !strings.Contains(strings.Join(c.Diagnostics, " "), "checkpoint") {
+		t.Fatalf("a cell that continued its checkpoint: %v %+v rolled back %v stdout %q stderr %q", err, c.Result, c.RolledBack, c.Stdout, c.Stderr)
+	}
+	if _, err := ss.Run(context.Background(), protocol.Request{Code: "1",
+		Limits: protocol.Limits{TimeoutMS: 5000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}}); !errors.Is(err, sandbox.ErrSessionLost) {
+		t.Fatalf("after it: %v", err)
+	}
+}
+
+// An interpreter that a cell's thread ends just after the cell's report is never
+// taken for a live one: that cell is rolled back (its checkpoint carries on), or,
+// if it ended after the daemon looked, the next cell finds the session lost and
+// says why.
+func TestNativeSessionEndsAfterItsReport(t *testing.T) {
+	t.Parallel()
+	ss := openNativeSession(t)
+	lim := protocol.Limits{TimeoutMS: 5000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
+	if _, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: "x = 1"}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: `import os, threading, time
+x = 2
+threading.Thread(target=lambda: (time.sleep(0.001), os._exit(0))).start()`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: "x"})
+	switch {
+	case c.RolledBack:
+		if err != nil || c2.Value != "1" {
+			t.Fatalf("rolled back, then: %v %q", err, c2.Value)
+		}
+	case errors.Is(err, sandbox.ErrSessionLost):
+		if !strings.Contains(err.Error(), "ended between cells") {
+			t.Fatalf("lost without its reason: %v", err)
+		}
+	default:
+		t.Fatalf("the interpreter's end went unseen: %+v, then %v %+v %q", c.Result, err, c2.Result, c2.Value)
+	}
+}

@@ -28,18 +28,24 @@ import (
 // is EPERM, as without checkpoints. Guest code can still run on the main thread in
 // the window (an os.register_at_fork hook, a signal handler), and the checkpoint is
 // a copy of an interpreter the guest may have changed: so the daemon keeps the
-// window's child only if it is stopped by the cell's ack, and kills it otherwise
-// (the cell then has no checkpoint). A checkpoint runs again only as the
-// interpreter.
+// window's child only if it is stopped by the cell's ack, kills it otherwise (the
+// cell then has no checkpoint), and, while the cell runs, kills a kept checkpoint
+// that is no longer stopped (the guest may continue it with a signal): a checkpoint
+// runs only as the interpreter.
 type forks struct {
 	reaper int // the worker's pid: the session's pid 1
 
-	mu     sync.Mutex
-	interp int  // the interpreter's pid, whose main thread may fork
-	pidfd  int  // the interpreter's, to signal it without a race with pid reuse; -1: none
-	kept   int  // the cell's checkpoint's pidfd, stopped; -1: none
-	open   bool // one fork may pass
-	forked bool // the window's fork passed
+	mu       sync.Mutex
+	closed   bool   // the session is closed: no pidfd is taken any more
+	interp   int    // the interpreter's pid, whose main thread may fork
+	pidfd    int    // the interpreter's, to signal it without a race with pid reuse; -1: none
+	kept     int    // the cell's checkpoint's pidfd, stopped; -1: none
+	keptPid  int    // its pid
+	keptLost string // why the cell's checkpoint was ended, if it was
+	open     bool   // one fork may pass
+	forked   bool   // the window's fork passed
+	refused  int    // calls refused since refusedAt
+	since    time.Time
 }
 
 // superviseForks answers the calls the session's filter asks about (its listener l)
@@ -52,14 +58,28 @@ func superviseForks(l *os.File, reaper int, open bool) *forks {
 	return f
 }
 
+// refusalsPerSecond bounds how many refused calls a second the daemon answers at
+// full speed: a guest looping on fork costs the daemon a few system calls each,
+// which no limit of the guest's counts; past it, each answer waits.
+const refusalsPerSecond = 200
+
 func (f *forks) allow(c unotify.Call) bool {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if !f.open || c.TID != f.interp || !unotify.CheckpointFork(c) {
-		return false
+	if f.open && c.TID == f.interp && unotify.CheckpointFork(c) {
+		f.open, f.forked = false, true
+		f.mu.Unlock()
+		return true
 	}
-	f.open, f.forked = false, true
-	return true
+	if now := time.Now(); now.Sub(f.since) > time.Second {
+		f.refused, f.since = 0, now
+	}
+	f.refused++
+	slow := f.refused > refusalsPerSecond
+	f.mu.Unlock()
+	if slow {
+		time.Sleep(time.Second / refusalsPerSecond)
+	}
+	return false
 }
 
 // undelivered takes back an approval its caller did not get (it will ask again).
@@ -78,6 +98,9 @@ func (f *forks) window(open bool) bool {
 	defer f.mu.Unlock()
 	forked := f.forked
 	f.open, f.forked = open, false
+	if open {
+		f.keptLost = ""
+	}
 	return forked
 }
 
@@ -98,13 +121,14 @@ func (f *forks) keep() bool {
 		kids = append(kids, slices.DeleteFunc(orphans, func(k int) bool { return k == interp })...)
 		if err == nil && len(kids) == 1 && processState(kids[0]) == 'T' {
 			if fd, err := unix.PidfdOpen(kids[0], 0); err == nil {
-				if processState(kids[0]) == 'T' {
-					f.mu.Lock()
+				f.mu.Lock()
+				if !f.closed && processState(kids[0]) == 'T' {
 					f.closeKept()
-					f.kept = fd
+					f.kept, f.keptPid = fd, kids[0]
 					f.mu.Unlock()
 					return true
 				}
+				f.mu.Unlock()
 				unix.Close(fd)
 			}
 		}
@@ -137,7 +161,7 @@ func (f *forks) drop() {
 func (f *forks) closeKept() {
 	if f.kept >= 0 {
 		unix.Close(f.kept)
-		f.kept = -1
+		f.kept, f.keptPid = -1, 0
 	}
 }
 
@@ -147,7 +171,10 @@ func (f *forks) closeKept() {
 func (f *forks) resume() (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.pidfd < 0 || f.kept < 0 {
+	switch {
+	case f.keptLost != "":
+		return 0, errors.New(f.keptLost)
+	case f.pidfd < 0 || f.kept < 0:
 		return 0, errors.New("no checkpoint is kept")
 	}
 	if err := unix.PidfdSendSignal(f.pidfd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
@@ -161,16 +188,24 @@ func (f *forks) resume() (int, error) {
 	return f.interp, err
 }
 
-// exit is closed when the interpreter exits, or when stop is closed first.
-func (f *forks) exit(stop <-chan struct{}) <-chan struct{} {
-	ch := make(chan struct{})
+// watch, every 100 ms until unwatch is called, kills the cell's checkpoint if it
+// is no longer stopped (a checkpoint runs only as the interpreter: the guest
+// continued it, or ended it) and closes exit when the interpreter exits. unwatch
+// returns once the watch has ended (a rollback continues the checkpoint after it),
+// and may be called again.
+func (f *forks) watch() (exit <-chan struct{}, unwatch func()) {
+	ch, stop, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	unwatch = func() { once.Do(func() { close(stop) }); <-done }
 	f.mu.Lock()
 	fd, err := unix.Dup(f.pidfd)
 	f.mu.Unlock()
 	if err != nil {
-		return ch
+		close(done)
+		return ch, unwatch
 	}
 	go func() {
+		defer close(done)
 		defer unix.Close(fd)
 		for {
 			select {
@@ -182,9 +217,23 @@ func (f *forks) exit(stop <-chan struct{}) <-chan struct{} {
 				close(ch)
 				return
 			}
+			f.mu.Lock()
+			if f.kept >= 0 && processState(f.keptPid) != 'T' {
+				unix.PidfdSendSignal(f.kept, unix.SIGKILL, nil, 0)
+				f.closeKept()
+				f.keptLost = "the cell's checkpoint left its stop during the cell (a checkpoint runs only as the interpreter) and was ended"
+			}
+			f.mu.Unlock()
 		}
 	}()
-	return ch
+	return ch, unwatch
+}
+
+// gone says the interpreter has exited.
+func (f *forks) gone() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pidfd >= 0 && exited(f.pidfd, 0)
 }
 
 // adopt finds the interpreter: pid 1's one living child other than gone (an
@@ -204,11 +253,15 @@ func (f *forks) adopt(gone int) error {
 				// Still pid 1's child once opened: the pidfd is of that process.
 				if again, _ := livingChildren(f.reaper); slices.Contains(again, kids[0]) {
 					f.mu.Lock()
+					defer f.mu.Unlock()
+					if f.closed {
+						unix.Close(fd)
+						return errors.New("the session is closed")
+					}
 					if f.pidfd >= 0 {
 						unix.Close(f.pidfd)
 					}
 					f.interp, f.pidfd = kids[0], fd
-					f.mu.Unlock()
 					return nil
 				}
 				unix.Close(fd)
@@ -221,10 +274,11 @@ func (f *forks) adopt(gone int) error {
 	}
 }
 
-// close lets go of the interpreter's pidfd.
+// close lets go of the interpreter's and the checkpoint's pidfds, for good.
 func (f *forks) close() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.closed = true
 	if f.pidfd >= 0 {
 		unix.Close(f.pidfd)
 		f.pidfd = -1

@@ -37,6 +37,10 @@ const openTimeout = 30 * time.Second
 // whole session by this; past it the worker is killed and the session lost.
 const SessionCPU = time.Hour
 
+// sessionCPU is SessionCPU as the daemon keeps it for a native session with
+// checkpoints (startLimits); tests lower it.
+var sessionCPU = SessionCPU
+
 // Session is one worker, hardened exactly as a cold run's, that runs many cells on
 // one instance of the interpreter's snapshot: what one cell defines, the next sees.
 // It serves one cell at a time (Run holds it). Create it with OpenSession; Close it.
@@ -389,6 +393,18 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	if ss.native {
 		ss.p.signalGroup(syscall.SIGCONT) // stopped since the last cell (see idle)
 	}
+	// A native cell's limits run from its frame: what the runner does before its
+	// ack (the checkpoint's fork, with the guest's at-fork hooks and signal
+	// handlers) is the cell's. A wasm cell's clock starts at its ack (after the
+	// previous cell's checkpoint, which the worker may still be taking), and a
+	// cancel is heard once it has started.
+	var lim cellLimits
+	if ss.native {
+		if err := ss.startLimits(&lim, ctx, l); err != nil {
+			return Cell{}, err
+		}
+		defer lim.stop()
+	}
 	if ss.forks != nil {
 		ss.forks.window(true) // for the cell's checkpoint, until its ack
 	}
@@ -407,9 +423,6 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	go func() { defer wg.Done(); stdout.read(ss.p.outR, end, l.MaxStdoutBytes) }()
 	go func() { defer wg.Done(); stderr.read(ss.p.errR, end, l.MaxStderrBytes) }()
 
-	// The cell's clock starts when the worker says it starts (after the previous
-	// cell's checkpoint, which it may still be taking).
-	// A cancel meanwhile is heard once it has started.
 	ch := ss.next()
 	var got received
 	var why protocol.Reason // why the cell was interrupted, if it was
@@ -421,8 +434,9 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		ss.p.kill()
 		got = <-ch
 		got.err = errors.New("the worker did not start the cell")
+	case why = <-lim.why:
 	}
-	if ss.native && got.err == nil && !got.ack {
+	if ss.native && why == "" && got.err == nil && !got.ack {
 		// A report where the cell's ack was due: a frame the guest wrote in an
 		// earlier cell. Its frames cannot be told from the runner's any more.
 		ss.p.kill()
@@ -430,47 +444,45 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	}
 	checkpointed := false // the cell's checkpoint was forked, and is kept
 	ended := false        // the interpreter ended during the cell by itself
-	if got.err == nil && got.ack {
-		if ss.forks != nil {
-			checkpointed = ss.forks.window(false) && ss.forks.keep()
-		}
+	if ss.forks != nil && (why != "" || got.err == nil && got.ack) {
+		checkpointed = ss.forks.window(false) && ss.forks.keep()
+	}
+	if why == "" && got.err == nil && got.ack {
 		ch = ss.next()
 		got = received{}
-		timer := time.NewTimer(time.Duration(l.TimeoutMS) * time.Millisecond)
-		defer timer.Stop()
-		var cpuOver <-chan struct{} // nil: never (a wasm worker enforces its own)
-		if ss.native && l.CPUMS > 0 {
-			stop := make(chan struct{})
-			defer close(stop)
-			read := processCPU // the interpreter is the worker
-			if ss.forks != nil {
-				read = treeCPU // the session's processes under pid 1
-			}
-			cpuOver = watchCPU(ss.p, time.Duration(l.CPUMS)*time.Millisecond, stop, read)
+		if !ss.native {
+			lim.start(ctx, time.Duration(l.TimeoutMS)*time.Millisecond, nil)
+			defer lim.stop()
 		}
 		var exit <-chan struct{} // nil: not watched (the interpreter is the worker)
 		if checkpointed {
-			stop := make(chan struct{})
-			defer close(stop)
-			exit = ss.forks.exit(stop)
+			var unwatch func()
+			exit, unwatch = ss.forks.watch()
+			defer unwatch()
+			lim.unwatch = unwatch // before a rollback continues the checkpoint
 		}
 		select {
 		case got = <-ch:
 		case <-exit:
 			ended = true
-		case <-timer.C:
-			why = protocol.Timeout
-		case <-cpuOver:
-			why = protocol.CPULimit
-		case <-ctx.Done():
-			why, _ = stopCause(ctx)
+		case why = <-lim.why:
 		}
 	}
+	if lim.unwatch != nil {
+		lim.unwatch()
+	}
 	rolledBack := false
-	if (why != "" || ended) && checkpointed {
+	switch {
+	case why == protocol.CPULimit && lim.sessionOver:
+		// The session's CPU time in all, not the cell's: no rollback gives it back.
+		ss.p.kill()
+		got = <-ch
+		got.err = fmt.Errorf("the session used its CPU time in all (%s, a backstop beside each cell's limits)", sessionCPU)
+		ss.lose(got.err.Error())
+	case (why != "" || ended) && checkpointed:
 		got = ss.rollback(ch)
 		rolledBack = got.err == nil
-	} else if why != "" && ss.native {
+	case why != "" && ss.native:
 		// No checkpoint to roll back to: the cell ends its session.
 		ss.p.kill()
 		got = <-ch
@@ -478,7 +490,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		if ss.forks != nil {
 			got.err = errors.New("the cell had no checkpoint (its fork failed, or the process forked was not the runner's stopped checkpoint: see os.register_at_fork)")
 		}
-	} else if why != "" {
+	case why != "":
 		grace := time.NewTimer(interruptGrace)
 		defer grace.Stop()
 		if protocol.Send(ss.p.ctl, protocol.Frame{Step: protocol.StepInterrupt, Interrupt: why}) != nil {
@@ -491,6 +503,12 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 			got = <-ch
 			got.err = fmt.Errorf("the interrupted cell did not end within %s", interruptGrace)
 		}
+	case checkpointed && got.err == nil && ss.forks.gone():
+		// The interpreter ended as its cell ended (a thread's os._exit after the
+		// report): what the cell did is gone with it, and its checkpoint carries
+		// on, as for a cell that ended the interpreter in its middle.
+		got = ss.rollback(ss.next())
+		rolledBack, ended = got.err == nil, got.err == nil
 	}
 	res := protocol.Result{ExitCode: -1, Reason: why}
 	switch {
@@ -564,6 +582,88 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		c.Value, c.ValueTruncated = string(stdout.value.buf), stdout.value.truncated
 	}
 	return c, nil
+}
+
+// cellLimits are a cell's wall clock, CPU time (a native cell's: a wasm worker keeps
+// its own) and cancel: why gives the reason the first of them ends the cell, once;
+// nil until they are started (a native cell's from its frame, startLimits; a wasm
+// cell's from its ack).
+type cellLimits struct {
+	why <-chan protocol.Reason
+	// sessionOver says the CPU limit is the session's CPU time in all
+	// (sessionCPU), not the cell's cpu_ms.
+	sessionOver bool
+	stopped     chan struct{}
+	unwatch     func() // ends the checkpoint's watch, if one runs
+}
+
+// start starts the cell's limits: its wall clock d, ctx, and a CPU watch that cpu
+// starts (nil: none), ended with them.
+func (lim *cellLimits) start(ctx context.Context, d time.Duration, cpu func(stop <-chan struct{}) <-chan struct{}) {
+	why, stopped := make(chan protocol.Reason, 1), make(chan struct{})
+	lim.why, lim.stopped = why, stopped
+	var over <-chan struct{}
+	if cpu != nil {
+		over = cpu(stopped)
+	}
+	go func() {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			why <- protocol.Timeout
+		case <-over:
+			why <- protocol.CPULimit
+		case <-ctx.Done():
+			r, _ := stopCause(ctx)
+			why <- r
+		case <-stopped:
+		}
+	}()
+}
+
+// stop ends what start started (the CPU watch with it).
+func (lim *cellLimits) stop() {
+	if lim.stopped != nil {
+		close(lim.stopped)
+		lim.stopped = nil
+	}
+}
+
+// startLimits starts a native cell's limits (l's wall clock and cpu_ms). With
+// checkpoints it keeps the session's CPU backstop too: RLIMIT_CPU counts one
+// process, and an interpreter a checkpoint replaced starts at zero, so the daemon
+// counts the session's processes under pid 1 (those ended included) against
+// sessionCPU. A session past it, or whose interpreter ended between cells, is lost
+// (an error wrapping ErrSessionLost); ss.mu is held.
+func (ss *Session) startLimits(lim *cellLimits, ctx context.Context, l protocol.Limits) error {
+	budget := time.Duration(l.CPUMS) * time.Millisecond
+	read := processCPU // the interpreter is the worker
+	if ss.forks != nil {
+		read = treeCPU
+		used, err := treeCPU(ss.p.cmd.Process.Pid)
+		switch {
+		case ss.forks.gone():
+			ss.lose("the interpreter ended between cells (a thread an earlier cell left ended it)")
+		case err != nil:
+			ss.lose("the session's processes cannot be read: " + err.Error())
+		case used >= sessionCPU:
+			ss.lose(fmt.Sprintf("the session used its CPU time in all (%s, a backstop beside each cell's limits)", sessionCPU))
+		}
+		if ss.lost != "" {
+			ss.p.kill()
+			return fmt.Errorf("%w: %s", ErrSessionLost, ss.lost)
+		}
+		if left := sessionCPU - used; budget <= 0 || left < budget {
+			budget, lim.sessionOver = left, true
+		}
+	}
+	var cpu func(stop <-chan struct{}) <-chan struct{}
+	if budget > 0 {
+		cpu = func(stop <-chan struct{}) <-chan struct{} { return watchCPU(ss.p, budget, stop, read) }
+	}
+	lim.start(ctx, time.Duration(l.TimeoutMS)*time.Millisecond, cpu)
+	return nil
 }
 
 // rollback ends the interpreter of a cell that did not end by itself (or finds it

@@ -318,6 +318,10 @@ def _sandcell_session():
 
     def reap_forever():
         # pid 1: reap the interpreters the checkpoints replace, until none is left.
+        # A signal from inside the namespace reaches pid 1 only where it has a
+        # handler: it keeps none (Python's for SIGINT would end it, and the session).
+        import signal
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for fd in (0, 1, 2, 3):
             os.close(fd)
         while True:
