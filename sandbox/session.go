@@ -444,6 +444,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	}
 	checkpointed := false // the cell's checkpoint was forked, and is kept
 	ended := false        // the interpreter ended during the cell by itself
+	unwatch := func() {}  // ends the checkpoint's watch, if one runs
 	if ss.forks != nil && (why != "" || got.err == nil && got.ack) {
 		checkpointed = ss.forks.window(false) && ss.forks.keep()
 	}
@@ -456,10 +457,8 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		}
 		var exit <-chan struct{} // nil: not watched (the interpreter is the worker)
 		if checkpointed {
-			var unwatch func()
 			exit, unwatch = ss.forks.watch()
 			defer unwatch()
-			lim.unwatch = unwatch // before a rollback continues the checkpoint
 		}
 		select {
 		case got = <-ch:
@@ -468,9 +467,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		case why = <-lim.why:
 		}
 	}
-	if lim.unwatch != nil {
-		lim.unwatch()
-	}
+	unwatch() // before a rollback continues the checkpoint
 	rolledBack := false
 	switch {
 	case why == protocol.CPULimit && lim.sessionOver:
@@ -594,7 +591,6 @@ type cellLimits struct {
 	// (sessionCPU), not the cell's cpu_ms.
 	sessionOver bool
 	stopped     chan struct{}
-	unwatch     func() // ends the checkpoint's watch, if one runs
 }
 
 // start starts the cell's limits: its wall clock d, ctx, and a CPU watch that cpu
