@@ -296,12 +296,16 @@ func processState(pid int) byte {
 	return 0
 }
 
+// errSessionEnded is livingChildren's error for a pid 1 that has ended (its
+// children cannot be read): the session's worker is gone.
+var errSessionEnded = errors.New("the session's worker has ended")
+
 // livingChildren lists pid's children that have not exited (/proc's children list
-// of its main thread, zombies left out).
+// of its main thread, zombies left out); errSessionEnded when it cannot be read.
 func livingChildren(pid int) ([]int, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
 	if err != nil {
-		return nil, err
+		return nil, errSessionEnded
 	}
 	var kids []int
 	for _, s := range strings.Fields(string(b)) {

@@ -1039,6 +1039,10 @@ func CheckProgram(req *protocol.Request) error {
 		if strings.ContainsRune(k+v, 0) || !utf8.ValidString(k+v) {
 			return fmt.Errorf("%w: environment variable %q is not NUL-free UTF-8", ErrBadRequest, k)
 		}
+		if k == "" || strings.ContainsRune(k, '=') {
+			// environ(7): NAME=value, where the first '=' ends the name.
+			return fmt.Errorf("%w: environment variable name %q is empty or holds '='", ErrBadRequest, k)
+		}
 	}
 	if len(req.Stdin) > protocol.MaxFrame/2 {
 		return fmt.Errorf("%w: stdin is larger than %d bytes", ErrBadRequest, protocol.MaxFrame/2)

@@ -659,14 +659,16 @@ func TestBadRequests(t *testing.T) {
 	lib := bundletest.LibDir(t)
 	lim := policy.Default().Default
 	for name, req := range map[string]protocol.Request{
-		"no workspace":  {Code: "1", ModulePath: mod, LibDir: lib, Limits: lim},
-		"no library":    {Code: "1", Workspace: ws, ModulePath: mod, Limits: lim},
-		"both":          {Code: "1", Path: "a.py", Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
-		"absolute path": {Path: "/etc/passwd", Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
-		"dotdot path":   {Path: "../x.py", Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
-		"no limits":     {Code: "1", Workspace: ws, ModulePath: mod, LibDir: lib},
-		"binary arg":    {Code: "1", Args: []string{"\xff"}, Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
-		"binary env":    {Code: "1", Env: map[string]string{"A": "\xfe"}, Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
+		"no workspace":   {Code: "1", ModulePath: mod, LibDir: lib, Limits: lim},
+		"no library":     {Code: "1", Workspace: ws, ModulePath: mod, Limits: lim},
+		"both":           {Code: "1", Path: "a.py", Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
+		"absolute path":  {Path: "/etc/passwd", Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
+		"dotdot path":    {Path: "../x.py", Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
+		"no limits":      {Code: "1", Workspace: ws, ModulePath: mod, LibDir: lib},
+		"binary arg":     {Code: "1", Args: []string{"\xff"}, Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
+		"binary env":     {Code: "1", Env: map[string]string{"A": "\xfe"}, Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
+		"env name =":     {Code: "1", Env: map[string]string{"A=B": "c"}, Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
+		"env name empty": {Code: "1", Env: map[string]string{"": "c"}, Workspace: ws, ModulePath: mod, LibDir: lib, Limits: lim},
 	} {
 		if _, err := sandbox.NewSpawner().Run(context.Background(), req); !errors.Is(err, sandbox.ErrBadRequest) {
 			t.Errorf("%s: %v", name, err)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -59,6 +60,7 @@ type Session struct {
 	opened    protocol.Enforcement
 	mu        sync.Mutex
 	lost      string // why the state is lost, once it is
+	closing   atomic.Bool
 }
 
 // OpenSession starts a session's worker for req (a run's request without a
@@ -383,6 +385,19 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	if l.TimeoutMS <= 0 || l.MaxStdoutBytes <= 0 || l.MaxStderrBytes <= 0 {
 		return Cell{}, fmt.Errorf("%w: limits are incomplete", ErrBadRequest)
 	}
+	if ctx.Err() != nil {
+		// Stopped before it was sent: the cell never runs, and the state is as
+		// before it (RolledBack, as for any cell that did not end by itself).
+		why, detail := stopCause(ctx)
+		res := protocol.Result{ExitCode: -1, Reason: why,
+			Diagnostics: []string{"the cell was stopped before it started; the session's state is as it was"}}
+		if detail != "" {
+			res.Diagnostics = append(res.Diagnostics, detail)
+		}
+		enf := ss.opened
+		res.Enforcement = &enf
+		return Cell{Result: res, RolledBack: true}, nil
+	}
 	end := make([]byte, 32)
 	rand.Read(end)
 	mark := make([]byte, 16)
@@ -426,6 +441,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	ch := ss.next()
 	var got received
 	var why protocol.Reason // why the cell was interrupted, if it was
+	heard := true           // got is the worker's first frame of the cell
 	ackWait := time.NewTimer(openTimeout)
 	defer ackWait.Stop()
 	select {
@@ -435,8 +451,21 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		got = <-ch
 		got.err = errors.New("the worker did not start the cell")
 	case why = <-lim.why:
+		heard = false
+		if ss.forks != nil {
+			// Stopped before its ack: the checkpoint's fork (and the guest's at-fork
+			// hooks) may be under way. Its ack comes within interruptGrace, or the
+			// cell has no checkpoint to roll back to.
+			grace := time.NewTimer(interruptGrace)
+			select {
+			case got = <-ch:
+				heard, ch = true, ss.next()
+			case <-grace.C:
+			}
+			grace.Stop()
+		}
 	}
-	if ss.native && why == "" && got.err == nil && !got.ack {
+	if ss.native && heard && got.err == nil && !got.ack {
 		// A report where the cell's ack was due: a frame the guest wrote in an
 		// earlier cell. Its frames cannot be told from the runner's any more.
 		ss.p.kill()
@@ -535,6 +564,13 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		res.Diagnostics = []string{"the session's worker ended without a report: " + got.err.Error()}
 	default:
 		res.Diagnostics = []string{got.err.Error()}
+	}
+	if ss.closing.Load() {
+		// Closed during the cell: what ended it is the close, not what the dying
+		// worker's pieces said about it.
+		res.ExitCode, res.Reason, rolledBack = -1, protocol.Cancelled, false
+		res.Diagnostics = []string{"the session was closed during the cell"}
+		ss.lose("the session was closed")
 	}
 	if got.err != nil || res.Reason != protocol.Exited && !rolledBack {
 		ss.lose(fmt.Sprintf("a cell ended %s and the state could not be restored", res.Reason))
@@ -642,7 +678,7 @@ func (ss *Session) startLimits(lim *cellLimits, ctx context.Context, l protocol.
 		case ss.forks.gone():
 			ss.lose("the interpreter ended between cells (a thread an earlier cell left ended it)")
 		case err != nil:
-			ss.lose("the session's processes cannot be read: " + err.Error())
+			ss.lose("the session's processes cannot be read (its worker has ended)")
 		case used >= sessionCPU:
 			ss.lose(fmt.Sprintf("the session used its CPU time in all (%s, a backstop beside each cell's limits)", sessionCPU))
 		}
@@ -759,6 +795,7 @@ func (ss *Session) exitedByCPU() bool {
 // Close ends the session: its worker is killed at once (a running cell with it: its
 // Run reports the session lost) and its state is gone.
 func (ss *Session) Close() error {
+	ss.closing.Store(true) // (before the kill: a running cell says why it ended)
 	ss.p.kill()
 	ss.mu.Lock()
 	ss.lose("the session was closed")

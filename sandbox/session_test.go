@@ -126,7 +126,8 @@ func TestSessionCellOutput(t *testing.T) {
 // uncaught MemoryError; a trap takes the same path, and no Python program here
 // makes one reliably) is rolled back: the interpreter is back to its state
 // before the cell, whatever the cell had changed (a global, a builtin, a module, a
-// list it was filling), and the next cell runs in it.
+// list it was filling), and the next cell runs in it. One cancelled before it is
+// sent never runs, and says so as one rolled back.
 func TestSessionRollsBack(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -134,12 +135,14 @@ func TestSessionRollsBack(t *testing.T) {
 		edit   func(*protocol.Request)
 		reason protocol.Reason
 		cancel bool
+		before bool // cancelled before the cell is sent: it never runs
 	}{
 		{name: "wall clock", code: "x = 2\nbuiltins.len = None\nwhile True: pass", reason: protocol.Timeout,
 			edit: func(c *protocol.Request) { c.Limits.TimeoutMS = 500 }},
 		{name: "cpu", code: "x = 2\nimport json\njson.dumps = None\nwhile True: pass", reason: protocol.CPULimit,
 			edit: func(c *protocol.Request) { c.Limits.CPUMS = 300 }},
 		{name: "cancel", code: "x = 2\nwhile True: kept.append(1)", reason: protocol.Cancelled, cancel: true},
+		{name: "cancelled before", code: "x = 2\nkept.append(1)", reason: protocol.Cancelled, before: true},
 		{name: "memory", code: "x = 2\nkept.append(1)\nb = [bytearray(1 << 20) for _ in range(10000)]", reason: protocol.MemoryLimit},
 		// os._exit unwinds the interpreter in the middle of its call (here from deep
 		// in a recursion): not a state to go on from.
@@ -157,6 +160,9 @@ func TestSessionRollsBack(t *testing.T) {
 			defer cancel()
 			if c.cancel {
 				time.AfterFunc(300*time.Millisecond, cancel)
+			}
+			if c.before {
+				cancel()
 			}
 			began := time.Now()
 			out, err := ss.Run(ctx, req)

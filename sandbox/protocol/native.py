@@ -238,12 +238,12 @@ def _sandcell_session():
     import types
 
     def recv():
-        head = os.read(3, 4)
+        head = os.read(_sandcell_ctl, 4)
         if len(head) < 4:
             return None
         n, body = int.from_bytes(head, "big"), b""
         while len(body) < n:
-            c = os.read(3, n - len(body))
+            c = os.read(_sandcell_ctl, n - len(body))
             if not c:
                 return None
             body += c
@@ -282,7 +282,7 @@ def _sandcell_session():
             text = text[:-1]
         if text:
             flush()
-            write_all(1, b"\0\x1bsandcell-value " + mark.encode() + b"\0" + text.encode("utf-8", "surrogateescape") +
+            write_all(out, b"\0\x1bsandcell-value " + mark.encode() + b"\0" + text.encode("utf-8", "surrogateescape") +
                       b"\0\x1bsandcell-end " + mark.encode() + b"\0")
 
     def run(src, name, g, mark):
@@ -371,14 +371,23 @@ def _sandcell_session():
             pid, w = kept
             try:
                 os.write(w, b"x")
+                os.close(w)
             except OSError:
-                pass  # ended already (the parent ends what a cell left)
-            os.close(w)
+                pass  # ended already (the parent ends what a cell left), or the cell closed w
             wait_for(pid)
 
     checkpoints = _sandcell_checkpoints
     if checkpoints and os.fork():
         reap_forever()
+    # The runner's own descriptors of the streams and the control channel, apart
+    # from 1, 2 and 3: a cell that closes or redirects those (os.dup2 of
+    # /dev/null over stdout) changes where its own output goes, not where the
+    # markers and reports that end it go. (A cell that closes these too ends its
+    # session, as any that breaks its runner.)
+    import fcntl
+    out, err, ctl = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (1, 2, 3))
+    global _sandcell_ctl
+    _sandcell_ctl = ctl
     _sandcell_setup()
     main = types.ModuleType("__main__")
     main.__builtins__ = __builtins__
@@ -405,8 +414,8 @@ def _sandcell_session():
                 end = base64.b64decode(req.get("cell_end") or "")
                 if end:
                     mark = end[:-1] + bytes([end[-1] ^ 0xFF])
-                    write_all(1, mark)
-                    write_all(2, mark)
+                    write_all(out, mark)
+                    write_all(err, mark)
                 _sandcell_send({"exit_code": 0, "reason": "exited", "rolled_back": True}, "report")
                 continue
         _sandcell_send(None, "ack")
@@ -420,19 +429,22 @@ def _sandcell_session():
             print("sandcell: the open figures could not be shown: %r" % e, file=sys.stderr)
         flush()
         end = base64.b64decode(req.get("cell_end") or "")
-        write_all(1, end)
-        write_all(2, end)
+        write_all(out, end)
+        write_all(err, end)
         _sandcell_send({"exit_code": status, "reason": "exited", "displays": _Displays.take()}, "report")
 
 
+_sandcell_ctl = 3  # the control channel's descriptor (a session's runner keeps its own)
+
+
 def _sandcell_send(report, step):
-    # One frame on the control fd (see sandbox/protocol).
+    # One frame on the control channel (see sandbox/protocol).
     json = _sandcell_stdlib["json"]
     import os
     body = ('{"version":8,"step":"%s"%s}' % (step, "" if report is None else ',"report":' + json.dumps(report))).encode()
     b = memoryview(len(body).to_bytes(4, "big") + body)
     while len(b):
-        b = b[os.write(3, b):]
+        b = b[os.write(_sandcell_ctl, b):]
 
 
 _sandcell_control_env = False  # the caller's environment is in the header (see below)
