@@ -55,6 +55,8 @@ func TestImportRules(t *testing.T) {
 		module + "/healthz":                 {module + "/supervisor/wire", module + "/sandbox/protocol"},
 		module + "/sandbox/policy":          {module + "/sandbox/protocol", module + "/sandbox/seccomp"},
 		module + "/supervisor/wire":         {module + "/sandbox/protocol"},
+		module + "/supervisor/identity":     nil,
+		module + "/supervisor/approvals":    {module + "/supervisor/identity"},
 	}
 	for leaf, allowed := range leaves {
 		for _, dep := range imports[leaf] {

@@ -5,12 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
@@ -33,7 +33,7 @@ type Audit struct {
 // the record's, and a TCP caller's token name goes into the detail as "token". detail
 // is encoded as JSON: a map, or a struct of the kind's (RunFinished). An error means
 // nothing was recorded (the API then refuses to start a run).
-func (a *Audit) Record(ctx context.Context, kind store.Kind, who Caller, runID string, detail any) error {
+func (a *Audit) Record(ctx context.Context, kind store.Kind, who identity.Caller, runID string, detail any) error {
 	b, err := json.Marshal(detail)
 	if err != nil {
 		return err
@@ -71,7 +71,7 @@ var ErrDown = errors.New("the audit log cannot be written")
 // (5 s) and fails anyway, and a caller refused for that very reason would wait
 // seconds for its 503, holding its connection. (It is for a refusal that ends
 // nothing recorded: a request already recorded has its end written by Record.)
-func (a *Audit) RecordRefusal(ctx context.Context, kind store.Kind, who Caller, detail any) error {
+func (a *Audit) RecordRefusal(ctx context.Context, kind store.Kind, who identity.Caller, detail any) error {
 	if a.Down() {
 		if a.Log != nil {
 			a.Log.Warn("refusal not audited: the audit log cannot be written", "kind", kind, "uid", who.UID, "detail", detail)
@@ -141,9 +141,6 @@ func (a *Audit) Attach(m *Manager) {
 	})
 }
 
-// Daemon is the daemon itself as the actor of a record (its start, reloads, pruning).
-func Daemon() Caller { return Caller{UID: os.Getuid()} }
-
 // Prune removes the records older than retention and records that it did (the
 // chain stays verifiable: see store.Store.Prune).
 func (a *Audit) Prune(ctx context.Context, retention time.Duration) error {
@@ -151,7 +148,7 @@ func (a *Audit) Prune(ctx context.Context, retention time.Duration) error {
 	if err != nil || n == 0 {
 		return err
 	}
-	return a.Record(ctx, store.AuditPruned, Daemon(), "", map[string]any{"records": n, "through_seq": through,
+	return a.Record(ctx, store.AuditPruned, identity.Daemon(), "", map[string]any{"records": n, "through_seq": through,
 		"retention": retention.String()})
 }
 

@@ -22,6 +22,7 @@ import (
 
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
@@ -64,9 +65,9 @@ type Manager struct {
 
 	mu       sync.Mutex
 	runs     map[string]*Run
-	running  int               // runs holding a worker
-	queued   int               // runs waiting for one
-	callers  map[Caller]*share // callers with runs running or queued
+	running  int                        // runs holding a worker
+	queued   int                        // runs waiting for one
+	callers  map[identity.Caller]*share // callers with runs running or queued
 	stopping bool
 	wg       sync.WaitGroup
 }
@@ -136,15 +137,7 @@ func NewManager(runner Runner, o Options) (*Manager, error) {
 	}
 	return &Manager{runner: runner, workDir: o.WorkDir, retention: o.Retention, maxRetained: o.MaxRetainedOutputBytes,
 		wedgeSlack: o.WedgeSlack, workers: o.Concurrency, maxQueued: o.QueueLength, perCaller: max(o.MaxPerCaller, 0),
-		quota: o.WorkspaceQuota, runs: map[string]*Run{}, callers: map[Caller]*share{}}, nil
-}
-
-// Caller is who starts a run: a local process's uid (SO_PEERCRED), or, over TCP, the
-// name of the bearer token it presented (UID -1). Only the same caller (or an admin)
-// sees the run.
-type Caller struct {
-	UID   int
-	Token string
+		quota: o.WorkspaceQuota, runs: map[string]*Run{}, callers: map[identity.Caller]*share{}}, nil
 }
 
 // JobKind is what a worker does for its caller.
@@ -165,7 +158,7 @@ type Run struct {
 	ID      string
 	Created time.Time
 	// Caller started the run.
-	Caller Caller
+	Caller identity.Caller
 	// Job is what the worker does.
 	Job JobKind
 
@@ -308,7 +301,7 @@ func (r *Run) Err() error {
 // removed when the run ends. ended, if not nil, is called once when the run no
 // longer uses its worker or workspace, before its end is visible (Done, View): a
 // caller who saw the run end never finds what ended holds still held.
-func (m *Manager) Start(req protocol.Request, caller Caller, ended func()) (*Run, error) {
+func (m *Manager) Start(req protocol.Request, caller identity.Caller, ended func()) (*Run, error) {
 	return m.start(JobRun, req, caller, ended)
 }
 
@@ -316,7 +309,7 @@ func (m *Manager) Start(req protocol.Request, caller Caller, ended func()) (*Run
 // shares the pool, the queue, the callers' shares and the shutdown of runs, is
 // cancelled when ctx ends, and is forgotten when it returns (its result is the
 // caller's answer, kept nowhere). Errors are Start's, or the job's own (Run.Err).
-func (m *Manager) Do(ctx context.Context, kind JobKind, req protocol.Request, caller Caller) (protocol.Result, error) {
+func (m *Manager) Do(ctx context.Context, kind JobKind, req protocol.Request, caller identity.Caller) (protocol.Result, error) {
 	r, err := m.start(kind, req, caller, nil)
 	if err != nil {
 		return protocol.Result{}, err
@@ -336,7 +329,7 @@ func (m *Manager) Do(ctx context.Context, kind JobKind, req protocol.Request, ca
 	return r.View().Result.Joined(), nil
 }
 
-func (m *Manager) start(kind JobKind, req protocol.Request, caller Caller, ended func()) (*Run, error) {
+func (m *Manager) start(kind JobKind, req protocol.Request, caller identity.Caller, ended func()) (*Run, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stopping {
@@ -417,7 +410,7 @@ func (m *Manager) release(r *Run) {
 }
 
 // forget drops a caller's share once it has nothing running or queued; m.mu is held.
-func (m *Manager) forget(c Caller, sh *share) {
+func (m *Manager) forget(c identity.Caller, sh *share) {
 	if sh.running == 0 && len(sh.waiting) == 0 {
 		delete(m.callers, c)
 	}

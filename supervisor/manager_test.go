@@ -16,6 +16,7 @@ import (
 
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
@@ -52,7 +53,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 		// What the run's caller holds for it (a workspace) is given back once, before
 		// the end is visible.
 		started, ended := make(chan *Run, 1), new(atomic.Int32)
-		r, err := m.Start(protocol.Request{Code: "1"}, Caller{}, func() {
+		r, err := m.Start(protocol.Request{Code: "1"}, identity.Caller{}, func() {
 			if r := <-started; r.View().State == wire.Done {
 				t.Errorf("run %s: its end was visible before its hold was given back", r.ID)
 			}
@@ -88,7 +89,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 		t.Fatalf("final states: %v", counts)
 	}
 	t.Logf("final states of 1000 cancel/complete races: %v", counts)
-	if _, err := m.Start(protocol.Request{Code: "1"}, Caller{}, nil); err != ErrStopping {
+	if _, err := m.Start(protocol.Request{Code: "1"}, identity.Caller{}, nil); err != ErrStopping {
 		t.Fatalf("after shutdown: %v", err)
 	}
 }
@@ -110,7 +111,7 @@ func TestRetainedOutputBounded(t *testing.T) {
 	}
 	var runs []*Run
 	for i := 0; i < 20; i++ {
-		r, err := m.Start(protocol.Request{Code: "1"}, Caller{}, nil)
+		r, err := m.Start(protocol.Request{Code: "1"}, identity.Caller{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,13 +140,13 @@ func TestJobsAreNotKept(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := m.Start(protocol.Request{Code: "1"}, Caller{UID: 1}, nil)
+	r, err := m.Start(protocol.Request{Code: "1"}, identity.Caller{UID: 1}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	<-r.Done()
 	for i := 0; i < 5; i++ {
-		res, err := m.Do(context.Background(), JobSQL, protocol.Request{Code: "1"}, Caller{UID: 2})
+		res, err := m.Do(context.Background(), JobSQL, protocol.Request{Code: "1"}, identity.Caller{UID: 2})
 		if err != nil || len(res.Stdout) != 1<<20 {
 			t.Fatalf("job: %d bytes, %v", len(res.Stdout), err)
 		}
@@ -203,7 +204,7 @@ func TestOutputInPieces(t *testing.T) {
 	}
 	wantOut, wantErr := s.output()
 	r, err := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{MaxStdoutBytes: int64(len(wantOut)),
-		MaxStderrBytes: 64 << 20}}, Caller{}, nil)
+		MaxStderrBytes: 64 << 20}}, identity.Caller{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +257,7 @@ func TestOutputInPieces(t *testing.T) {
 	if err := json.Unmarshal(buf.Bytes(), &back); err != nil || !bytes.Equal(back.Result.Stdout, wantOut) {
 		t.Fatalf("the answer: %v", err)
 	}
-	res2, err := m.Do(context.Background(), JobSQL, protocol.Request{Code: "1"}, Caller{})
+	res2, err := m.Do(context.Background(), JobSQL, protocol.Request{Code: "1"}, identity.Caller{})
 	if err != nil || res2.StdoutPieces != nil || !bytes.Equal(res2.Stdout, wantOut) || !bytes.Equal(res2.Stderr, wantErr) {
 		t.Fatalf("job: %d bytes, %v", len(res2.Stdout), err)
 	}
@@ -282,7 +283,7 @@ func TestWedged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 50}}, Caller{}, nil)
+	r, err := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 50}}, identity.Caller{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,11 +311,11 @@ func TestShutdownCancelsQueued(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	running, _ := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 60_000}}, Caller{}, nil)
+	running, _ := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 60_000}}, identity.Caller{}, nil)
 	for running.View().State != wire.Running {
 		time.Sleep(time.Millisecond)
 	}
-	queued, _ := m.Start(protocol.Request{Code: "2", Limits: protocol.Limits{TimeoutMS: 60_000}}, Caller{}, nil)
+	queued, _ := m.Start(protocol.Request{Code: "2", Limits: protocol.Limits{TimeoutMS: 60_000}}, identity.Caller{}, nil)
 	done := make(chan struct{})
 	go func() { m.Shutdown(time.Minute); close(done) }()
 	time.Sleep(20 * time.Millisecond)
@@ -343,7 +344,7 @@ func TestFairShare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, b := Caller{UID: -1, Token: "a"}, Caller{UID: -1, Token: "b"}
+	a, b := identity.Caller{UID: -1, Token: "a"}, identity.Caller{UID: -1, Token: "b"}
 	var mine []*Run
 	for i := 0; i < 4; i++ {
 		r, err := m.Start(protocol.Request{Code: "a", Limits: protocol.Limits{TimeoutMS: 60_000}}, a, nil)

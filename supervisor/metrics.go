@@ -5,6 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/approvals"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
@@ -17,7 +18,7 @@ import (
 //	sandcell_workers_busy              gauge: workers running now
 //	sandcell_kept_bytes{runs}          gauge: bytes kept for callers (output, event records) of "finished" and "running" runs
 //	sandcell_kept_bytes_max            gauge: the budget of what is kept (runs.max_retained_output_bytes)
-//	sandcell_approvals_kept_bytes      gauge: bytes the approvals keep (supervisor.MaxKeptBytes at most; see CountApprovals)
+//	sandcell_approvals_kept_bytes      gauge: bytes the approvals keep (approvals.MaxKeptBytes at most; see CountApprovals)
 //	sandcell_session_pause_failures_total{reason}  counter: pauses of sessions that failed, by reason (see CountSessions)
 //	sandcell_build_info{version,revision} gauge, always 1
 //
@@ -61,9 +62,9 @@ func NewMetrics(m *Manager, version, revision string) *Metrics {
 }
 
 // CountApprovals adds sandcell_approvals_kept_bytes, what a keeps.
-func (x *Metrics) CountApprovals(a *Approvals) {
+func (x *Metrics) CountApprovals(a *approvals.Queue) {
 	x.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_approvals_kept_bytes",
-		Help: "Bytes the approvals keep (their subjects as JSON), at most supervisor.MaxKeptBytes."},
+		Help: "Bytes the approvals keep (their subjects as JSON), at most approvals.MaxKeptBytes."},
 		func() float64 { return float64(a.KeptBytes()) }))
 }
 

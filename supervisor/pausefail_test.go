@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
@@ -23,7 +24,7 @@ func TestPauseFailureHoldsOff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &Session{ID: "a", Caller: Caller{UID: 1000}}
+	s := &Session{ID: "a", Caller: identity.Caller{UID: 1000}}
 	m.live[s.ID] = s
 	if !m.pauseDue(s) {
 		t.Fatal("a session that never failed to pause is not due")
@@ -56,7 +57,7 @@ func TestPauseFailureHoldsOff(t *testing.T) {
 	// Past the bound beside another paused session of its caller: due when that
 	// one goes.
 	other := &Session{ID: "b", Caller: s.Caller, paused: true, saved: 50}
-	stranger := &Session{ID: "c", Caller: Caller{UID: 1001}, paused: true, saved: 90}
+	stranger := &Session{ID: "c", Caller: identity.Caller{UID: 1001}, paused: true, saved: 90}
 	m.live[other.ID], m.live[stranger.ID] = other, stranger
 	m.pauseFailed(s, wire.PauseOverBound, errPauseRoom, 60)
 	if f := s.failed; f.Failures != 1 || f.NextTryAt != nil || f.NeedBytes != 60 || m.pauseDue(s) {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
@@ -140,8 +141,8 @@ type Sessions struct {
 	hooks  SessionHooks
 
 	mu       sync.Mutex
-	live     map[string]*Session    // every session, live or not
-	pausing  map[Caller]*sync.Mutex // one pause at a time per caller (see pause)
+	live     map[string]*Session             // every session, live or not
+	pausing  map[identity.Caller]*sync.Mutex // one pause at a time per caller (see pause)
 	stopping bool
 	stopped  atomic.Bool    // stopping, read without mu
 	closing  sync.WaitGroup // workers being ended in the background (see detach)
@@ -154,7 +155,7 @@ type Sessions struct {
 // Session is one session of Sessions.
 type Session struct {
 	ID        string
-	Caller    Caller
+	Caller    identity.Caller
 	Workspace string // the named workspace's id, or "" for a private one
 	Created   time.Time
 	// Limits are the session's: MemoryBytes and Fuel for its whole life, the rest
@@ -215,7 +216,7 @@ func NewSessions(opener SessionOpener, o SessionOptions) (*Sessions, error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Sessions{opener: opener, o: o, live: map[string]*Session{}, pausing: map[Caller]*sync.Mutex{},
+	return &Sessions{opener: opener, o: o, live: map[string]*Session{}, pausing: map[identity.Caller]*sync.Mutex{},
 		stop: make(chan struct{}), running: make(chan struct{}, o.Running)}, nil
 }
 
@@ -245,7 +246,7 @@ func (m *Sessions) event(s *Session, e SessionEvent, detail map[string]any) {
 // SessionHooks.Acquire) while its worker lives. Errors: ErrSessionLimit,
 // ErrStopping, the hook's, or why the worker could not open it
 // (sandbox.ErrBadRequest wrapped for a request no worker can serve).
-func (m *Sessions) Open(ctx context.Context, req protocol.Request, caller Caller, wsID string) (*Session, error) {
+func (m *Sessions) Open(ctx context.Context, req protocol.Request, caller identity.Caller, wsID string) (*Session, error) {
 	s, err := m.reserve(caller, req, wsID)
 	if err != nil {
 		return nil, err
@@ -275,7 +276,7 @@ func (m *Sessions) ready(s *Session) {
 }
 
 // reserve makes caller's new session s, held busy, counted within the bounds.
-func (m *Sessions) reserve(caller Caller, req protocol.Request, wsID string) (*Session, error) {
+func (m *Sessions) reserve(caller identity.Caller, req protocol.Request, wsID string) (*Session, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stopping {
@@ -397,7 +398,7 @@ func (s *Session) detach() {
 }
 
 // Get returns caller's session id, or ErrSessionNotFound.
-func (m *Sessions) Get(id string, caller Caller) (*Session, error) {
+func (m *Sessions) Get(id string, caller identity.Caller) (*Session, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, ok := m.live[id]
@@ -415,7 +416,7 @@ func (s *Session) opening() bool {
 }
 
 // List returns caller's sessions, oldest first.
-func (m *Sessions) List(caller Caller) []*Session {
+func (m *Sessions) List(caller identity.Caller) []*Session {
 	m.mu.Lock()
 	var out []*Session
 	for _, s := range m.live {
@@ -478,7 +479,7 @@ func (s *Session) View() wire.SessionView {
 // paused), or admitted's error. admitted is called once the cell holds the session
 // and its worker, before it runs (the audit record that must precede it); observe,
 // when not nil, is given the output as it comes (see sandbox.Session.RunStreaming).
-func (m *Sessions) Cell(ctx context.Context, id string, caller Caller, cell protocol.Request, observe sandbox.Observer, admitted func() error) (sandbox.Cell, wire.SessionState, error) {
+func (m *Sessions) Cell(ctx context.Context, id string, caller identity.Caller, cell protocol.Request, observe sandbox.Observer, admitted func() error) (sandbox.Cell, wire.SessionState, error) {
 	s, err := m.Get(id, caller)
 	if err != nil {
 		return sandbox.Cell{}, "", err
@@ -613,7 +614,7 @@ func (s *Session) lose(why string) {
 // Close ends caller's session id: its worker, its checkpoint and its private
 // workspace. Errors: ErrSessionNotFound, ErrSessionBusy (a cell is running: cancel
 // it by ending its request, or wait).
-func (m *Sessions) Close(id string, caller Caller) error {
+func (m *Sessions) Close(id string, caller identity.Caller) error {
 	s, err := m.Get(id, caller)
 	if err != nil {
 		return err

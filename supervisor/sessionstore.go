@@ -15,6 +15,7 @@ import (
 	"github.com/google/renameio/v2"
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
@@ -36,7 +37,7 @@ const (
 // sessionRecord is what session.json holds.
 type sessionRecord struct {
 	ID          string           `json:"id"`
-	Caller      Caller           `json:"caller"`
+	Caller      identity.Caller  `json:"caller"`
 	Workspace   string           `json:"workspace,omitempty"`
 	ForkedFrom  string           `json:"forked_from,omitempty"`
 	Created     time.Time        `json:"created"`
@@ -400,7 +401,7 @@ func (m *Sessions) resume(ctx context.Context, s *Session) error {
 // as any session toward the bounds; id goes on unchanged. Errors: as Get and Open,
 // ErrSessionBusy, ErrSessionLost, and a workspace that cannot be copied (a
 // symbolic link leading out of it, for one).
-func (m *Sessions) Fork(ctx context.Context, id string, caller Caller) (*Session, error) {
+func (m *Sessions) Fork(ctx context.Context, id string, caller identity.Caller) (*Session, error) {
 	src, err := m.Get(id, caller)
 	if err != nil {
 		return nil, err

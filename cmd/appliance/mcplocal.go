@@ -22,6 +22,8 @@ import (
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/approvals"
+	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/mcpserver"
 	"github.com/sandcell/sandcell/supervisor/sqltool"
 	"github.com/sandcell/sandcell/supervisor/wire"
@@ -39,8 +41,8 @@ type localTools struct {
 	sp                  *sandbox.Spawner
 	pol                 policy.Policy
 	bundleDir, cacheDir string
-	approvals           *supervisor.Approvals
-	me                  supervisor.Caller
+	approvals           *approvals.Queue
+	me                  identity.Caller
 	runs                atomic.Int64
 	sessions            *supervisor.Sessions // run_cell's interpreters, which live as long as this process
 }
@@ -64,8 +66,8 @@ func newLocalTools(dir, bundleDir, cacheDir string) (*localTools, error) {
 	}
 	sessions.Start(supervisor.SessionHooks{}) // nothing kept on disk: they end with this process
 	return &localTools{ws: ws, sp: sp, pol: policy.Default(),
-		bundleDir: bundleDir, cacheDir: cacheDir, approvals: supervisor.NewApprovals(15*time.Minute, 10*time.Minute),
-		me: supervisor.Caller{UID: os.Getuid()}, sessions: sessions}, nil
+		bundleDir: bundleDir, cacheDir: cacheDir, approvals: approvals.New(15*time.Minute, 10*time.Minute),
+		me: identity.Caller{UID: os.Getuid()}, sessions: sessions}, nil
 }
 
 // OpenSession opens an interpreter session in DIR, in a worker of this process's.

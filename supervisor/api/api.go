@@ -29,6 +29,8 @@ import (
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/approvals"
+	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
@@ -86,10 +88,10 @@ func Statuses() map[string][]int {
 
 // Auditor records decisions (an error means nothing was recorded) and reads them back.
 type Auditor interface {
-	Record(ctx context.Context, kind store.Kind, who supervisor.Caller, runID string, detail any) error
+	Record(ctx context.Context, kind store.Kind, who identity.Caller, runID string, detail any) error
 	// RecordRefusal records a refusal, or only logs it while the log is known not
 	// to be writable (supervisor.Audit.RecordRefusal): a refusal waits for no lock.
-	RecordRefusal(ctx context.Context, kind store.Kind, who supervisor.Caller, detail any) error
+	RecordRefusal(ctx context.Context, kind store.Kind, who identity.Caller, detail any) error
 	// Events returns up to limit records with seq > after, oldest first, only those
 	// of runID when it is not empty.
 	Events(ctx context.Context, after int64, runID string, limit int) (any, error)
@@ -105,13 +107,13 @@ var (
 type Service interface {
 	// Start admits a run; ended (if not nil) is called once it no longer uses its
 	// workspace, before its end is visible.
-	Start(req protocol.Request, caller supervisor.Caller, ended func()) (*supervisor.Run, error)
+	Start(req protocol.Request, caller identity.Caller, ended func()) (*supervisor.Run, error)
 	// Get returns the run, whose Output and Done the event stream follows.
 	Get(id string) (*supervisor.Run, error)
 	Cancel(id string) (*supervisor.Run, error)
 	// Do runs a job that is not a run (a SQL statement's worker) to its end and
 	// keeps nothing of it.
-	Do(ctx context.Context, kind supervisor.JobKind, req protocol.Request, caller supervisor.Caller) (protocol.Result, error)
+	Do(ctx context.Context, kind supervisor.JobKind, req protocol.Request, caller identity.Caller) (protocol.Result, error)
 }
 
 // Options configure a Server.
@@ -146,7 +148,7 @@ type Options struct {
 	Workspaces *workspace.Store
 	// Approvals holds requests for approval; ApprovalActions names the actions that
 	// need one (ActionSQLWrite).
-	Approvals       *supervisor.Approvals
+	Approvals       *approvals.Queue
 	ApprovalActions []string
 	// Elicitation names the callers ("socket", "tcp") whose own confirmation, asked
 	// at their MCP client, approves their request (POST /v1/approvals/{id}/confirm).

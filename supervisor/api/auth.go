@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/labstack/echo/v4"
-	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
@@ -83,11 +83,11 @@ func (s *Server) recordRefusal(ctx context.Context, kind store.Kind, detail map[
 }
 
 // callerOf is the caller of the request ctx belongs to (uid -1 when there is none).
-func callerOf(ctx context.Context) supervisor.Caller {
+func callerOf(ctx context.Context) identity.Caller {
 	if peer, ok := PeerFrom(ctx); ok {
 		return peer.Caller()
 	}
-	return supervisor.Caller{UID: -1}
+	return identity.Caller{UID: -1}
 }
 
 // who names the caller in a refusal: its uid, or its token's name.

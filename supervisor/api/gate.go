@@ -11,7 +11,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/approvals"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
@@ -87,7 +87,7 @@ func (s *Server) admitCode(ctx context.Context, r codeRequest) (string, error) {
 	if r.approval != "" {
 		if ap, err := s.o.Approvals.Usable(r.approval, caller); err != nil {
 			s.record(ctx, store.ApprovalRedeemed, "", map[string]any{"approval": r.approval, "kind": r.kind, "error": err.Error()})
-			if errors.Is(err, supervisor.ErrApprovalNotFound) {
+			if errors.Is(err, approvals.ErrNotFound) {
 				return "", fail(wire.CodeNotFound, "no approval "+r.approval)
 			}
 			return "", fail(wire.CodeApprovalInvalid, err.Error()).with(map[string]any{"approval": ap})
@@ -125,9 +125,9 @@ func (s *Server) admitCode(ctx context.Context, r codeRequest) (string, error) {
 		s.record(ctx, store.ApprovalRedeemed, "", map[string]any{"approval": r.approval, "kind": r.kind,
 			"code_request_sha256": digest, "error": errString(err)})
 		switch {
-		case errors.Is(err, supervisor.ErrApprovalNotFound), ap.Requester != caller:
+		case errors.Is(err, approvals.ErrNotFound), ap.Requester != caller:
 			return "", fail(wire.CodeNotFound, "no approval "+r.approval)
-		case errors.Is(err, supervisor.ErrApprovalMismatch):
+		case errors.Is(err, approvals.ErrMismatch):
 			return "", fail(wire.CodeApprovalInvalid, "the approval is for another request"+filesChanged(ap, files)).
 				with(map[string]any{"approval": ap})
 		case err != nil:
@@ -159,7 +159,7 @@ func (s *Server) admitCode(ctx context.Context, r codeRequest) (string, error) {
 
 // filesChanged says how the workspace's files differ from those the
 // approval ap bound, or "" when they do not (or ap binds none).
-func filesChanged(ap supervisor.Approval, now []workspace.Entry) string {
+func filesChanged(ap approvals.Approval, now []workspace.Entry) string {
 	var subject struct {
 		Files []workspace.Entry `json:"workspace_files"`
 	}

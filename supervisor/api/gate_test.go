@@ -13,8 +13,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/approvals"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/tools"
 	"github.com/sandcell/sandcell/supervisor/wire"
@@ -308,7 +308,7 @@ print(sorted(os.listdir("__pycache__")))`)
 }
 
 // What the gate can refuse without the workspace's files it refuses before reading
-// them (hashing costs up to workspaces.max_bytes): a caller with supervisor.MaxPending
+// them (hashing costs up to workspaces.max_bytes): a caller with approvals.MaxPending
 // approvals waiting, and an approval that is not this caller's or not approved,
 // are refused as such, not with what reading the files would have said (here the
 // symbolic link planted from outside, 409 unsafe_file). Before, each such request
@@ -317,7 +317,7 @@ func TestGateRefusesBeforeReadingTheWorkspace(t *testing.T) {
 	d, base := heldDaemon(t)
 	ws := d.newWorkspace(t)
 	var first held
-	for i := range supervisor.MaxPending {
+	for i := range approvals.MaxPending {
 		h := d.held(t, "/v1/runs", fmt.Sprintf(`{"workspace":%q,"code":"print(%d)"}`, ws, i))
 		if i == 0 {
 			first = h

@@ -17,7 +17,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandcell/sandcell/client"
-	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/mcpserver"
 	"github.com/sandcell/sandcell/supervisor/tools"
 	"github.com/sandcell/sandcell/supervisor/wire"
@@ -61,12 +61,12 @@ type mcpHTTP struct {
 	posts   atomic.Int64 // POSTs in flight (tool calls among them)
 
 	openMu  sync.Mutex
-	opening map[supervisor.Caller]int // new sessions being made, by caller
+	opening map[identity.Caller]int // new sessions being made, by caller
 }
 
 // reserve takes one of caller's session places for a session being made (until
 // release), or says that none is left.
-func (m *mcpHTTP) reserve(caller supervisor.Caller) error {
+func (m *mcpHTTP) reserve(caller identity.Caller) error {
 	m.openMu.Lock()
 	defer m.openMu.Unlock()
 	m.forget()
@@ -86,7 +86,7 @@ func (m *mcpHTTP) reserve(caller supervisor.Caller) error {
 }
 
 // release gives back a place reserve took (the session, if made, now has its owner).
-func (m *mcpHTTP) release(caller supervisor.Caller) {
+func (m *mcpHTTP) release(caller identity.Caller) {
 	m.openMu.Lock()
 	defer m.openMu.Unlock()
 	if m.opening[caller]--; m.opening[caller] <= 0 {
@@ -171,7 +171,7 @@ func (m *mcpHTTP) closeWhenIdle(ctx context.Context) {
 
 // newMCP builds /mcp's server over s's own handler.
 func (s *Server) newMCP(version string) *mcpHTTP {
-	m := &mcpHTTP{opening: map[supervisor.Caller]int{}}
+	m := &mcpHTTP{opening: map[identity.Caller]int{}}
 	m.server = mcpserver.New(mcpserver.Options{
 		Version:     version,
 		Unavailable: func(context.Context) string { return s.toolsUnavailable() },

@@ -24,7 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
-	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
@@ -54,7 +54,7 @@ type Peer struct {
 }
 
 // Caller is the identity runs and workspaces are owned by.
-func (p Peer) Caller() supervisor.Caller { return supervisor.Caller{UID: p.UID, Token: p.Token} }
+func (p Peer) Caller() identity.Caller { return identity.Caller{UID: p.UID, Token: p.Token} }
 
 type peerKey struct{}
 

@@ -14,6 +14,8 @@ import (
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/approvals"
+	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/sqltool"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
@@ -43,7 +45,7 @@ func sqlDigest(b wire.SQLRequest) string {
 }
 
 // approvedFile is the database file's SHA-256 that approval ap was requested on.
-func approvedFile(ap supervisor.Approval) string {
+func approvedFile(ap approvals.Approval) string {
 	var m struct {
 		DBSHA256 string `json:"db_sha256"`
 	}
@@ -66,7 +68,7 @@ var sqlStatus = map[string]int{
 // answer is this response; 15 SELECTs of 20 MB each were once kept an hour).
 type managerRunner struct {
 	s      *Server
-	caller supervisor.Caller
+	caller identity.Caller
 }
 
 var _ sqltool.Runner = managerRunner{}
@@ -121,11 +123,11 @@ func (s *Server) sql(c echo.Context) error {
 		ap, err := s.o.Approvals.Redeem(body.Approval, caller, digest)
 		audit(store.ApprovalRedeemed, map[string]any{"approval": body.Approval, "sql_sha256": digest, "error": errString(err)})
 		switch {
-		case errors.Is(err, supervisor.ErrApprovalNotFound), ap.Requester != caller:
+		case errors.Is(err, approvals.ErrNotFound), ap.Requester != caller:
 			// Another caller's approval is, to this one, no approval: its statement and
 			// parameters are not shown (as GET /v1/approvals/{id} shows them not).
 			return refused(fail(wire.CodeNotFound, "no approval "+body.Approval))
-		case errors.Is(err, supervisor.ErrApprovalMismatch):
+		case errors.Is(err, approvals.ErrMismatch):
 			return refused(fail(wire.CodeApprovalInvalid, "the approval is for another request").with(map[string]any{"approval": ap}))
 		case err != nil:
 			return refused(fail(wire.CodeApprovalInvalid, err.Error()).with(map[string]any{"approval": ap}))
@@ -238,7 +240,7 @@ func started(err error) bool {
 }
 
 // runSQL runs the tool; an error says why it could not (problemOf maps it).
-func (s *Server) runSQL(c echo.Context, w *workspace.Workspace, req sqltool.Request, caller supervisor.Caller) (sqltool.Outcome, error) {
+func (s *Server) runSQL(c echo.Context, w *workspace.Workspace, req sqltool.Request, caller identity.Caller) (sqltool.Outcome, error) {
 	limits, err := s.policy().Resolve(protocol.Limits{})
 	if err != nil {
 		return sqltool.Outcome{}, fmt.Errorf("%w: %w", errNotRun, err)
@@ -327,9 +329,9 @@ func (s *Server) settle(c echo.Context, confirm bool) error {
 		s.record(ctx, store.ApprovalDecided, "", detail)
 	}
 	switch {
-	case errors.Is(err, supervisor.ErrApprovalNotFound):
+	case errors.Is(err, approvals.ErrNotFound):
 		return fail(wire.CodeNotFound, "no approval "+id)
-	case errors.Is(err, supervisor.ErrSelfApproval):
+	case errors.Is(err, approvals.ErrSelfApproval):
 		return fail(wire.CodeForbidden, err.Error())
 	case err != nil:
 		return fail(wire.CodeApprovalInvalid, err.Error()).with(map[string]any{"approval": ap})
@@ -354,10 +356,10 @@ func (s *Server) approversExist() bool {
 }
 
 func (s *Server) listApprovals(c echo.Context) error {
-	state := supervisor.ApprovalState(c.QueryParam("state"))
+	state := approvals.State(c.QueryParam("state"))
 	switch state {
-	case "", supervisor.ApprovalPending, supervisor.ApprovalApproved, supervisor.ApprovalDenied,
-		supervisor.ApprovalSpent, supervisor.ApprovalExpired:
+	case "", approvals.Pending, approvals.Approved, approvals.Denied,
+		approvals.Spent, approvals.Expired:
 	default:
 		return fail(wire.CodeBadRequest, "state: pending, approved, denied, spent or expired")
 	}

@@ -44,7 +44,9 @@ import (
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/approvals"
 	"github.com/sandcell/sandcell/supervisor/config"
+	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/selftest"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/workspace"
@@ -182,7 +184,7 @@ func Open(o Options) (_ *Daemon, err error) {
 	}
 	d.audit = &supervisor.Audit{Store: d.db, Log: d.log, Healthy: func(err error) { d.health.Set(checkAudit, err) }}
 	d.audit.Attach(d.mgr)
-	if err := d.audit.Record(context.Background(), store.DaemonStart, supervisor.Daemon(), "",
+	if err := d.audit.Record(context.Background(), store.DaemonStart, identity.Daemon(), "",
 		map[string]any{"version": o.Version, "revision": o.Revision, "config": path, "tcp": cfg.TCP.Listen}); err != nil {
 		return nil, fmt.Errorf("the audit log cannot be written: %w", err)
 	}
@@ -194,7 +196,7 @@ func Open(o Options) (_ *Daemon, err error) {
 	if err != nil {
 		return nil, err
 	}
-	approvals := supervisor.NewApprovals(cfg.Approvals.TTL.Duration, cfg.Approvals.Window.Duration)
+	approvals := approvals.New(cfg.Approvals.TTL.Duration, cfg.Approvals.Window.Duration)
 	metrics := d.metrics()
 	metrics.CountApprovals(approvals)
 	if d.sess != nil {
@@ -262,7 +264,7 @@ func (d *Daemon) abortUnfinished() {
 			Token string `json:"token"`
 		}
 		json.Unmarshal(e.Detail, &by)
-		d.audit.Record(context.Background(), store.RunAborted, supervisor.Caller{UID: e.UID, Token: by.Token}, e.RunID,
+		d.audit.Record(context.Background(), store.RunAborted, identity.Caller{UID: e.UID, Token: by.Token}, e.RunID,
 			map[string]any{"reason": "the daemon stopped while the run was in flight"})
 	}
 	if len(admitted) > 0 {
@@ -622,7 +624,7 @@ func (d *Daemon) Reload() {
 	}
 	if err != nil {
 		d.log.Error("reload refused: the configuration in force is unchanged", "error", err)
-		d.audit.Record(context.Background(), store.DaemonReload, supervisor.Daemon(), "", map[string]any{"error": err.Error()})
+		d.audit.Record(context.Background(), store.DaemonReload, identity.Daemon(), "", map[string]any{"error": err.Error()})
 		done("reload refused, the previous configuration stays: " + err.Error())
 		return
 	}
@@ -652,7 +654,7 @@ func (d *Daemon) Reload() {
 	setMemoryLimit(limits)
 	d.log.Info("configuration reloaded", "disabled", cfg.Disabled, "needs_restart", restart)
 	done("configuration reloaded")
-	d.audit.Record(context.Background(), store.DaemonReload, supervisor.Daemon(), "",
+	d.audit.Record(context.Background(), store.DaemonReload, identity.Daemon(), "",
 		map[string]any{"disabled": cfg.Disabled, "needs_restart": restart})
 }
 
@@ -762,7 +764,7 @@ func (d *Daemon) shutdown() {
 	d.sp.Warm(sandbox.PoolOptions{}) // idle workers
 	d.sp.WarmNative(sandbox.NativeWarmOptions{})
 	d.mu.Unlock()
-	d.audit.Record(context.Background(), store.DaemonStop, supervisor.Daemon(), "", map[string]any{})
+	d.audit.Record(context.Background(), store.DaemonStop, identity.Daemon(), "", map[string]any{})
 	d.log.Info("stopped")
 }
 

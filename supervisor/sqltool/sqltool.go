@@ -3,7 +3,7 @@
 // hardened worker runs sqlrun.py in the sandboxed CPython, whose sqlite3 module
 // classifies the statement (SQLite's own bytecode, under an authorizer, on a
 // read-only connection) and runs it when allowed. Reads run at once; writes need an
-// approval (the caller's business: see supervisor.Approvals); ATTACH, DETACH,
+// approval (the caller's business: see approvals.Queue); ATTACH, DETACH,
 // VACUUM INTO, file-naming and protection-undoing PRAGMAs, extension loading,
 // transaction control and more than one statement are always refused.
 package sqltool

@@ -44,7 +44,7 @@ const (
 	CodeApprovalUnavailable = "approval_unavailable" // 403: the statement writes and no approver is configured
 	CodeApprovalInvalid     = "approval_invalid"     // 409: the approval is pending, denied, spent, expired or for another request
 	CodeSQLError            = "sql_error"            // 400/404/409/422: SQLite failed; sql_code says how
-	CodeTooManyPending      = "too_many_pending"     // 429: the caller has supervisor.MaxPending approvals waiting
+	CodeTooManyPending      = "too_many_pending"     // 429: the caller has approvals.MaxPending approvals waiting
 	CodeWorkspaceBusy       = "workspace_busy"       // 409: a run or statement is using the workspace (or approved code or an approved SQL write holds it alone)
 	CodeSessionLimit        = "session_limit"        // 429: this caller (or the daemon) has as many MCP sessions, or interpreter sessions, open as may be
 	CodeSessionBusy         = "session_busy"         // 409: a cell of the session is running

@@ -1,4 +1,10 @@
-package supervisor
+// Package approvals is the daemon's approval queue: requests for a person's
+// consent to one action (a SQL write, held code), each decided by someone other
+// than its requester (or confirmed by the person at the requester's MCP client),
+// then redeemed once for exactly the request it was given for. It keeps them in
+// memory, bounded; what happens to each is the audit log's to record (the API
+// records it). It imports only identity: never runs, sessions, the API or the store.
+package approvals
 
 import (
 	"crypto/rand"
@@ -10,16 +16,17 @@ import (
 	"time"
 
 	"github.com/oklog/ulid/v2"
+	"github.com/sandcell/sandcell/supervisor/identity"
 )
 
 // Errors of the approval mechanism.
 var (
-	ErrApprovalNotFound = errors.New("supervisor: no such approval")
-	// ErrApprovalState: the approval is not in the state the operation needs
+	ErrNotFound = errors.New("supervisor: no such approval")
+	// ErrState: the approval is not in the state the operation needs
 	// (deciding one already decided, redeeming one pending, denied, spent or expired).
-	ErrApprovalState = errors.New("supervisor: approval not usable")
-	// ErrApprovalMismatch: redeemed by another caller or for another request.
-	ErrApprovalMismatch = errors.New("supervisor: approval is for another request")
+	ErrState = errors.New("supervisor: approval not usable")
+	// ErrMismatch: redeemed by another caller or for another request.
+	ErrMismatch = errors.New("supervisor: approval is for another request")
 	// ErrSelfApproval: the decider is the requester (four eyes: nobody approves
 	// their own request, whatever their roles).
 	ErrSelfApproval = errors.New("supervisor: a caller cannot decide its own request")
@@ -46,17 +53,17 @@ const (
 // the digest, the map entry.
 const approvalOverhead = 512
 
-// ApprovalState is where an approval is in its life.
-type ApprovalState string
+// State is where an approval is in its life.
+type State string
 
 // The states: pending until an approver decides or it expires; an approved one is
 // spent by its one use or expires unused.
 const (
-	ApprovalPending  ApprovalState = "pending"
-	ApprovalApproved ApprovalState = "approved"
-	ApprovalDenied   ApprovalState = "denied"
-	ApprovalSpent    ApprovalState = "spent"
-	ApprovalExpired  ApprovalState = "expired"
+	Pending  State = "pending"
+	Approved State = "approved"
+	Denied   State = "denied"
+	Spent    State = "spent"
+	Expired  State = "expired"
 )
 
 // Approval is a request for a person's consent to one action: an action name the
@@ -64,19 +71,19 @@ const (
 // done (Subject, shown to the approver) and its Digest (the SHA-256 of the request,
 // which redeeming must match).
 type Approval struct {
-	ID        string        `json:"id"`
-	Action    string        `json:"action"`
-	State     ApprovalState `json:"state"`
-	Requester Caller        `json:"requester"`
+	ID        string          `json:"id"`
+	Action    string          `json:"action"`
+	State     State           `json:"state"`
+	Requester identity.Caller `json:"requester"`
 	// Subject is what would be done, as compact JSON (what Request was given).
 	Subject   json.RawMessage `json:"subject"`
 	Digest    string          `json:"digest"`
 	CreatedAt time.Time       `json:"created_at"`
 	// ExpiresAt is when a pending approval lapses, or, once approved, when the
 	// window to use it closes.
-	ExpiresAt time.Time  `json:"expires_at"`
-	DecidedBy *Caller    `json:"decided_by,omitempty"`
-	DecidedAt *time.Time `json:"decided_at,omitempty"`
+	ExpiresAt time.Time        `json:"expires_at"`
+	DecidedBy *identity.Caller `json:"decided_by,omitempty"`
+	DecidedAt *time.Time       `json:"decided_at,omitempty"`
 	// Confirmed: decided by its requester, through the person at its MCP client
 	// (Confirm), not by an approver.
 	Confirmed bool `json:"confirmed,omitempty"`
@@ -85,9 +92,9 @@ type Approval struct {
 	Head string `json:"-"`
 }
 
-// Approvals holds the approvals of a daemon (in memory: a restart forgets them; each
+// Queue holds the approvals of a daemon (in memory: a restart forgets them; each
 // step is in the audit log). Its methods are safe for concurrent use.
-type Approvals struct {
+type Queue struct {
 	// TTL is how long a request waits for a decision; Window how long an approved
 	// one may be used.
 	TTL, Window time.Duration
@@ -100,19 +107,20 @@ type Approvals struct {
 	now func() time.Time
 }
 
-// NewApprovals returns an empty set.
-func NewApprovals(ttl, window time.Duration) *Approvals {
-	return &Approvals{TTL: ttl, Window: window, m: map[string]*Approval{}, size: map[string]int64{}, now: time.Now}
+// New returns an empty queue: requests wait ttl for a decision, and an approved one
+// may be used within window.
+func New(ttl, window time.Duration) *Queue {
+	return &Queue{TTL: ttl, Window: window, m: map[string]*Approval{}, size: map[string]int64{}, now: time.Now}
 }
 
 // expire moves lapsed approvals to expired and forgets old ones; a.mu is held.
-func (a *Approvals) expire() {
+func (a *Queue) expire() {
 	now := a.now()
 	for id, ap := range a.m {
-		if (ap.State == ApprovalPending || ap.State == ApprovalApproved) && now.After(ap.ExpiresAt) {
-			ap.State = ApprovalExpired
+		if (ap.State == Pending || ap.State == Approved) && now.After(ap.ExpiresAt) {
+			ap.State = Expired
 		}
-		if ap.State != ApprovalPending && ap.State != ApprovalApproved && now.Sub(ap.ExpiresAt) > 24*time.Hour {
+		if ap.State != Pending && ap.State != Approved && now.Sub(ap.ExpiresAt) > 24*time.Hour {
 			a.forget(id)
 		}
 	}
@@ -120,18 +128,18 @@ func (a *Approvals) expire() {
 
 // finished reports whether ap can no longer be used, nor given back (Restore): only
 // those are forgotten to make room.
-func (a *Approvals) finished(ap *Approval) bool {
+func (a *Queue) finished(ap *Approval) bool {
 	switch ap.State {
-	case ApprovalPending, ApprovalApproved:
+	case Pending, Approved:
 		return false
-	case ApprovalSpent:
+	case Spent:
 		return a.now().After(ap.ExpiresAt)
 	}
 	return true
 }
 
 // forget drops approval id; a.mu is held.
-func (a *Approvals) forget(id string) {
+func (a *Queue) forget(id string) {
 	a.kept -= a.size[id]
 	delete(a.size, id)
 	delete(a.m, id)
@@ -139,7 +147,7 @@ func (a *Approvals) forget(id string) {
 
 // makeRoom forgets the oldest finished approvals (decided, spent, expired) until n
 // more bytes fit in MaxKeptBytes, and reports whether they do; a.mu is held.
-func (a *Approvals) makeRoom(n int64) bool {
+func (a *Queue) makeRoom(n int64) bool {
 	for a.kept+n > MaxKeptBytes {
 		var oldest *Approval
 		for _, ap := range a.m {
@@ -156,7 +164,7 @@ func (a *Approvals) makeRoom(n int64) bool {
 }
 
 // KeptBytes is what the approvals keep now, counted as MaxKeptBytes counts it.
-func (a *Approvals) KeptBytes() int64 {
+func (a *Queue) KeptBytes() int64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.kept
@@ -165,16 +173,16 @@ func (a *Approvals) KeptBytes() int64 {
 // Request records a pending approval and returns a copy, or an error wrapping
 // ErrTooManyPending (MaxPending of the requester's wait, or MaxKeptBytes is kept by
 // approvals still pending or approved).
-func (a *Approvals) Request(action string, requester Caller, subject any, digest, head string) (Approval, error) {
+func (a *Queue) Request(action string, requester identity.Caller, subject any, digest, head string) (Approval, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.expire()
 	pending, live := 0, int64(0)
 	for id, ap := range a.m {
-		if ap.Requester == requester && ap.State == ApprovalPending && ap.Action == action && ap.Digest == digest {
+		if ap.Requester == requester && ap.State == Pending && ap.Action == action && ap.Digest == digest {
 			return *ap, nil // the same request again: the same approval, waiting still
 		}
-		if ap.Requester == requester && ap.State == ApprovalPending {
+		if ap.Requester == requester && ap.State == Pending {
 			pending++
 		}
 		if ap.Requester == requester && !a.finished(ap) {
@@ -200,7 +208,7 @@ func (a *Approvals) Request(action string, requester Caller, subject any, digest
 			ErrTooManyPending, a.kept, MaxKeptBytes)
 	}
 	now := a.now().UTC()
-	ap := &Approval{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Action: action, State: ApprovalPending,
+	ap := &Approval{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Action: action, State: Pending,
 		Requester: requester, Subject: b, Digest: digest, Head: head, CreatedAt: now, ExpiresAt: now.Add(a.TTL)}
 	a.m[ap.ID] = ap
 	a.size[ap.ID], a.kept = n, a.kept+n
@@ -212,13 +220,13 @@ func (a *Approvals) Request(action string, requester Caller, subject any, digest
 // asks before it makes one that costs work (the gate of code hashes a workspace).
 // It returns nil when head is not "" and one of those has it: the same request
 // again, perhaps, which Request answers with the approval that waits.
-func (a *Approvals) Room(requester Caller, head string) error {
+func (a *Queue) Room(requester identity.Caller, head string) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.expire()
 	pending := 0
 	for _, ap := range a.m {
-		if ap.Requester == requester && ap.State == ApprovalPending {
+		if ap.Requester == requester && ap.State == Pending {
 			if head != "" && ap.Head == head {
 				return nil
 			}
@@ -232,9 +240,9 @@ func (a *Approvals) Room(requester Caller, head string) error {
 }
 
 // Usable returns approval id if Redeem could spend it for caller with the right
-// digest: ErrApprovalNotFound (also when it is another caller's) or ErrApprovalState
+// digest: ErrNotFound (also when it is another caller's) or ErrState
 // otherwise. It spends nothing; a caller asks before it makes the digest.
-func (a *Approvals) Usable(id string, caller Caller) (Approval, error) {
+func (a *Queue) Usable(id string, caller identity.Caller) (Approval, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ap, err := a.lookup(id)
@@ -242,25 +250,25 @@ func (a *Approvals) Usable(id string, caller Caller) (Approval, error) {
 	case err != nil:
 		return Approval{}, err
 	case ap.Requester != caller:
-		return Approval{}, ErrApprovalNotFound
-	case ap.State != ApprovalApproved:
-		return *ap, fmt.Errorf("%w: it is %s", ErrApprovalState, ap.State)
+		return Approval{}, ErrNotFound
+	case ap.State != Approved:
+		return *ap, fmt.Errorf("%w: it is %s", ErrState, ap.State)
 	}
 	return *ap, nil
 }
 
 // lookup expires what has lapsed and returns approval id; a.mu is held.
-func (a *Approvals) lookup(id string) (*Approval, error) {
+func (a *Queue) lookup(id string) (*Approval, error) {
 	a.expire()
 	ap, ok := a.m[id]
 	if !ok {
-		return nil, ErrApprovalNotFound
+		return nil, ErrNotFound
 	}
 	return ap, nil
 }
 
 // Get returns approval id.
-func (a *Approvals) Get(id string) (Approval, error) {
+func (a *Queue) Get(id string) (Approval, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ap, err := a.lookup(id)
@@ -271,7 +279,7 @@ func (a *Approvals) Get(id string) (Approval, error) {
 }
 
 // List returns the approvals in state (all when empty), oldest first.
-func (a *Approvals) List(state ApprovalState) []Approval {
+func (a *Queue) List(state State) []Approval {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.expire()
@@ -287,15 +295,15 @@ func (a *Approvals) List(state ApprovalState) []Approval {
 
 // Decide approves or denies a pending approval. Approved, it may be redeemed once
 // within Window.
-func (a *Approvals) Decide(id string, by Caller, approve bool) (Approval, error) {
+func (a *Queue) Decide(id string, by identity.Caller, approve bool) (Approval, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ap, err := a.lookup(id)
 	if err != nil {
 		return Approval{}, err
 	}
-	if ap.State != ApprovalPending {
-		return *ap, fmt.Errorf("%w: it is %s", ErrApprovalState, ap.State)
+	if ap.State != Pending {
+		return *ap, fmt.Errorf("%w: it is %s", ErrState, ap.State)
 	}
 	if by == ap.Requester {
 		return *ap, ErrSelfApproval
@@ -304,13 +312,13 @@ func (a *Approvals) Decide(id string, by Caller, approve bool) (Approval, error)
 }
 
 // decide records by's decision on the pending ap (a.mu is held).
-func (a *Approvals) decide(ap *Approval, by Caller, approve, confirmed bool) Approval {
+func (a *Queue) decide(ap *Approval, by identity.Caller, approve, confirmed bool) Approval {
 	now := a.now().UTC()
 	ap.DecidedBy, ap.DecidedAt, ap.Confirmed = &by, &now, confirmed
 	if approve {
-		ap.State, ap.ExpiresAt = ApprovalApproved, now.Add(a.Window)
+		ap.State, ap.ExpiresAt = Approved, now.Add(a.Window)
 	} else {
-		ap.State = ApprovalDenied
+		ap.State = Denied
 	}
 	return *ap
 }
@@ -319,7 +327,7 @@ func (a *Approvals) decide(ap *Approval, by Caller, approve, confirmed bool) App
 // false, Decide's rules) or as its requester (confirm true, Confirm's). The errors
 // are theirs; a decision recorded after a nil answer can still lose a race to
 // another, which Decide or Confirm then reports.
-func (a *Approvals) Decidable(id string, by Caller, confirm bool) (Approval, error) {
+func (a *Queue) Decidable(id string, by identity.Caller, confirm bool) (Approval, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ap, err := a.lookup(id)
@@ -327,9 +335,9 @@ func (a *Approvals) Decidable(id string, by Caller, confirm bool) (Approval, err
 	case err != nil:
 		return Approval{}, err
 	case confirm && ap.Requester != by:
-		return Approval{}, ErrApprovalNotFound
-	case ap.State != ApprovalPending:
-		return *ap, fmt.Errorf("%w: it is %s", ErrApprovalState, ap.State)
+		return Approval{}, ErrNotFound
+	case ap.State != Pending:
+		return *ap, fmt.Errorf("%w: it is %s", ErrState, ap.State)
 	case !confirm && by == ap.Requester:
 		return *ap, ErrSelfApproval
 	}
@@ -340,22 +348,22 @@ func (a *Approvals) Decidable(id string, by Caller, confirm bool) (Approval, err
 // requester's MCP client answered when asked (elicitation). Whether that may count
 // is the caller's to decide (policy's approvals.elicitation). Only the requester
 // may (the converse of Decide); to anyone else the approval does not exist.
-func (a *Approvals) Confirm(id string, by Caller, approve bool) (Approval, error) {
+func (a *Queue) Confirm(id string, by identity.Caller, approve bool) (Approval, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ap, err := a.lookup(id)
 	if err != nil || ap.Requester != by {
-		return Approval{}, ErrApprovalNotFound // another's is none of this caller's
+		return Approval{}, ErrNotFound // another's is none of this caller's
 	}
-	if ap.State != ApprovalPending {
-		return *ap, fmt.Errorf("%w: it is %s", ErrApprovalState, ap.State)
+	if ap.State != Pending {
+		return *ap, fmt.Errorf("%w: it is %s", ErrState, ap.State)
 	}
 	return a.decide(ap, by, approve, true), nil
 }
 
 // Redeem spends an approved approval for the request with digest by its requester:
 // it succeeds once.
-func (a *Approvals) Redeem(id string, caller Caller, digest string) (Approval, error) {
+func (a *Queue) Redeem(id string, caller identity.Caller, digest string) (Approval, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ap, err := a.lookup(id)
@@ -363,21 +371,21 @@ func (a *Approvals) Redeem(id string, caller Caller, digest string) (Approval, e
 		return Approval{}, err
 	}
 	if ap.Requester != caller || ap.Digest != digest {
-		return *ap, ErrApprovalMismatch
+		return *ap, ErrMismatch
 	}
-	if ap.State != ApprovalApproved {
-		return *ap, fmt.Errorf("%w: it is %s", ErrApprovalState, ap.State)
+	if ap.State != Approved {
+		return *ap, fmt.Errorf("%w: it is %s", ErrState, ap.State)
 	}
-	ap.State = ApprovalSpent
+	ap.State = Spent
 	return *ap, nil
 }
 
 // Restore makes a spent approval usable again when what it was spent on never ran
 // (the queue was full, the daemon is stopping); it changes nothing otherwise.
-func (a *Approvals) Restore(id string) {
+func (a *Queue) Restore(id string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if ap, ok := a.m[id]; ok && ap.State == ApprovalSpent && !a.now().After(ap.ExpiresAt) {
-		ap.State = ApprovalApproved
+	if ap, ok := a.m[id]; ok && ap.State == Spent && !a.now().After(ap.ExpiresAt) {
+		ap.State = Approved
 	}
 }
