@@ -57,6 +57,7 @@ func TestImportRules(t *testing.T) {
 		module + "/supervisor/wire":         {module + "/sandbox/protocol"},
 		module + "/supervisor/identity":     nil,
 		module + "/supervisor/approvals":    {module + "/supervisor/identity"},
+		module + "/supervisor/audit":        {module + "/supervisor/identity", module + "/supervisor/store", module + "/sandbox/protocol"},
 	}
 	for leaf, allowed := range leaves {
 		for _, dep := range imports[leaf] {

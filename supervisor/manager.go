@@ -22,7 +22,9 @@ import (
 
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/audit"
 	"github.com/sandcell/sandcell/supervisor/identity"
+	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
@@ -138,6 +140,27 @@ func NewManager(runner Runner, o Options) (*Manager, error) {
 	return &Manager{runner: runner, workDir: o.WorkDir, retention: o.Retention, maxRetained: o.MaxRetainedOutputBytes,
 		wedgeSlack: o.WedgeSlack, workers: o.Concurrency, maxQueued: o.QueueLength, perCaller: max(o.MaxPerCaller, 0),
 		quota: o.WorkspaceQuota, runs: map[string]*Run{}, callers: map[identity.Caller]*share{}}, nil
+}
+
+// AuditTo records run.finished in w for every run m ends (a statement's worker is
+// not a run: see JobSQL).
+func (m *Manager) AuditTo(w *audit.Writer) {
+	m.OnFinish(func(r *Run, v wire.View) {
+		if r.Job != JobRun {
+			return
+		}
+		var d audit.RunFinished
+		if res := v.Result; res != nil {
+			stdout, stderr := res.Streams()
+			d = audit.RunFinished{Reason: res.Reason, ExitCode: res.ExitCode, ElapsedMS: res.ElapsedMS,
+				StdoutBytes: stdout.Len(), StderrBytes: stderr.Len(), StdoutTruncated: res.StdoutTruncated,
+				StderrTruncated: res.StderrTruncated, Diagnostics: res.Diagnostics}
+			if res.Enforcement != nil {
+				d.Layers = res.Enforcement.ActiveLayers()
+			}
+		}
+		w.Record(context.Background(), store.RunFinished, r.Caller, r.ID, d)
+	})
 }
 
 // JobKind is what a worker does for its caller.

@@ -30,6 +30,7 @@ import (
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/approvals"
+	"github.com/sandcell/sandcell/supervisor/audit"
 	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
@@ -90,7 +91,7 @@ func Statuses() map[string][]int {
 type Auditor interface {
 	Record(ctx context.Context, kind store.Kind, who identity.Caller, runID string, detail any) error
 	// RecordRefusal records a refusal, or only logs it while the log is known not
-	// to be writable (supervisor.Audit.RecordRefusal): a refusal waits for no lock.
+	// to be writable (audit.Writer.RecordRefusal): a refusal waits for no lock.
 	RecordRefusal(ctx context.Context, kind store.Kind, who identity.Caller, detail any) error
 	// Events returns up to limit records with seq > after, oldest first, only those
 	// of runID when it is not empty.
@@ -100,7 +101,7 @@ type Auditor interface {
 // The daemon's parts are what the API needs (checked when it compiles).
 var (
 	_ Service = (*supervisor.Manager)(nil)
-	_ Auditor = (*supervisor.Audit)(nil)
+	_ Auditor = (*audit.Writer)(nil)
 )
 
 // Service is what the API needs from the daemon.

@@ -58,7 +58,7 @@ func (s *Server) require(roles ...Role) echo.MiddlewareFunc {
 
 // record appends an audit record of the request of ctx by its caller (uid -1 before
 // anyone is known); a TCP caller's token name goes into detail["token"] (see
-// supervisor.Audit.Record). Every record the API writes names its caller this way.
+// audit.Writer.Record). Every record the API writes names its caller this way.
 func (s *Server) record(ctx context.Context, kind store.Kind, runID string, detail map[string]any) error {
 	if r, ok := ctx.Value(recordedKey{}).(*atomic.Bool); ok {
 		r.Store(true)

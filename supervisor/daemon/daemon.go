@@ -45,6 +45,7 @@ import (
 	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/approvals"
+	"github.com/sandcell/sandcell/supervisor/audit"
 	"github.com/sandcell/sandcell/supervisor/config"
 	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/selftest"
@@ -85,7 +86,7 @@ type Daemon struct {
 	sp      *sandbox.Spawner
 	mgr     *supervisor.Manager
 	sess    *supervisor.Sessions // nil when sessions.max is 0
-	audit   *supervisor.Audit
+	audit   *audit.Writer
 	db      *store.Store
 	srv     *api.Server
 	lock    *os.File                        // the state directory's lock, held until close
@@ -182,8 +183,8 @@ func Open(o Options) (_ *Daemon, err error) {
 	if d.db, err = store.Open(filepath.Join(cfg.State.Dir, "audit.db")); err != nil {
 		return nil, fmt.Errorf("audit log: %w", err)
 	}
-	d.audit = &supervisor.Audit{Store: d.db, Log: d.log, Healthy: func(err error) { d.health.Set(checkAudit, err) }}
-	d.audit.Attach(d.mgr)
+	d.audit = &audit.Writer{Store: d.db, Log: d.log, Healthy: func(err error) { d.health.Set(checkAudit, err) }}
+	d.mgr.AuditTo(d.audit)
 	if err := d.audit.Record(context.Background(), store.DaemonStart, identity.Daemon(), "",
 		map[string]any{"version": o.Version, "revision": o.Revision, "config": path, "tcp": cfg.TCP.Listen}); err != nil {
 		return nil, fmt.Errorf("the audit log cannot be written: %w", err)

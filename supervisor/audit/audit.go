@@ -1,4 +1,11 @@
-package supervisor
+// Package audit writes the daemon's decisions to its audit log (the store's
+// hash-chained records): each request, admission, refusal, cancel and decision the
+// API makes, the end of every run (through the run manager's hook), and the
+// daemon's own acts (pruning, as identity.Daemon). It knows when the log cannot be
+// written (Down), so that the daemon stops admitting work it could not record. It
+// imports the store, identity and the sandbox's protocol (a run's reason) only:
+// never runs, sessions or the API.
+package audit
 
 import (
 	"context"
@@ -12,13 +19,12 @@ import (
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/store"
-	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
-// Audit writes the daemon's decisions to the audit log: what the API records (each
+// Writer writes the daemon's decisions to the audit log: what the API records (each
 // request, admission, refusal, cancel, denied caller) and, through the manager, the
 // end of every run.
-type Audit struct {
+type Writer struct {
 	Store *store.Store
 	Log   *slog.Logger
 	// Healthy, if set, is told each append's outcome (nil: written), so that a
@@ -33,7 +39,7 @@ type Audit struct {
 // the record's, and a TCP caller's token name goes into the detail as "token". detail
 // is encoded as JSON: a map, or a struct of the kind's (RunFinished). An error means
 // nothing was recorded (the API then refuses to start a run).
-func (a *Audit) Record(ctx context.Context, kind store.Kind, who identity.Caller, runID string, detail any) error {
+func (a *Writer) Record(ctx context.Context, kind store.Kind, who identity.Caller, runID string, detail any) error {
 	b, err := json.Marshal(detail)
 	if err != nil {
 		return err
@@ -71,7 +77,7 @@ var ErrDown = errors.New("the audit log cannot be written")
 // (5 s) and fails anyway, and a caller refused for that very reason would wait
 // seconds for its 503, holding its connection. (It is for a refusal that ends
 // nothing recorded: a request already recorded has its end written by Record.)
-func (a *Audit) RecordRefusal(ctx context.Context, kind store.Kind, who identity.Caller, detail any) error {
+func (a *Writer) RecordRefusal(ctx context.Context, kind store.Kind, who identity.Caller, detail any) error {
 	if a.Down() {
 		if a.Log != nil {
 			a.Log.Warn("refusal not audited: the audit log cannot be written", "kind", kind, "uid", who.UID, "detail", detail)
@@ -83,12 +89,12 @@ func (a *Audit) RecordRefusal(ctx context.Context, kind store.Kind, who identity
 
 // Down reports whether the log is known not to be writable: the last append, or the
 // last check given to Checked, failed.
-func (a *Audit) Down() bool { return a.down.Load() }
+func (a *Writer) Down() bool { return a.down.Load() }
 
 // Checked is told the outcome of an append, or of a check of the log outside one
 // (store.Store.Writable, which the daemon runs while the log is Down): it sets Down
 // and tells Healthy.
-func (a *Audit) Checked(err error) {
+func (a *Writer) Checked(err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.down.Store(err != nil)
@@ -98,7 +104,7 @@ func (a *Audit) Checked(err error) {
 }
 
 // Events returns audit records (see store.Store.Events); never nil.
-func (a *Audit) Events(ctx context.Context, after int64, runID string, limit int) (any, error) {
+func (a *Writer) Events(ctx context.Context, after int64, runID string, limit int) (any, error) {
 	evs, err := a.Store.Events(ctx, after, runID, limit)
 	if evs == nil {
 		evs = []store.Event{}
@@ -120,30 +126,9 @@ type RunFinished struct {
 	Layers []string `json:"layers,omitempty"`
 }
 
-// Attach records run.finished for every run m ends (a statement's worker is not a
-// run: see JobSQL).
-func (a *Audit) Attach(m *Manager) {
-	m.OnFinish(func(r *Run, v wire.View) {
-		if r.Job != JobRun {
-			return
-		}
-		var d RunFinished
-		if res := v.Result; res != nil {
-			stdout, stderr := res.Streams()
-			d = RunFinished{Reason: res.Reason, ExitCode: res.ExitCode, ElapsedMS: res.ElapsedMS,
-				StdoutBytes: stdout.Len(), StderrBytes: stderr.Len(), StdoutTruncated: res.StdoutTruncated,
-				StderrTruncated: res.StderrTruncated, Diagnostics: res.Diagnostics}
-			if res.Enforcement != nil {
-				d.Layers = res.Enforcement.ActiveLayers()
-			}
-		}
-		a.Record(context.Background(), store.RunFinished, r.Caller, r.ID, d)
-	})
-}
-
 // Prune removes the records older than retention and records that it did (the
 // chain stays verifiable: see store.Store.Prune).
-func (a *Audit) Prune(ctx context.Context, retention time.Duration) error {
+func (a *Writer) Prune(ctx context.Context, retention time.Duration) error {
 	n, through, err := a.Store.Prune(ctx, time.Now().Add(-retention))
 	if err != nil || n == 0 {
 		return err
@@ -153,7 +138,7 @@ func (a *Audit) Prune(ctx context.Context, retention time.Duration) error {
 }
 
 // PruneEvery prunes at once and then every interval until ctx ends.
-func (a *Audit) PruneEvery(ctx context.Context, interval, retention time.Duration) {
+func (a *Writer) PruneEvery(ctx context.Context, interval, retention time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
