@@ -542,7 +542,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		// The interpreter ended in the middle of the cell (os._exit, a signal, a
 		// crash); its checkpoint is the interpreter now.
 		res.Reason = protocol.Exited
-		res.Diagnostics = []string{"the interpreter ended during the cell (os._exit, a signal or a crash); its checkpoint from before the cell carries on"}
+		res.Diagnostics = []string{"the interpreter ended during the cell (os._exit, a signal, a crash, or the runner's descriptors closed under it); its checkpoint from before the cell carries on"}
 	case rolledBack:
 		// The interpreter was ended; its checkpoint is the interpreter now.
 	case got.err == nil && ss.native:
@@ -675,6 +675,8 @@ func (ss *Session) startLimits(lim *cellLimits, ctx context.Context, l protocol.
 		read = treeCPU
 		used, err := treeCPU(ss.p.cmd.Process.Pid)
 		switch {
+		case ss.closing.Load():
+			ss.lose("the session was closed")
 		case ss.forks.gone():
 			ss.lose("the interpreter ended between cells (a thread an earlier cell left ended it)")
 		case err != nil:

@@ -339,6 +339,12 @@ def _sandcell_session():
         import warnings
         flush()
         r, w = os.pipe()
+        # The interpreter's end, w, is kept apart from the cell's descriptors (as
+        # the streams' and the control channel's are): a cell that closes low
+        # descriptors and opens files of its own is never given w's number.
+        high = fcntl.fcntl(w, fcntl.F_DUPFD_CLOEXEC, 10)
+        os.close(w)
+        w = high
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # forking a process with threads
@@ -371,9 +377,12 @@ def _sandcell_session():
             pid, w = kept
             try:
                 os.write(w, b"x")
+            except OSError:
+                pass  # ended already: the parent ends what a cell left
+            try:
                 os.close(w)
             except OSError:
-                pass  # ended already (the parent ends what a cell left), or the cell closed w
+                pass  # the cell closed it
             wait_for(pid)
 
     checkpoints = _sandcell_checkpoints
@@ -382,8 +391,9 @@ def _sandcell_session():
     # The runner's own descriptors of the streams and the control channel, apart
     # from 1, 2 and 3: a cell that closes or redirects those (os.dup2 of
     # /dev/null over stdout) changes where its own output goes, not where the
-    # markers and reports that end it go. (A cell that closes these too ends its
-    # session, as any that breaks its runner.)
+    # markers and reports that end it go. A cell that closes these too breaks its
+    # runner: the interpreter ends, and the cell is rolled back (its checkpoint's
+    # are intact), or, without a checkpoint, the session is lost.
     import fcntl
     out, err, ctl = (fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (1, 2, 3))
     global _sandcell_ctl
