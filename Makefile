@@ -22,7 +22,8 @@ export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 NFPM_VERSION      := v2.45.2
 STATICCHECK_VERSION := v0.8.2
 # The packages whose tests need no bundle, run again under the race detector.
-RACE_PACKAGES := ./healthz ./sandbox/protocol ./sandbox/policy ./supervisor ./supervisor/config \
+RACE_PACKAGES := ./healthz ./sandbox/protocol ./sandbox/policy ./supervisor/runs ./supervisor/sessions \
+  ./supervisor/approvals ./supervisor/config \
   ./supervisor/store ./supervisor/workspace ./supervisor/wire
 NFPM              := build/tools/nfpm
 PKG_ARCH          := $(shell go env GOARCH 2>/dev/null || echo amd64)

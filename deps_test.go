@@ -59,6 +59,22 @@ func TestImportRules(t *testing.T) {
 		module + "/supervisor/approvals":    {module + "/supervisor/identity"},
 		module + "/supervisor/audit":        {module + "/supervisor/identity", module + "/supervisor/store", module + "/sandbox/protocol"},
 	}
+	// The daemon's concerns, one room each (see each package's doc): what each must
+	// never import. Runs and sessions are peers; the API drives them and the
+	// daemon assembles them; the metrics read them.
+	sup := module + "/supervisor/"
+	never := map[string][]string{
+		sup + "runs":     {sup + "sessions", sup + "approvals", sup + "api", sup + "daemon", sup + "mcpserver", sup + "metrics"},
+		sup + "sessions": {sup + "runs", sup + "approvals", sup + "audit", sup + "api", sup + "daemon", sup + "mcpserver", sup + "metrics"},
+		sup + "metrics":  {sup + "api", sup + "daemon", sup + "mcpserver"},
+	}
+	for pkg, banned := range never {
+		for _, dep := range imports[pkg] {
+			if contains(banned, dep) {
+				t.Errorf("%s imports %s: see its package doc", pkg, dep)
+			}
+		}
+	}
 	for leaf, allowed := range leaves {
 		for _, dep := range imports[leaf] {
 			if strings.HasPrefix(dep, module) && !contains(allowed, dep) {

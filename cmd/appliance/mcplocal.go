@@ -20,11 +20,11 @@ import (
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
-	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/approvals"
 	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/mcpserver"
+	"github.com/sandcell/sandcell/supervisor/sessions"
 	"github.com/sandcell/sandcell/supervisor/sqltool"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
@@ -44,7 +44,7 @@ type localTools struct {
 	approvals           *approvals.Queue
 	me                  identity.Caller
 	runs                atomic.Int64
-	sessions            *supervisor.Sessions // run_cell's interpreters, which live as long as this process
+	sessions            *sessions.Manager // run_cell's interpreters, which live as long as this process
 }
 
 var _ mcpserver.Backend = (*localTools)(nil)
@@ -59,15 +59,15 @@ func newLocalTools(dir, bundleDir, cacheDir string) (*localTools, error) {
 		return nil, err
 	}
 	sp := newSpawner(bundleDir, cacheDir)
-	sessions, err := supervisor.NewSessions(sp, supervisor.SessionOptions{Max: 2, MaxPerCaller: 2,
+	sess, err := sessions.New(sp, sessions.Options{Max: 2, MaxPerCaller: 2,
 		IdleTimeout: 30 * time.Minute, Quota: localQuota})
 	if err != nil {
 		return nil, err
 	}
-	sessions.Start(supervisor.SessionHooks{}) // nothing kept on disk: they end with this process
+	sess.Start(sessions.Hooks{}) // nothing kept on disk: they end with this process
 	return &localTools{ws: ws, sp: sp, pol: policy.Default(),
 		bundleDir: bundleDir, cacheDir: cacheDir, approvals: approvals.New(15*time.Minute, 10*time.Minute),
-		me: identity.Caller{UID: os.Getuid()}, sessions: sessions}, nil
+		me: identity.Caller{UID: os.Getuid()}, sessions: sess}, nil
 }
 
 // OpenSession opens an interpreter session in DIR, in a worker of this process's.

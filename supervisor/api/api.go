@@ -28,10 +28,11 @@ import (
 	"github.com/sandcell/sandcell/healthz"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
-	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/approvals"
 	"github.com/sandcell/sandcell/supervisor/audit"
 	"github.com/sandcell/sandcell/supervisor/identity"
+	"github.com/sandcell/sandcell/supervisor/runs"
+	"github.com/sandcell/sandcell/supervisor/sessions"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
@@ -100,7 +101,7 @@ type Auditor interface {
 
 // The daemon's parts are what the API needs (checked when it compiles).
 var (
-	_ Service = (*supervisor.Manager)(nil)
+	_ Service = (*runs.Manager)(nil)
 	_ Auditor = (*audit.Writer)(nil)
 )
 
@@ -108,13 +109,13 @@ var (
 type Service interface {
 	// Start admits a run; ended (if not nil) is called once it no longer uses its
 	// workspace, before its end is visible.
-	Start(req protocol.Request, caller identity.Caller, ended func()) (*supervisor.Run, error)
+	Start(req protocol.Request, caller identity.Caller, ended func()) (*runs.Run, error)
 	// Get returns the run, whose Output and Done the event stream follows.
-	Get(id string) (*supervisor.Run, error)
-	Cancel(id string) (*supervisor.Run, error)
+	Get(id string) (*runs.Run, error)
+	Cancel(id string) (*runs.Run, error)
 	// Do runs a job that is not a run (a SQL statement's worker) to its end and
 	// keeps nothing of it.
-	Do(ctx context.Context, kind supervisor.JobKind, req protocol.Request, caller identity.Caller) (protocol.Result, error)
+	Do(ctx context.Context, kind runs.JobKind, req protocol.Request, caller identity.Caller) (protocol.Result, error)
 }
 
 // Options configure a Server.
@@ -155,7 +156,7 @@ type Options struct {
 	// at their MCP client, approves their request (POST /v1/approvals/{id}/confirm).
 	Elicitation []string
 	// Sessions keeps the interpreter sessions of /v1/sessions.
-	Sessions *supervisor.Sessions
+	Sessions *sessions.Manager
 }
 
 // Server is the HTTP API.

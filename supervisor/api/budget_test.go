@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/sessions"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
@@ -241,12 +241,12 @@ func TestOutputMemoryPerByte(t *testing.T) {
 	perByte(t, "64 MiB of output", grew, int64(allocated), size)
 }
 
-// A cell's output is held once too: its most (supervisor.MaxCellOutputBytes, 16 MiB)
+// A cell's output is held once too: its most (sessions.MaxCellOutputBytes, 16 MiB)
 // grows the heap by about its size and allocates about it. It had been appended to
 // one buffer, each growth a copy.
 func TestCellOutputMemoryPerByte(t *testing.T) {
 	d := start(t, setup{})
-	const size = supervisor.MaxCellOutputBytes
+	const size = sessions.MaxCellOutputBytes
 	id := d.openSession(t, `{"limits": {"max_output_bytes": 16777216}}`)
 	var run map[string]any
 	json.Unmarshal([]byte(outputProgram(size, false)), &run)

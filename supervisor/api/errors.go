@@ -14,7 +14,8 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/sandcell/sandcell/sandbox"
-	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/runs"
+	"github.com/sandcell/sandcell/supervisor/sessions"
 	"github.com/sandcell/sandcell/supervisor/sqltool"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
@@ -124,13 +125,14 @@ func problemOf(err error) *apiError {
 		target error
 		code   string
 	}{
-		{supervisor.ErrQueueFull, wire.CodeQueueFull},
-		{supervisor.ErrCallerLimit, wire.CodeCallerLimit},
-		{supervisor.ErrStopping, wire.CodeStopping},
-		{supervisor.ErrSessionNotFound, wire.CodeNotFound},
-		{supervisor.ErrSessionBusy, wire.CodeSessionBusy},
-		{supervisor.ErrSessionLimit, wire.CodeSessionLimit},
-		{supervisor.ErrSessionLost, wire.CodeSessionLost},
+		{runs.ErrQueueFull, wire.CodeQueueFull},
+		{runs.ErrCallerLimit, wire.CodeCallerLimit},
+		{runs.ErrStopping, wire.CodeStopping},
+		{sessions.ErrStopping, wire.CodeStopping},
+		{sessions.ErrNotFound, wire.CodeNotFound},
+		{sessions.ErrBusy, wire.CodeSessionBusy},
+		{sessions.ErrLimit, wire.CodeSessionLimit},
+		{sessions.ErrLost, wire.CodeSessionLost},
 		{sandbox.ErrBadRequest, wire.CodeBadRequest},
 		{sandbox.ErrUnavailable, wire.CodeBackendUnavailable},
 		{workspace.ErrBadPath, wire.CodeBadRequest},

@@ -6,7 +6,8 @@ import (
 	"net/http"
 	"testing"
 
-	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/runs"
+	"github.com/sandcell/sandcell/supervisor/sessions"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
@@ -20,9 +21,10 @@ func TestErrorTable(t *testing.T) {
 		}
 	}
 	for err, code := range map[error]string{
-		supervisor.ErrQueueFull:                              wire.CodeQueueFull,
-		fmt.Errorf("job: %w", supervisor.ErrCallerLimit):     wire.CodeCallerLimit,
-		supervisor.ErrStopping:                               wire.CodeStopping,
+		runs.ErrQueueFull:                                    wire.CodeQueueFull,
+		fmt.Errorf("job: %w", runs.ErrCallerLimit):           wire.CodeCallerLimit,
+		runs.ErrStopping:                                     wire.CodeStopping,
+		sessions.ErrStopping:                                 wire.CodeStopping,
 		fmt.Errorf("open x: %w", workspace.ErrUnsafe):        wire.CodeUnsafeFile,
 		workspace.ErrQuota:                                   wire.CodeQuota,
 		fmt.Errorf("%w: held alone", errWorkspaceBusy):       wire.CodeWorkspaceBusy,

@@ -19,7 +19,7 @@ import (
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
-	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/runs"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
@@ -297,13 +297,13 @@ func mib(n int64) string { return strconv.FormatFloat(float64(n)/policy.MiB, 'f'
 // visible reports whether the caller may see run: its owner or an admin. Others get
 // 404, as if it did not exist.
 // runJSON answers with the run's View, its output streamed (see View.WriteJSON).
-func runJSON(c echo.Context, status int, run *supervisor.Run) error {
+func runJSON(c echo.Context, status int, run *runs.Run) error {
 	c.Response().Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
 	c.Response().WriteHeader(status)
 	return run.View().WriteJSON(c.Response())
 }
 
-func (s *Server) visible(c echo.Context, run *supervisor.Run) bool {
+func (s *Server) visible(c echo.Context, run *runs.Run) bool {
 	peer, ok := PeerFrom(c.Request().Context())
 	return ok && (peer.Caller() == run.Caller || s.access().Allows(peer, RoleAdmin))
 }

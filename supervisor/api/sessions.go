@@ -11,14 +11,14 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/sandcell/sandcell/sandbox"
-	"github.com/sandcell/sandcell/supervisor"
+	"github.com/sandcell/sandcell/supervisor/sessions"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
 // Interpreter sessions: /v1/sessions. A session is one hardened worker for one
 // caller and one workspace whose interpreter keeps its state from cell to cell
-// (supervisor.Sessions); every answer says what became of that state.
+// (sessions.Manager); every answer says what became of that state.
 
 // sessionsOn refuses every session route when sessions.max is 0.
 func (s *Server) sessionsOn(next echo.HandlerFunc) echo.HandlerFunc {
@@ -48,9 +48,9 @@ func (s *Server) createSession(c echo.Context) error {
 		return err
 	}
 	req.Code = ""
-	if req.Limits.MemoryBytes > supervisor.MaxSessionMemoryBytes {
+	if req.Limits.MemoryBytes > sessions.MaxMemoryBytes {
 		return failf(wire.CodeLimitExceeded, "limits.memory_mib %s is over a session's maximum, %s: its worker holds the memory and a checkpoint of it",
-			mib(req.Limits.MemoryBytes), mib(supervisor.MaxSessionMemoryBytes))
+			mib(req.Limits.MemoryBytes), mib(sessions.MaxMemoryBytes))
 	}
 	if body.Workspace != "" {
 		w, err := s.workspace(c, body.Workspace)
@@ -79,7 +79,7 @@ func (s *Server) createSession(c echo.Context) error {
 }
 
 // forkSession makes a new session from another's state, with a copy of its
-// workspace as its private one (supervisor.Sessions.Fork).
+// workspace as its private one (sessions.Manager.Fork).
 func (s *Server) forkSession(c echo.Context) error {
 	ctx := c.Request().Context()
 	peer, _ := PeerFrom(ctx)
@@ -101,18 +101,18 @@ func (s *Server) forkSession(c echo.Context) error {
 // marked in use while a session's worker holds it, and an audit record for each
 // change of a session's life (session.paused, session.resumed, session.lost,
 // session.closed), in its caller's name.
-func (s *Server) SessionHooks() supervisor.SessionHooks {
-	kinds := map[supervisor.SessionEvent]store.Kind{supervisor.SessionPaused: store.SessionPaused,
-		supervisor.SessionResumed: store.SessionResumed, supervisor.SessionLost: store.SessionLost,
-		supervisor.SessionClosed: store.SessionClosed}
-	return supervisor.SessionHooks{
+func (s *Server) SessionHooks() sessions.Hooks {
+	kinds := map[sessions.Event]store.Kind{sessions.Paused: store.SessionPaused,
+		sessions.Resumed: store.SessionResumed, sessions.Lost: store.SessionLost,
+		sessions.Closed: store.SessionClosed}
+	return sessions.Hooks{
 		Acquire: func(id string) (func(), error) {
 			if err := s.acquire(id); err != nil {
 				return nil, acquireError(id, err)
 			}
 			return func() { s.release(id) }, nil
 		},
-		Event: func(ss *supervisor.Session, e supervisor.SessionEvent, detail map[string]any) {
+		Event: func(ss *sessions.Session, e sessions.Event, detail map[string]any) {
 			detail["session"] = ss.ID
 			s.o.Audit.Record(context.Background(), kinds[e], ss.Caller, "", detail)
 		},

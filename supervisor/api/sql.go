@@ -13,9 +13,9 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
-	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/approvals"
 	"github.com/sandcell/sandcell/supervisor/identity"
+	"github.com/sandcell/sandcell/supervisor/runs"
 	"github.com/sandcell/sandcell/supervisor/sqltool"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/wire"
@@ -63,7 +63,7 @@ var sqlStatus = map[string]int{
 }
 
 // managerRunner runs the tool's worker through the run manager as a job of its own
-// (supervisor.JobSQL): it shares the bounded pool, queue, callers' shares and
+// (runs.JobSQL): it shares the bounded pool, queue, callers' shares and
 // shutdown of code runs, but is not a run (no run.* record, not kept: the tool's
 // answer is this response; 15 SELECTs of 20 MB each were once kept an hour).
 type managerRunner struct {
@@ -74,7 +74,7 @@ type managerRunner struct {
 var _ sqltool.Runner = managerRunner{}
 
 func (m managerRunner) Run(ctx context.Context, req protocol.Request) (protocol.Result, error) {
-	return m.s.o.Service.Do(ctx, supervisor.JobSQL, req, m.caller)
+	return m.s.o.Service.Do(ctx, runs.JobSQL, req, m.caller)
 }
 
 func (s *Server) sql(c echo.Context) error {
@@ -231,7 +231,7 @@ var errNotRun = errors.New("not run")
 // statement (it may have run to its end: a write may have committed).
 func started(err error) bool {
 	for _, e := range []error{errNotRun, sqltool.ErrBadRequest, workspace.ErrBadPath, workspace.ErrNotFound,
-		workspace.ErrUnsafe, supervisor.ErrQueueFull, supervisor.ErrCallerLimit, supervisor.ErrStopping} {
+		workspace.ErrUnsafe, runs.ErrQueueFull, runs.ErrCallerLimit, runs.ErrStopping} {
 		if errors.Is(err, e) {
 			return false
 		}

@@ -615,7 +615,7 @@ func (c Config) MemoryLimit() int64 {
 	}
 	perWorker := 2 * float64(out)
 	if c.Sessions.Max > 0 {
-		perWorker += 2 * 16 << 20 // supervisor.MaxCellOutputBytes, per stream
+		perWorker += 2 * 16 << 20 // sessions.MaxCellOutputBytes, per stream
 	}
 	sum := float64(max(c.Runs.MaxRetainedOutputBytes, 0)) + float64(c.Concurrency())*perWorker + 256<<20
 	if sum >= math.MaxInt64 {

@@ -42,13 +42,15 @@ import (
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
-	"github.com/sandcell/sandcell/supervisor"
 	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/approvals"
 	"github.com/sandcell/sandcell/supervisor/audit"
 	"github.com/sandcell/sandcell/supervisor/config"
 	"github.com/sandcell/sandcell/supervisor/identity"
+	"github.com/sandcell/sandcell/supervisor/metrics"
+	"github.com/sandcell/sandcell/supervisor/runs"
 	"github.com/sandcell/sandcell/supervisor/selftest"
+	"github.com/sandcell/sandcell/supervisor/sessions"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 	"github.com/sandcell/sandcell/systemd"
@@ -84,8 +86,8 @@ type Daemon struct {
 	notify  systemd.Notifier
 	health  *healthz.Registry
 	sp      *sandbox.Spawner
-	mgr     *supervisor.Manager
-	sess    *supervisor.Sessions // nil when sessions.max is 0
+	mgr     *runs.Manager
+	sess    *sessions.Manager // nil when sessions.max is 0
 	audit   *audit.Writer
 	db      *store.Store
 	srv     *api.Server
@@ -159,14 +161,14 @@ func Open(o Options) (_ *Daemon, err error) {
 	}
 	d.canaryW = filepath.Join(cfg.State.Dir, "canary")
 	workspace.RemoveTree(d.canaryW) // left by a daemon that died during a canary
-	if d.mgr, err = supervisor.NewManager(d.sp, supervisor.Options{Concurrency: cfg.Concurrency(),
+	if d.mgr, err = runs.New(d.sp, runs.Options{Concurrency: cfg.Concurrency(),
 		QueueLength: cfg.Runs.QueueLength, MaxPerCaller: cfg.PerCaller(), Retention: cfg.Runs.ResultRetention.Duration,
 		WorkDir: filepath.Join(cfg.State.Dir, "work"), MaxRetainedOutputBytes: cfg.Runs.MaxRetainedOutputBytes,
 		WorkspaceQuota: workspace.Quota{Bytes: cfg.Workspaces.MaxBytes, Files: cfg.Workspaces.MaxFiles}}); err != nil {
 		return nil, err
 	}
 	if cfg.Sessions.Max > 0 {
-		if d.sess, err = supervisor.NewSessions(d.sp, supervisor.SessionOptions{Max: cfg.Sessions.Max,
+		if d.sess, err = sessions.New(d.sp, sessions.Options{Max: cfg.Sessions.Max,
 			MaxPerCaller: cfg.Sessions.MaxPerCaller, IdleTimeout: cfg.Sessions.IdleTimeout.Duration,
 			PauseAfter: cfg.Sessions.PauseAfter.Duration, MemoryBudget: cfg.Sessions.MemoryBudget,
 			MaxPausedBytesPerCaller: cfg.Sessions.MaxPausedBytesPerCaller, Running: cfg.Concurrency(),
@@ -274,8 +276,8 @@ func (d *Daemon) abortUnfinished() {
 }
 
 // metrics are the manager's and the warm pool's.
-func (d *Daemon) metrics() *supervisor.Metrics {
-	metrics := supervisor.NewMetrics(d.mgr, d.o.Version, d.o.Revision)
+func (d *Daemon) metrics() *metrics.Set {
+	metrics := metrics.New(d.mgr, d.o.Version, d.o.Revision)
 	pool := func(f func(sandbox.PoolStats) float64) func() float64 {
 		return func() float64 { return f(d.sp.PoolStats()) }
 	}

@@ -680,7 +680,7 @@ func (w *Workspace) Usage() (Usage, error) {
 
 // OverQuota reports whether the workspace holds more than its quota (guest code may
 // write past it: the quota is checked on uploads, before each run and as a run goes,
-// and a run ends once it is past; see supervisor.Options.WorkspaceQuota).
+// and a run ends once it is past; see runs.Options.WorkspaceQuota).
 func (w *Workspace) OverQuota() (bool, Usage, error) {
 	u, err := w.Usage()
 	return err == nil && (u.Bytes > w.s.quota.Bytes || u.Files > w.s.quota.Files), u, err

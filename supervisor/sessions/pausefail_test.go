@@ -1,4 +1,4 @@
-package supervisor
+package sessions
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 // once.
 func TestPauseFailureHoldsOff(t *testing.T) {
 	var log bytes.Buffer
-	m, err := NewSessions(nil, SessionOptions{Max: 4, MaxPerCaller: 4, IdleTimeout: time.Hour,
+	m, err := New(nil, Options{Max: 4, MaxPerCaller: 4, IdleTimeout: time.Hour,
 		MaxPausedBytesPerCaller: 100, Log: slog.New(slog.NewTextHandler(&log, nil))})
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,8 @@
-package supervisor
+// Package metrics is the daemon's Prometheus metrics (see Set): runs by reason
+// and duration, the queue and the pool, what runs and approvals keep, sessions'
+// failed pauses. It reads the run manager, the sessions and the approval queue; none
+// of them imports it.
+package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
@@ -6,10 +10,12 @@ import (
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor/approvals"
+	"github.com/sandcell/sandcell/supervisor/runs"
+	"github.com/sandcell/sandcell/supervisor/sessions"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
-// Metrics are the daemon's Prometheus metrics, in base units with the sandcell_
+// Set are the daemon's Prometheus metrics, in base units with the sandcell_
 // prefix:
 //
 //	sandcell_runs_total{reason}        counter: finished runs by termination reason
@@ -23,15 +29,15 @@ import (
 //	sandcell_build_info{version,revision} gauge, always 1
 //
 // plus the Go runtime's and the process's standard collectors.
-type Metrics struct {
+type Set struct {
 	Registry *prometheus.Registry
 	runs     *prometheus.CounterVec
 	duration prometheus.Histogram
 }
 
-// NewMetrics registers the metrics of m.
-func NewMetrics(m *Manager, version, revision string) *Metrics {
-	x := &Metrics{
+// New registers the metrics of m.
+func New(m *runs.Manager, version, revision string) *Set {
+	x := &Set{
 		Registry: prometheus.NewRegistry(),
 		runs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sandcell_runs_total",
 			Help: "Finished runs by termination reason."}, []string{"reason"}),
@@ -62,7 +68,7 @@ func NewMetrics(m *Manager, version, revision string) *Metrics {
 }
 
 // CountApprovals adds sandcell_approvals_kept_bytes, what a keeps.
-func (x *Metrics) CountApprovals(a *approvals.Queue) {
+func (x *Set) CountApprovals(a *approvals.Queue) {
 	x.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "sandcell_approvals_kept_bytes",
 		Help: "Bytes the approvals keep (their subjects as JSON), at most approvals.MaxKeptBytes."},
 		func() float64 { return float64(a.KeptBytes()) }))
@@ -72,16 +78,16 @@ func (x *Metrics) CountApprovals(a *approvals.Queue) {
 // s's sessions that failed: "bound" (the checkpoint would pass its caller's
 // sessions.max_paused_bytes_per_caller), "write" (it could not be written: the
 // state file system full or failing), "lost" (the worker could not give it).
-func (x *Metrics) CountSessions(s *Sessions) {
-	for _, reason := range PauseFailureReasons() {
+func (x *Set) CountSessions(s *sessions.Manager) {
+	for _, reason := range sessions.PauseFailureReasons() {
 		x.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_session_pause_failures_total",
 			Help:        "Pauses of interpreter sessions that failed, by reason (the session stays live, or is lost for \"lost\").",
 			ConstLabels: prometheus.Labels{"reason": reason}}, func() float64 { return float64(s.PauseFailures(reason)) }))
 	}
 }
 
-func (x *Metrics) observe(r *Run, v wire.View) {
-	if r.Job != JobRun || v.Result == nil || v.FinishedAt == nil {
+func (x *Set) observe(r *runs.Run, v wire.View) {
+	if r.Job != runs.JobRun || v.Result == nil || v.FinishedAt == nil {
 		return
 	}
 	x.runs.WithLabelValues(string(v.Result.Reason)).Inc()

@@ -1,4 +1,4 @@
-package supervisor
+package sessions
 
 import (
 	"context"
@@ -20,7 +20,7 @@ import (
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
-// A session's directory under SessionOptions.WorkDir holds:
+// A session's directory under Options.WorkDir holds:
 //
 //	session.json  its record (sessionRecord), rewritten as it changes
 //	checkpoint    its interpreter's state while it is paused (sandbox's checkpoint
@@ -56,7 +56,7 @@ type sessionRecord struct {
 
 // persist writes s's record (atomically, renameio: a daemon killed meanwhile finds
 // the old one or the new one). Without a directory it does nothing.
-func (m *Sessions) persist(s *Session) {
+func (m *Manager) persist(s *Session) {
 	if s.dir == "" {
 		return
 	}
@@ -75,7 +75,7 @@ func (m *Sessions) persist(s *Session) {
 
 // load takes back the sessions of WorkDir (see Start): a directory without a
 // readable record is removed; a session idle past IdleTimeout ends.
-func (m *Sessions) load() {
+func (m *Manager) load() {
 	entries, _ := os.ReadDir(m.o.WorkDir)
 	for _, e := range entries {
 		dir := filepath.Join(m.o.WorkDir, e.Name())
@@ -96,7 +96,7 @@ func (m *Sessions) load() {
 		}
 		if time.Since(s.used) > m.o.IdleTimeout {
 			m.remove(s)
-			m.event(s, SessionClosed, map[string]any{"why": fmt.Sprintf("idle for %s", m.o.IdleTimeout)})
+			m.event(s, Closed, map[string]any{"why": fmt.Sprintf("idle for %s", m.o.IdleTimeout)})
 			continue
 		}
 		_, err = os.Stat(filepath.Join(dir, checkpointName))
@@ -112,7 +112,7 @@ func (m *Sessions) load() {
 		if s.lost != "" && r.Lost == "" {
 			os.Remove(filepath.Join(dir, checkpointName))
 			m.persist(s)
-			m.event(s, SessionLost, map[string]any{"why": s.lost})
+			m.event(s, Lost, map[string]any{"why": s.lost})
 		}
 		m.live[s.ID] = s
 	}
@@ -123,7 +123,7 @@ func (m *Sessions) load() {
 // would pass its caller's MaxPausedBytesPerCaller, or when it cannot be written
 // (each failure is counted, logged, and shown in s's view: see pauseFailed); a
 // worker that cannot give its checkpoint loses s.
-func (m *Sessions) pause(s *Session, why string) error {
+func (m *Manager) pause(s *Session, why string) error {
 	s.mu.Lock()
 	ss := s.ss
 	s.mu.Unlock()
@@ -177,7 +177,7 @@ func (m *Sessions) pause(s *Session, why string) error {
 			s.lose(err.Error())
 			s.mu.Unlock()
 			m.persist(s)
-			m.event(s, SessionLost, map[string]any{"why": err.Error()})
+			m.event(s, Lost, map[string]any{"why": err.Error()})
 		case errors.Is(err, errPauseRoom):
 			m.pauseFailed(s, wire.PauseOverBound, err, w.need)
 		default:
@@ -190,13 +190,13 @@ func (m *Sessions) pause(s *Session, why string) error {
 	s.paused, s.saved, s.restored, s.failed = true, n, false, nil
 	s.mu.Unlock()
 	m.persist(s)
-	m.event(s, SessionPaused, map[string]any{"why": why, "bytes": n, "ms": time.Since(began).Milliseconds()})
+	m.event(s, Paused, map[string]any{"why": why, "bytes": n, "ms": time.Since(began).Milliseconds()})
 	return nil
 }
 
 // room is what s's checkpoint may take: its caller's MaxPausedBytesPerCaller less
 // the checkpoints of the caller's other paused sessions (MaxInt64: no bound).
-func (m *Sessions) room(s *Session) int64 {
+func (m *Manager) room(s *Session) int64 {
 	if m.o.MaxPausedBytesPerCaller <= 0 {
 		return math.MaxInt64
 	}
@@ -227,7 +227,7 @@ func PauseFailureReasons() []string { return pauseReasons[:] }
 
 // PauseFailures is how many pauses have failed for reason since Start (the
 // daemon's stop's included).
-func (m *Sessions) PauseFailures(reason string) int64 {
+func (m *Manager) PauseFailures(reason string) int64 {
 	for i, r := range pauseReasons {
 		if r == reason {
 			return m.failed[i].Load()
@@ -248,7 +248,7 @@ const (
 // pauseFailed counts, logs and records in s (its view shows it) that a pause of s
 // failed for reason with err; need is, for wire.PauseOverBound, the bytes the
 // checkpoint needs at least. The record holds off the next pause (see pauseDue).
-func (m *Sessions) pauseFailed(s *Session, reason string, err error, need int64) {
+func (m *Manager) pauseFailed(s *Session, reason string, err error, need int64) {
 	for i, r := range pauseReasons {
 		if r == reason {
 			m.failed[i].Add(1)
@@ -296,7 +296,7 @@ func (m *Sessions) pauseFailed(s *Session, reason string, err error, need int64)
 // needed (a cell run since forgets the failure: see Cell); after a
 // wire.PauseWriteFailed, when its backoff has passed. Nothing else changes what a
 // pause would find, so nothing else tries again.
-func (m *Sessions) pauseDue(s *Session) bool {
+func (m *Manager) pauseDue(s *Session) bool {
 	s.mu.Lock()
 	f := s.failed
 	s.mu.Unlock()
@@ -333,9 +333,9 @@ func (b *boundedWriter) Write(p []byte) (int, error) {
 
 // resume gives s (held busy) a worker again from its checkpoint file when it is
 // paused; nothing when it is live. A checkpoint that cannot be restored loses s
-// (ErrSessionLost); another failure (its workspace busy, the worker refused)
+// (ErrLost); another failure (its workspace busy, the worker refused)
 // leaves it paused.
-func (m *Sessions) resume(ctx context.Context, s *Session) error {
+func (m *Manager) resume(ctx context.Context, s *Session) error {
 	s.mu.Lock()
 	paused := s.paused
 	s.mu.Unlock()
@@ -377,8 +377,8 @@ func (m *Sessions) resume(ctx context.Context, s *Session) error {
 		s.mu.Unlock()
 		os.Remove(path)
 		m.persist(s)
-		m.event(s, SessionLost, map[string]any{"why": why})
-		return fmt.Errorf("%w: %s", ErrSessionLost, why)
+		m.event(s, Lost, map[string]any{"why": why})
+		return fmt.Errorf("%w: %s", ErrLost, why)
 	}
 	if err != nil {
 		return err
@@ -390,7 +390,7 @@ func (m *Sessions) resume(ctx context.Context, s *Session) error {
 	s.paused, s.saved, s.resumed, s.restored = false, 0, time.Now().UTC(), true
 	s.mu.Unlock()
 	m.persist(s)
-	m.event(s, SessionResumed, map[string]any{"ms": time.Since(began).Milliseconds()})
+	m.event(s, Resumed, map[string]any{"ms": time.Since(began).Milliseconds()})
 	return nil
 }
 
@@ -399,9 +399,9 @@ func (m *Sessions) resume(ctx context.Context, s *Session) error {
 // paused), and a private workspace that is a copy of id's workspace as it is now
 // (so that the two diverge in their files as in their memory). The fork counts
 // as any session toward the bounds; id goes on unchanged. Errors: as Get and Open,
-// ErrSessionBusy, ErrSessionLost, and a workspace that cannot be copied (a
+// ErrBusy, ErrLost, and a workspace that cannot be copied (a
 // symbolic link leading out of it, for one).
-func (m *Sessions) Fork(ctx context.Context, id string, caller identity.Caller) (*Session, error) {
+func (m *Manager) Fork(ctx context.Context, id string, caller identity.Caller) (*Session, error) {
 	src, err := m.Get(id, caller)
 	if err != nil {
 		return nil, err
@@ -413,7 +413,7 @@ func (m *Sessions) Fork(ctx context.Context, id string, caller identity.Caller) 
 		return nil, ErrStopping
 	}
 	if !src.busy.CompareAndSwap(false, true) {
-		return nil, ErrSessionBusy
+		return nil, ErrBusy
 	}
 	defer src.busy.Store(false)
 	src.mu.Lock()
@@ -421,7 +421,7 @@ func (m *Sessions) Fork(ctx context.Context, id string, caller identity.Caller) 
 	req := src.req
 	src.mu.Unlock()
 	if lost != "" {
-		return nil, fmt.Errorf("%w: %s", ErrSessionLost, lost)
+		return nil, fmt.Errorf("%w: %s", ErrLost, lost)
 	}
 	if req.Backend == protocol.BackendNative {
 		return nil, fmt.Errorf("%w: a native session cannot be forked: its interpreter is a process inside its own workspace's sandbox", sandbox.ErrBadRequest)

@@ -1,4 +1,4 @@
-package supervisor
+package runs
 
 import (
 	"bytes"
@@ -35,7 +35,7 @@ func (racer) RunStreaming(ctx context.Context, req protocol.Request, _ sandbox.O
 
 // Cancel racing completion: every run ends with exactly one final state, once.
 func TestCancelRacesCompletion(t *testing.T) {
-	m, err := NewManager(racer{}, Options{Concurrency: 8, QueueLength: 2000, Retention: time.Minute, WorkDir: t.TempDir()})
+	m, err := New(racer{}, Options{Concurrency: 8, QueueLength: 2000, Retention: time.Minute, WorkDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +104,7 @@ func (big) RunStreaming(ctx context.Context, req protocol.Request, _ sandbox.Obs
 // The output kept over all finished runs stays within the budget; the oldest
 // results lose their output first.
 func TestRetainedOutputBounded(t *testing.T) {
-	m, err := NewManager(big{}, Options{Concurrency: 2, QueueLength: 100, Retention: time.Hour,
+	m, err := New(big{}, Options{Concurrency: 2, QueueLength: 100, Retention: time.Hour,
 		WorkDir: t.TempDir(), MaxRetainedOutputBytes: 5 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -135,7 +135,7 @@ func TestRetainedOutputBounded(t *testing.T) {
 // A job of Do's is not kept: its output never pushes a run's out of the budget, it
 // is gone once Do returns, and no one can Get or Cancel it.
 func TestJobsAreNotKept(t *testing.T) {
-	m, err := NewManager(big{}, Options{Concurrency: 2, QueueLength: 100, Retention: time.Hour,
+	m, err := New(big{}, Options{Concurrency: 2, QueueLength: 100, Retention: time.Hour,
 		WorkDir: t.TempDir(), MaxRetainedOutputBytes: 3 << 20 / 2})
 	if err != nil {
 		t.Fatal(err)
@@ -198,7 +198,7 @@ func (s streamer) output() (stdout, stderr []byte) {
 // is counted, and a job of Do's gets its output in one slice.
 func TestOutputInPieces(t *testing.T) {
 	s := streamer{bytes: 3<<20 + 7}
-	m, err := NewManager(s, Options{Concurrency: 2, QueueLength: 10, Retention: time.Hour, WorkDir: t.TempDir()})
+	m, err := New(s, Options{Concurrency: 2, QueueLength: 10, Retention: time.Hour, WorkDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +279,7 @@ func (s stuck) RunStreaming(ctx context.Context, req protocol.Request, _ sandbox
 // watchdog then stops), and it recovers when the run ends.
 func TestWedged(t *testing.T) {
 	s := stuck{release: make(chan struct{})}
-	m, err := NewManager(s, Options{Concurrency: 1, Retention: time.Minute, WorkDir: t.TempDir(), WedgeSlack: 50 * time.Millisecond})
+	m, err := New(s, Options{Concurrency: 1, Retention: time.Minute, WorkDir: t.TempDir(), WedgeSlack: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -307,7 +307,7 @@ func TestWedged(t *testing.T) {
 // at once, while the running one finishes within the grace period.
 func TestShutdownCancelsQueued(t *testing.T) {
 	s := stuck{release: make(chan struct{})}
-	m, err := NewManager(s, Options{Concurrency: 1, QueueLength: 4, Retention: time.Minute, WorkDir: t.TempDir()})
+	m, err := New(s, Options{Concurrency: 1, QueueLength: 4, Retention: time.Minute, WorkDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -340,7 +340,7 @@ func TestShutdownCancelsQueued(t *testing.T) {
 // before the first caller's older queued runs.
 func TestFairShare(t *testing.T) {
 	s := stuck{release: make(chan struct{})}
-	m, err := NewManager(s, Options{Concurrency: 2, QueueLength: 8, MaxPerCaller: 4, Retention: time.Minute, WorkDir: t.TempDir()})
+	m, err := New(s, Options{Concurrency: 2, QueueLength: 8, MaxPerCaller: 4, Retention: time.Minute, WorkDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}

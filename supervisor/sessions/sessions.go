@@ -1,4 +1,29 @@
-package supervisor
+// Package sessions keeps the daemon's interpreter sessions: a worker whose
+// interpreter lives across cells, bounded in number (in all and per caller), in
+// memory and in idle time. Its life:
+//
+//	          Open                      Cell (one at a time)
+//	caller ─────────▶ live ◀──────────────────────────────┐
+//	                  │  │  cell: preserved | rolled_back   │
+//	   Fork (a copy,  │  │  (the worker's checkpoint)       │
+//	   its workspace  │  └──────────────────────────────────┘
+//	   copied too) ◀──┤
+//	                  │ pause (idle, over the memory budget, the daemon's stop):
+//	                  │ the state to STATE/sessions/ID/checkpoint, the worker ends
+//	                  ▼
+//	                paused ──── Cell, or the next daemon's start ───▶ live
+//	                  │         (resumed: the cell says restored)
+//	                  ▼
+//	   lost (a cell that could not be rolled back, a checkpoint that could not be
+//	   resumed: every later cell is ErrLost, saying why), closed (its caller, its
+//	   idle timeout): its worker, checkpoint and fork's workspace are removed.
+//
+// sessions.go holds the live side (open, cells, close, the idle reaper, the
+// budget, shutdown); store.go the disk side (pause, resume, the records that
+// survive a restart) and Fork. A native session (a process, not a snapshot) is
+// never paused or forked. It is driven by the API and assembled by the daemon;
+// it never imports runs, approvals or the API.
+package sessions
 
 import (
 	"cmp"
@@ -26,30 +51,33 @@ import (
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
-// Errors of Sessions.
+// Errors of a Manager.
 var (
-	// ErrSessionNotFound: no such session, or another caller's (the same to them).
-	ErrSessionNotFound = errors.New("supervisor: no such session")
-	// ErrSessionBusy: a cell of the session is running.
-	ErrSessionBusy = errors.New("supervisor: a cell of this session is running")
-	// ErrSessionLimit: the caller, or the daemon, has as many sessions as it may.
-	ErrSessionLimit = errors.New("supervisor: as many sessions are open as may be")
-	// ErrSessionLost: the session's interpreter state is gone (a cell that could
+	// ErrStopping: the daemon is stopping; no session is opened, resumed or forked,
+	// and no cell runs.
+	ErrStopping = errors.New("supervisor: shutting down")
+	// ErrNotFound: no such session, or another caller's (the same to them).
+	ErrNotFound = errors.New("supervisor: no such session")
+	// ErrBusy: a cell of the session is running.
+	ErrBusy = errors.New("supervisor: a cell of this session is running")
+	// ErrLimit: the caller, or the daemon, has as many sessions as it may.
+	ErrLimit = errors.New("supervisor: as many sessions are open as may be")
+	// ErrLost: the session's interpreter state is gone (a cell that could
 	// not be rolled back, a worker that died); its answers said so.
-	ErrSessionLost = errors.New("supervisor: the session's interpreter state is lost")
+	ErrLost = errors.New("supervisor: the session's interpreter state is lost")
 )
 
-// SessionOpener starts a session's worker, afresh or from a checkpoint file;
+// Opener starts a session's worker, afresh or from a checkpoint file;
 // *sandbox.Spawner is the real one.
-type SessionOpener interface {
+type Opener interface {
 	OpenSession(ctx context.Context, req protocol.Request) (*sandbox.Session, error)
 	ResumeSession(ctx context.Context, req protocol.Request, from io.Reader) (*sandbox.Session, error)
 }
 
-var _ SessionOpener = (*sandbox.Spawner)(nil)
+var _ Opener = (*sandbox.Spawner)(nil)
 
-// SessionOptions configure Sessions.
-type SessionOptions struct {
+// Options configure Manager.
+type Options struct {
 	// Max bounds the sessions in all, live or paused, MaxPerCaller those of one
 	// caller: each holds a worker and its interpreter's memory, or a checkpoint on
 	// disk.
@@ -93,52 +121,52 @@ type SessionOptions struct {
 	Log *slog.Logger
 }
 
-// SessionHooks connect Sessions to the rest of the daemon (see Start).
-type SessionHooks struct {
+// Hooks connect Manager to the rest of the daemon (see Start).
+type Hooks struct {
 	// Acquire marks named workspace id in use by a session's worker while it lives
 	// (not while it is paused), and returns how to give it back. Nil: nothing is
 	// marked.
 	Acquire func(id string) (release func(), err error)
-	// Event is told what became of a session: SessionPaused, SessionResumed,
-	// SessionLost or SessionClosed, with details. Nil: nothing is told.
-	Event func(s *Session, event SessionEvent, detail map[string]any)
+	// Event is told what became of a session: Paused, Resumed,
+	// Lost or Closed, with details. Nil: nothing is told.
+	Event func(s *Session, event Event, detail map[string]any)
 }
 
-// SessionEvent is a session's change of life that SessionHooks.Event hears of.
-type SessionEvent string
+// Event is a session's change of life that Hooks.Event hears of.
+type Event string
 
 // The session events.
 const (
-	// SessionPaused: its state went to its checkpoint file, its worker ended
+	// Paused: its state went to its checkpoint file, its worker ended
 	// (detail: why, bytes, ms).
-	SessionPaused SessionEvent = "paused"
-	// SessionResumed: a worker took it back from its checkpoint (detail: ms).
-	SessionResumed SessionEvent = "resumed"
-	// SessionLost: its state is gone, outside any cell (detail: why).
-	SessionLost SessionEvent = "lost"
-	// SessionClosed: it ended (detail: why: its caller, its idle timeout).
-	SessionClosed SessionEvent = "closed"
+	Paused Event = "paused"
+	// Resumed: a worker took it back from its checkpoint (detail: ms).
+	Resumed Event = "resumed"
+	// Lost: its state is gone, outside any cell (detail: why).
+	Lost Event = "lost"
+	// Closed: it ended (detail: why: its caller, its idle timeout).
+	Closed Event = "closed"
 )
 
-// MaxSessionMemoryBytes bounds a session's memory limit (1 GiB): its worker holds
+// MaxMemoryBytes bounds a session's memory limit (1 GiB): its worker holds
 // the interpreter's memory and a checkpoint of it, up to twice the limit, for as
 // long as the session lives.
-const MaxSessionMemoryBytes = 1 << 30
+const MaxMemoryBytes = 1 << 30
 
 // MaxCellOutputBytes bounds each stream of a cell, whatever the session's limits
 // (16 MiB): the daemon holds a running cell's output until it answers; a program
 // with more to say writes it to a file of the workspace.
 const MaxCellOutputBytes = 16 << 20
 
-// Sessions keeps the daemon's sessions: each is one hardened worker for one caller
+// Manager keeps the daemon's sessions: each is one hardened worker for one caller
 // and one workspace (see sandbox.Session) while it is live, or a checkpoint file
 // while it is paused; it ends by Close or by its idle timeout. One whose state was
-// lost (said in its answers) stays, answering ErrSessionLost, until one of those
+// lost (said in its answers) stays, answering ErrLost, until one of those
 // ends it.
-type Sessions struct {
-	opener SessionOpener
-	o      SessionOptions
-	hooks  SessionHooks
+type Manager struct {
+	opener Opener
+	o      Options
+	hooks  Hooks
 
 	mu       sync.Mutex
 	live     map[string]*Session             // every session, live or not
@@ -147,12 +175,12 @@ type Sessions struct {
 	stopped  atomic.Bool    // stopping, read without mu
 	closing  sync.WaitGroup // workers being ended in the background (see detach)
 	stop     chan struct{}
-	running  chan struct{} // a place per cell running (see SessionOptions.Running)
+	running  chan struct{} // a place per cell running (see Options.Running)
 	// failed counts the pauses that failed, by reason (see PauseFailures).
 	failed [len(pauseReasons)]atomic.Int64
 }
 
-// Session is one session of Sessions.
+// Session is one session of Manager.
 type Session struct {
 	ID        string
 	Caller    identity.Caller
@@ -171,7 +199,7 @@ type Session struct {
 	mu      sync.Mutex
 	ss      *sandbox.Session // nil while paused
 	release func()           // gives its named workspace back; nil when not held
-	closing *sync.WaitGroup  // its Sessions': a worker ended in the background is counted
+	closing *sync.WaitGroup  // its Manager's: a worker ended in the background is counted
 	running bool             // a cell is running in its worker
 	cells   int
 	used    time.Time
@@ -199,8 +227,8 @@ func (s *Session) WorkspaceDir() string { return s.req.Workspace }
 // Env is the environment the session was opened with (every cell's).
 func (s *Session) Env() map[string]string { return maps.Clone(s.req.Env) }
 
-// NewSessions returns a keeper of sessions opened with opener; Start it.
-func NewSessions(opener SessionOpener, o SessionOptions) (*Sessions, error) {
+// New returns a keeper of sessions opened with opener; Start it.
+func New(opener Opener, o Options) (*Manager, error) {
 	if o.Max < 1 || o.MaxPerCaller < 1 || o.IdleTimeout <= 0 || o.PauseAfter < 0 || o.MemoryBudget < 0 ||
 		o.MaxPausedBytesPerCaller < 0 || (o.WorkDir != "" && o.Prepare == nil) {
 		return nil, fmt.Errorf("supervisor: session options %+v", o)
@@ -216,7 +244,7 @@ func NewSessions(opener SessionOpener, o SessionOptions) (*Sessions, error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
-	return &Sessions{opener: opener, o: o, live: map[string]*Session{}, pausing: map[identity.Caller]*sync.Mutex{},
+	return &Manager{opener: opener, o: o, live: map[string]*Session{}, pausing: map[identity.Caller]*sync.Mutex{},
 		stop: make(chan struct{}), running: make(chan struct{}, o.Running)}, nil
 }
 
@@ -225,7 +253,7 @@ func NewSessions(opener SessionOpener, o SessionOptions) (*Sessions, error) {
 // comes back lost, and says so) and starts expiring and pausing idle sessions.
 // hooks are every session's, those taken back included. Call it once, before any
 // other method.
-func (m *Sessions) Start(hooks SessionHooks) {
+func (m *Manager) Start(hooks Hooks) {
 	m.hooks = hooks
 	if m.o.WorkDir != "" {
 		m.load()
@@ -234,7 +262,7 @@ func (m *Sessions) Start(hooks SessionHooks) {
 }
 
 // event tells hooks.Event of s's change.
-func (m *Sessions) event(s *Session, e SessionEvent, detail map[string]any) {
+func (m *Manager) event(s *Session, e Event, detail map[string]any) {
 	if m.hooks.Event != nil {
 		m.hooks.Event(s, e, detail)
 	}
@@ -243,10 +271,10 @@ func (m *Sessions) event(s *Session, e SessionEvent, detail map[string]any) {
 // Open starts a session for caller with req (a run's request without a program;
 // an empty req.Workspace gets a private workspace, removed when the session ends),
 // naming the named workspace wsID ("" for none), which it marks in use (see
-// SessionHooks.Acquire) while its worker lives. Errors: ErrSessionLimit,
+// Hooks.Acquire) while its worker lives. Errors: ErrLimit,
 // ErrStopping, the hook's, or why the worker could not open it
 // (sandbox.ErrBadRequest wrapped for a request no worker can serve).
-func (m *Sessions) Open(ctx context.Context, req protocol.Request, caller identity.Caller, wsID string) (*Session, error) {
+func (m *Manager) Open(ctx context.Context, req protocol.Request, caller identity.Caller, wsID string) (*Session, error) {
 	s, err := m.reserve(caller, req, wsID)
 	if err != nil {
 		return nil, err
@@ -267,7 +295,7 @@ func (m *Sessions) Open(ctx context.Context, req protocol.Request, caller identi
 // counted from now (not from when it was reserved: a worker slow to start on a
 // loaded machine must not make it due for a pause before its answer), open to
 // cells.
-func (m *Sessions) ready(s *Session) {
+func (m *Manager) ready(s *Session) {
 	s.mu.Lock()
 	s.used = time.Now().UTC()
 	s.mu.Unlock()
@@ -276,7 +304,7 @@ func (m *Sessions) ready(s *Session) {
 }
 
 // reserve makes caller's new session s, held busy, counted within the bounds.
-func (m *Sessions) reserve(caller identity.Caller, req protocol.Request, wsID string) (*Session, error) {
+func (m *Manager) reserve(caller identity.Caller, req protocol.Request, wsID string) (*Session, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stopping {
@@ -289,7 +317,7 @@ func (m *Sessions) reserve(caller identity.Caller, req protocol.Request, wsID st
 		}
 	}
 	if len(m.live) >= m.o.Max || mine >= m.o.MaxPerCaller {
-		return nil, fmt.Errorf("%w (%d per caller, %d in all)", ErrSessionLimit, m.o.MaxPerCaller, m.o.Max)
+		return nil, fmt.Errorf("%w (%d per caller, %d in all)", ErrLimit, m.o.MaxPerCaller, m.o.Max)
 	}
 	s := &Session{ID: ulid.MustNew(ulid.Now(), rand.Reader).String(), Caller: caller, Workspace: wsID,
 		Created: time.Now().UTC(), Limits: req.Limits, req: req, closing: &m.closing}
@@ -301,7 +329,7 @@ func (m *Sessions) reserve(caller identity.Caller, req protocol.Request, wsID st
 
 // give makes s's directory and, when private, its private workspace: empty, or a
 // copy of the directory from (a fork's).
-func (m *Sessions) give(s *Session, private bool, from *string) error {
+func (m *Manager) give(s *Session, private bool, from *string) error {
 	if m.o.WorkDir != "" {
 		s.dir = filepath.Join(m.o.WorkDir, s.ID)
 		if err := os.Mkdir(s.dir, 0o700); err != nil {
@@ -329,7 +357,7 @@ func (m *Sessions) give(s *Session, private bool, from *string) error {
 }
 
 // forget drops s, which never opened, with what it holds on disk.
-func (m *Sessions) forget(s *Session) {
+func (m *Manager) forget(s *Session) {
 	m.mu.Lock()
 	delete(m.live, s.ID)
 	m.mu.Unlock()
@@ -337,7 +365,7 @@ func (m *Sessions) forget(s *Session) {
 }
 
 // remove deletes s's directory (its record, checkpoint and private workspace).
-func (m *Sessions) remove(s *Session) {
+func (m *Manager) remove(s *Session) {
 	if s.dir != "" {
 		workspace.RemoveTree(s.dir)
 	} else if s.private != "" {
@@ -347,7 +375,7 @@ func (m *Sessions) remove(s *Session) {
 
 // attach gives s (held busy) a worker by start, with its named workspace held for
 // it, and the quota's file-size bound.
-func (m *Sessions) attach(ctx context.Context, s *Session, start func(protocol.Request) (*sandbox.Session, error)) error {
+func (m *Manager) attach(ctx context.Context, s *Session, start func(protocol.Request) (*sandbox.Session, error)) error {
 	var release func()
 	if s.Workspace != "" && m.hooks.Acquire != nil {
 		var err error
@@ -360,7 +388,7 @@ func (m *Sessions) attach(ctx context.Context, s *Session, start func(protocol.R
 		req.Hardening.Rlimits.FSIZE = min(req.Hardening.Rlimits.FSIZE, uint64(m.o.Quota.Bytes))
 	}
 	if m.o.Quota.Bytes > 0 && m.o.Quota.Files > 0 {
-		req.WorkspaceQuota = m.o.Quota.Bytes // as a run's (see Manager.work); its cells are measured the same way
+		req.WorkspaceQuota = m.o.Quota.Bytes // as a run's (see runs.Manager.work); its cells are measured the same way
 	}
 	ss, err := start(req)
 	if err != nil {
@@ -397,13 +425,13 @@ func (s *Session) detach() {
 	}
 }
 
-// Get returns caller's session id, or ErrSessionNotFound.
-func (m *Sessions) Get(id string, caller identity.Caller) (*Session, error) {
+// Get returns caller's session id, or ErrNotFound.
+func (m *Manager) Get(id string, caller identity.Caller) (*Session, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s, ok := m.live[id]
 	if !ok || s.Caller != caller || s.opening() {
-		return nil, ErrSessionNotFound
+		return nil, ErrNotFound
 	}
 	return s, nil
 }
@@ -416,7 +444,7 @@ func (s *Session) opening() bool {
 }
 
 // List returns caller's sessions, oldest first.
-func (m *Sessions) List(caller identity.Caller) []*Session {
+func (m *Manager) List(caller identity.Caller) []*Session {
 	m.mu.Lock()
 	var out []*Session
 	for _, s := range m.live {
@@ -431,7 +459,7 @@ func (m *Sessions) List(caller identity.Caller) []*Session {
 }
 
 // Count is how many sessions there are, live or paused.
-func (m *Sessions) Count() int {
+func (m *Manager) Count() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return len(m.live)
@@ -472,14 +500,14 @@ func (s *Session) View() wire.SessionView {
 // Cell runs one cell in caller's session id (see sandbox.Session.Run for what cell
 // carries and what it answers: the result and the value of the last expression),
 // resuming it first if it is paused, measuring its workspace against the
-// quota as a run's, and says what became of the state. Errors: ErrSessionNotFound,
-// ErrSessionBusy, ErrSessionLost (the state was lost before this cell, or its
+// quota as a run's, and says what became of the state. Errors: ErrNotFound,
+// ErrBusy, ErrLost (the state was lost before this cell, or its
 // checkpoint could not be resumed), the cell's own bad input
 // (sandbox.ErrBadRequest wrapped), a resume's other failure (the session stays
 // paused), or admitted's error. admitted is called once the cell holds the session
 // and its worker, before it runs (the audit record that must precede it); observe,
 // when not nil, is given the output as it comes (see sandbox.Session.RunStreaming).
-func (m *Sessions) Cell(ctx context.Context, id string, caller identity.Caller, cell protocol.Request, observe sandbox.Observer, admitted func() error) (sandbox.Cell, wire.SessionState, error) {
+func (m *Manager) Cell(ctx context.Context, id string, caller identity.Caller, cell protocol.Request, observe sandbox.Observer, admitted func() error) (sandbox.Cell, wire.SessionState, error) {
 	s, err := m.Get(id, caller)
 	if err != nil {
 		return sandbox.Cell{}, "", err
@@ -488,7 +516,7 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller identity.Caller, 
 		return sandbox.Cell{}, "", ErrStopping
 	}
 	if !s.busy.CompareAndSwap(false, true) {
-		return sandbox.Cell{}, "", ErrSessionBusy
+		return sandbox.Cell{}, "", ErrBusy
 	}
 	defer s.busy.Store(false)
 	s.mu.Lock()
@@ -496,9 +524,9 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller identity.Caller, 
 	s.mu.Unlock()
 	switch {
 	case closed:
-		return sandbox.Cell{}, "", ErrSessionNotFound
+		return sandbox.Cell{}, "", ErrNotFound
 	case lost != "":
-		return sandbox.Cell{}, "", fmt.Errorf("%w: %s", ErrSessionLost, lost)
+		return sandbox.Cell{}, "", fmt.Errorf("%w: %s", ErrLost, lost)
 	}
 	var w *workspace.Workspace
 	dir := s.req.Workspace
@@ -552,7 +580,9 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller identity.Caller, 
 		defer stop(nil)
 		var pid atomic.Int64
 		pid.Store(int64(s.ss.PID()))
-		go watchQuota(ctx, w, dir, &pid, m.o.Quota, stop)
+		go w.Watch(ctx, dir, &pid, m.o.Quota, func(detail string) {
+			stop(&sandbox.Stop{Reason: protocol.QuotaExceeded, Detail: detail})
+		})
 	}
 	c, err := s.ss.RunStreaming(ctx, cell, observe)
 	res := c.Result
@@ -575,7 +605,7 @@ func (m *Sessions) Cell(ctx context.Context, id string, caller identity.Caller, 
 	}
 	if errors.Is(err, sandbox.ErrSessionLost) {
 		s.lose(err.Error())
-		return sandbox.Cell{}, "", fmt.Errorf("%w: %s", ErrSessionLost, s.lost)
+		return sandbox.Cell{}, "", fmt.Errorf("%w: %s", ErrLost, s.lost)
 	}
 	if err != nil {
 		return sandbox.Cell{}, "", err
@@ -612,22 +642,22 @@ func (s *Session) lose(why string) {
 }
 
 // Close ends caller's session id: its worker, its checkpoint and its private
-// workspace. Errors: ErrSessionNotFound, ErrSessionBusy (a cell is running: cancel
+// workspace. Errors: ErrNotFound, ErrBusy (a cell is running: cancel
 // it by ending its request, or wait).
-func (m *Sessions) Close(id string, caller identity.Caller) error {
+func (m *Manager) Close(id string, caller identity.Caller) error {
 	s, err := m.Get(id, caller)
 	if err != nil {
 		return err
 	}
 	if !s.busy.CompareAndSwap(false, true) {
-		return ErrSessionBusy
+		return ErrBusy
 	}
 	m.end(s, "closed by its caller")
 	return nil
 }
 
 // end removes s (held busy by the caller) and ends it, for why.
-func (m *Sessions) end(s *Session, why string) {
+func (m *Manager) end(s *Session, why string) {
 	m.mu.Lock()
 	delete(m.live, s.ID)
 	m.mu.Unlock()
@@ -643,14 +673,14 @@ func (m *Sessions) end(s *Session, why string) {
 		release()
 	}
 	m.remove(s)
-	m.event(s, SessionClosed, map[string]any{"why": why})
+	m.event(s, Closed, map[string]any{"why": why})
 }
 
 // reap, every tenth of the shorter of IdleTimeout and PauseAfter, ends the
 // sessions idle past IdleTimeout (a lost one stays until then too, so that whoever
 // asks of it is told it was lost) and pauses the live ones idle past PauseAfter
 // (those whose last pause failed when their next is due: see pauseDue).
-func (m *Sessions) reap() {
+func (m *Manager) reap() {
 	every := m.o.IdleTimeout
 	pausing := m.o.PauseAfter > 0 && m.o.WorkDir != ""
 	if pausing {
@@ -687,7 +717,7 @@ func (m *Sessions) reap() {
 }
 
 // all returns every session.
-func (m *Sessions) all() []*Session {
+func (m *Manager) all() []*Session {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := make([]*Session, 0, len(m.live))
@@ -699,7 +729,7 @@ func (m *Sessions) all() []*Session {
 
 // budget pauses the least recently used idle live sessions while the live ones'
 // memory is past MemoryBudget.
-func (m *Sessions) budget() {
+func (m *Manager) budget() {
 	if m.o.MemoryBudget <= 0 || m.o.WorkDir == "" {
 		return
 	}
@@ -742,7 +772,7 @@ const shutdownWait = 10 * time.Second
 // (the cell's answer says the state is lost); one held for anything else is
 // waited for, within shutdownWait, and then paused, or ended with its worker
 // (lost, and said). Every worker has ended when it returns.
-func (m *Sessions) Shutdown() {
+func (m *Manager) Shutdown() {
 	m.mu.Lock()
 	if m.stopping {
 		m.mu.Unlock()
@@ -776,7 +806,7 @@ func (m *Sessions) Shutdown() {
 
 // shutdownEach is Shutdown's work on sessions, within deadline; pauses are added to
 // wg.
-func (m *Sessions) shutdownEach(sessions []*Session, deadline time.Time, wg *sync.WaitGroup) {
+func (m *Manager) shutdownEach(sessions []*Session, deadline time.Time, wg *sync.WaitGroup) {
 	// Running cells first, all at once: they end with their workers (their answers
 	// say the state is lost), and the cells queued behind them hear the stop.
 	for _, s := range sessions {
@@ -827,7 +857,7 @@ func (m *Sessions) shutdownEach(sessions []*Session, deadline time.Time, wg *syn
 					s.lose("the daemon stopped and could not pause it: " + err.Error())
 					s.mu.Unlock()
 					m.persist(s)
-					m.event(s, SessionLost, map[string]any{"why": s.lost})
+					m.event(s, Lost, map[string]any{"why": s.lost})
 				}
 			}()
 		default:
