@@ -210,9 +210,10 @@ func TestMCPWithTheTypeScriptSDK(t *testing.T) {
 	})
 }
 
-// `sandcell mcp --workspace DIR` with no daemon: runs in DIR (their files are the
-// host's), its files read and written beneath DIR and never through a link, a SQL
-// write confirmed by the person at the client.
+// `sandcell mcp --workspace DIR` with no daemon of the system's (it runs one in
+// process): runs in DIR (their files are the host's), its files read and written
+// beneath DIR and never through a link, a SQL write confirmed by the person at the
+// client; the daemon's private state directory is gone with it, DIR stays.
 func TestMCPStdioWithoutADaemon(t *testing.T) {
 	dir := t.TempDir()
 	os.Symlink("/etc/passwd", filepath.Join(dir, "passwd"))
@@ -223,12 +224,17 @@ func TestMCPStdioWithoutADaemon(t *testing.T) {
 			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{}}, nil
 		}})
 	cmd := cliCmd(t, "mcp", "--workspace", dir)
+	tmp := t.TempDir() // where the daemon's private state directory is made
+	cmd.Env = append(cmd.Env, "TMPDIR="+tmp)
 	cmd.Stderr = os.Stderr
 	cs, err := c.Connect(t.Context(), &mcp.CommandTransport{Command: cmd}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cs.Close()
+	if left, _ := os.ReadDir(tmp); len(left) != 1 {
+		t.Fatalf("the daemon's private state directory: %v", left)
+	}
 	call := func(name string, args map[string]any) (bool, string) {
 		t.Helper()
 		res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: name, Arguments: args})
@@ -250,6 +256,17 @@ func TestMCPStdioWithoutADaemon(t *testing.T) {
 		t.Fatalf("a path out of the workspace: %v %q", bad, text)
 	}
 	call("write_file", map[string]any{"path": "mk.py", "content": "import sqlite3; c = sqlite3.connect('t.db'); c.execute('create table t (x)'); c.commit()"})
+	if bad, text := call("run_python", map[string]any{"path": "mk.py"}); bad {
+		t.Fatalf("a workspace file: %q", text)
+	}
+	if bad, text := call("run_sql", map[string]any{"db": "t.db", "sql": "INSERT INTO t VALUES (42)"}); bad || len(shown) != 1 || !strings.Contains(shown[0], "INSERT INTO t") {
+		t.Fatalf("a write confirmed at the client: %q, shown %q", text, shown)
+	}
+	if bad, text := call("run_sql", map[string]any{"db": "t.db", "sql": "SELECT x FROM t"}); bad || !strings.Contains(text, "[42]") {
+		t.Fatalf("the write's row: %q", text)
+	}
+	// (A confirmed write needs the workspace alone: it comes before run_cell's
+	// interpreter, which holds a use of the workspace while the MCP session lasts.)
 	if bad, text := call("run_cell", map[string]any{"code": "y = open('out.txt').read()"}); bad || !strings.Contains(text, "state: preserved") {
 		t.Fatalf("run_cell without a daemon: %q", text)
 	}
@@ -261,14 +278,28 @@ func TestMCPStdioWithoutADaemon(t *testing.T) {
 		!strings.Contains(text, "--- stdout ---\nto out\n") || !strings.Contains(text, "--- stderr ---\nto err\n") {
 		t.Fatalf("run_cell's output without a daemon: %q", text)
 	}
-	if bad, text := call("run_python", map[string]any{"path": "mk.py"}); bad {
-		t.Fatalf("a workspace file: %q", text)
+	// list_files lists DIR.
+	if bad, text := call("list_files", map[string]any{}); bad || !strings.Contains(text, "out.txt") {
+		t.Fatalf("list_files: %q", text)
 	}
-	if bad, text := call("run_sql", map[string]any{"db": "t.db", "sql": "INSERT INTO t VALUES (42)"}); bad || len(shown) != 1 || !strings.Contains(shown[0], "INSERT INTO t") {
-		t.Fatalf("a write confirmed at the client: %q, shown %q", text, shown)
+	// Its end ends the daemon, whose state directory goes with it.
+	cs.Close()
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Fatalf("left behind: %v", left)
 	}
-	if bad, text := call("run_sql", map[string]any{"db": "t.db", "sql": "SELECT x FROM t"}); bad || !strings.Contains(text, "[42]") {
-		t.Fatalf("the write's row: %q", text)
+	if b, err := os.ReadFile(filepath.Join(dir, "out.txt")); err != nil || string(b) != "from the guest" {
+		t.Fatalf("DIR after the end: %q %v", b, err)
+	}
+}
+
+// `sandcell mcp --workspace DIR` refuses a DIR that holds the bundle (or lies in
+// it): the daemon's own files are never a guest's workspace.
+func TestMCPStdioRefusesTheDaemonsFiles(t *testing.T) {
+	cmd := cliCmd(t, "mcp", "--workspace", filepath.Dir(bundletest.Dir(t)))
+	cmd.Stdin = strings.NewReader("")
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "overlaps bundle.dir") {
+		t.Fatalf("%v: %s", err, out)
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/sandcell/sandcell/client"
 	"github.com/sandcell/sandcell/supervisor/config"
 	"github.com/sandcell/sandcell/supervisor/mcpserver"
+	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
 func newMCPCmd() *cobra.Command {
@@ -34,41 +35,39 @@ workspace, created at their first use and kept afterwards (its id is remembered 
 the cache directory, for the next start); each result names it. While the daemon is not ready or its kill switch is on, the tool list is
 empty and the client is told when that changes.
 
-With --workspace DIR it needs no daemon: the tools run their workers in this
-process, hardened as sandcell run's (every layer required), with DIR as the one
-workspace, as sandcell run --workspace DIR does; a SQL statement that writes is
-held until the person at the client confirms it; nothing is audited. If the
-interpreter's module cannot be loaded it exits, saying why. See docs/agents.md.`,
+With --workspace DIR it needs no daemon of the system's: it runs one in this
+process (the daemon sandcell serve runs, with its policy, self-test, approvals and
+audit), with a private state directory removed when it ends, and DIR as the one
+workspace (the tools' files are DIR's); its only caller is this user; a SQL
+statement that writes is held until the person at the client confirms it. If the
+self-test fails it exits, saying why. See docs/agents.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if socket == "" {
 				socket = config.Default().Socket.Path
 			}
-			c := client.New(socket)
-			var backend mcpserver.Backend = c
-			offered := func(ctx context.Context) string { return unavailable(ctx, c) }
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			var fixed string // the tools' one workspace, when it is DIR
 			if wsDir != "" {
 				dir, err := filepath.Abs(wsDir)
 				if err != nil {
 					return err
 				}
-				local, err := newLocalTools(dir, bundleDir, cacheDir)
+				// Fail closed: the daemon's self-test passes before any tool is offered.
+				local, err := startLocalDaemon(ctx, dir, bundleDir, cacheDir)
 				if err != nil {
 					return rejected{err}
 				}
-				// Fail closed: no tools unless this host's sandbox holds (the bundle's
-				// module loads; each run's worker verifies its own layers).
-				if _, _, err := precompiled(bundleDir, cacheDir, false); err != nil {
-					return err
-				}
-				backend, offered = local, func(context.Context) string { return "" }
+				defer local.close()
+				socket, fixed = local.socket, workspace.DirectoryID
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
+			c := client.New(socket)
 			opts := mcpserver.Options{
 				Version:     version,
-				Backend:     func(string) mcpserver.Backend { return backend },
-				Unavailable: offered,
+				Backend:     func(string) mcpserver.Backend { return c },
+				Unavailable: func(ctx context.Context) string { return unavailable(ctx, c) },
+				Workspace:   fixed,
 			}
 			if cache := defaultCacheDir(); wsDir == "" && cache != "" {
 				// The workspace of the last `sandcell mcp` on this socket, kept
@@ -94,7 +93,7 @@ interpreter's module cannot be loaded it exits, saying why. See docs/agents.md.`
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&socket, "socket", os.Getenv("SANDCELL_SOCKET"), "the daemon's Unix socket")
-	fl.StringVar(&wsDir, "workspace", "", "serve without a daemon, with this directory as the workspace")
+	fl.StringVar(&wsDir, "workspace", "", "serve through a daemon run in this process, with this directory as the workspace")
 	fl.StringVar(&bundleDir, "bundle-dir", defaultBundleDir(), "with --workspace: directory holding python.wasm and MANIFEST ($SANDCELL_BUNDLE_DIR)")
 	fl.StringVar(&cacheDir, "cache-dir", defaultCacheDir(), "with --workspace: where a rebuilt .cwasm is kept ($SANDCELL_CACHE_DIR)")
 	return cmd

@@ -141,6 +141,7 @@ func problemOf(err error) *apiError {
 		{workspace.ErrTooManyEntries, wire.CodeUnsafeFile},
 		{workspace.ErrChanged, wire.CodeWorkspaceBusy},
 		{workspace.ErrQuota, wire.CodeQuota},
+		{workspace.ErrAttached, wire.CodeForbidden},
 		{errWorkspaceBusy, wire.CodeWorkspaceBusy},
 		{sqltool.ErrBadRequest, wire.CodeBadRequest},
 	} {

@@ -27,6 +27,7 @@ func TestErrorTable(t *testing.T) {
 		sessions.ErrStopping:                                 wire.CodeStopping,
 		fmt.Errorf("open x: %w", workspace.ErrUnsafe):        wire.CodeUnsafeFile,
 		workspace.ErrQuota:                                   wire.CodeQuota,
+		workspace.ErrAttached:                                wire.CodeForbidden,
 		fmt.Errorf("%w: held alone", errWorkspaceBusy):       wire.CodeWorkspaceBusy,
 		fail(wire.CodeTooManyPending, "x"):                   wire.CodeTooManyPending,
 		fmt.Errorf("read: %w", errors.New("something else")): wire.CodeInternal,

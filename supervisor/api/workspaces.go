@@ -226,7 +226,7 @@ func (s *Server) use(id string, alone bool) error {
 	case s.alone[id] != nil:
 		return fmt.Errorf("%w: approved code or an approved SQL write holds it alone", errWorkspaceBusy)
 	case alone && s.inUse[id] > 0:
-		return fmt.Errorf("%w: a run, statement or upload is using it, and an approved write waits for none", errWorkspaceBusy)
+		return fmt.Errorf("%w: a run, an open session, a statement or an upload is using it, and an approved write waits for none", errWorkspaceBusy)
 	}
 	s.inUse[id]++
 	if alone {

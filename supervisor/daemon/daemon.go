@@ -76,6 +76,11 @@ type Options struct {
 	// Version and Revision name the build (GET /v1/info, sandcell_build_info,
 	// daemon.start).
 	Version, Revision string
+	// Workspace, if set, is a host directory served as the workspace
+	// workspace.DirectoryID ("local"), owned by the daemon's own uid, under the
+	// configuration's quota, never deleted (workspace.Store.Attach): `sandcell mcp
+	// --workspace DIR` runs a daemon in process on it.
+	Workspace string
 }
 
 // Daemon is one `sandcell serve`: made by Open, served by Run.
@@ -198,6 +203,18 @@ func Open(o Options) (_ *Daemon, err error) {
 		workspace.Quota{Bytes: cfg.Workspaces.MaxBytes, Files: cfg.Workspaces.MaxFiles})
 	if err != nil {
 		return nil, err
+	}
+	if o.Workspace != "" {
+		// Never the daemon's own files: its state (the audit log, the socket,
+		// results), the bundle and its cache are not a guest's to write.
+		for key, d := range map[string]string{"state.dir": cfg.State.Dir, "bundle.dir": cfg.Bundle.Dir, "bundle.cache_dir": cfg.Bundle.CacheDir} {
+			if overlaps(o.Workspace, d) {
+				return nil, fmt.Errorf("workspace %s overlaps %s (%s)", o.Workspace, key, d)
+			}
+		}
+		if _, err := workspaces.Attach(o.Workspace, os.Getuid()); err != nil {
+			return nil, err
+		}
 	}
 	approvals := approvals.New(cfg.Approvals.TTL.Duration, cfg.Approvals.Window.Duration)
 	metrics := d.metrics()
@@ -724,6 +741,22 @@ func (d *Daemon) listenUnix(cfg config.Config) (*net.UnixListener, error) {
 	}
 	d.log.Info("listening", "socket", cfg.Socket.Path, "mode", cfg.Socket.Mode)
 	return l, nil
+}
+
+// overlaps reports whether directories a and b are one, or one holds the other,
+// once their symbolic links are resolved (a path not there yet is taken as given).
+func overlaps(a, b string) bool {
+	if r, err := filepath.EvalSymlinks(a); err == nil {
+		a = r
+	}
+	if r, err := filepath.EvalSymlinks(b); err == nil {
+		b = r
+	}
+	inside := func(x, y string) bool {
+		rel, err := filepath.Rel(y, x)
+		return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+	}
+	return inside(a, b) || inside(b, a)
 }
 
 // lockStateDir takes an exclusive lock on DIR/lock (flock(2)), held while the file

@@ -45,6 +45,9 @@ var (
 	// symbolic link, a FIFO, a device, a file with other hard links), or a path
 	// component is a symbolic link.
 	ErrUnsafe = errors.New("workspace: not a plain file")
+	// ErrAttached: the workspace is a host directory attached to the store
+	// (Attach), whose files are the host's: it is never deleted.
+	ErrAttached = errors.New("workspace: an attached host directory is not deleted")
 )
 
 // Quota bounds one workspace.
@@ -63,6 +66,9 @@ type Store struct {
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // per workspace: one upload at a time (quota accounting)
+	// attached is the host directory served as workspace DirectoryID (Attach),
+	// or nil.
+	attached atomic.Pointer[Workspace]
 }
 
 // Open returns the store in dir (created 0700 if missing).
@@ -119,6 +125,21 @@ func Directory(dir string, q Quota) (*Workspace, error) {
 		s: &Store{quota: q, locks: map[string]*sync.Mutex{}}}, nil
 }
 
+// Attach serves the host directory dir as the store's workspace DirectoryID,
+// owned by uid, under the store's quota: the same file operations as a Directory's
+// (beneath dir, no link followed), found by Get, never removed by Delete
+// (ErrAttached). `sandcell mcp --workspace DIR` attaches DIR to the daemon it runs
+// in process. A store has at most one; Attach again replaces it.
+func (s *Store) Attach(dir string, uid int) (*Workspace, error) {
+	w, err := Directory(dir, s.quota)
+	if err != nil {
+		return nil, err
+	}
+	w.Owner, w.s = uid, s
+	s.attached.Store(w)
+	return w, nil
+}
+
 // validID: a ULID in its canonical upper-case Crockford base32 spelling, so an id
 // is never a path.
 var validID = regexp.MustCompile(`^[0-9A-HJKMNP-TV-Z]{26}$`)
@@ -170,6 +191,9 @@ func (s *Store) owned(uid int, token string) int {
 
 // Get returns workspace id, or ErrNotFound.
 func (s *Store) Get(id string) (*Workspace, error) {
+	if w := s.attached.Load(); w != nil && id == DirectoryID {
+		return w, nil
+	}
 	if !validID.MatchString(id) {
 		return nil, ErrNotFound
 	}
@@ -190,6 +214,9 @@ func (s *Store) Get(id string) (*Workspace, error) {
 // Delete removes workspace id and everything in it. Its id disappears first (a
 // rename), so no request sees it half removed.
 func (s *Store) Delete(id string) error {
+	if w := s.attached.Load(); w != nil && id == DirectoryID {
+		return fmt.Errorf("%w: workspace %s is a host directory of its own", ErrAttached, id)
+	}
 	if _, err := s.Get(id); err != nil {
 		return err
 	}

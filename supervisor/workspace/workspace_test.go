@@ -486,3 +486,45 @@ func TestCopyTo(t *testing.T) {
 		t.Errorf("past the names: %v", err)
 	}
 }
+
+// A host directory attached to a store is its workspace DirectoryID: found by
+// Get, written beneath it under the store's quota, never deleted (its files are the
+// host's); a store without one has no such workspace.
+func TestAttach(t *testing.T) {
+	s, err := Open(t.TempDir(), Quota{Bytes: 1 << 20, Files: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(DirectoryID); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("before Attach: %v", err)
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "kept.txt"), []byte("the host's"), 0o644)
+	if _, err := s.Attach(dir, 1234); err != nil {
+		t.Fatal(err)
+	}
+	w, err := s.Get(DirectoryID)
+	if err != nil || w.Dir() != dir || w.Owner != 1234 || w.ID != DirectoryID {
+		t.Fatalf("Get: %+v %v", w, err)
+	}
+	if _, err := w.Write("new.txt", strings.NewReader("from a caller")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write("big", io.LimitReader(zeros{}, 2<<20)); !errors.Is(err, ErrQuota) {
+		t.Fatalf("past the store's quota: %v", err)
+	}
+	if err := s.Delete(DirectoryID); !errors.Is(err, ErrAttached) || strings.Contains(err.Error(), dir) {
+		t.Fatalf("Delete: %v", err)
+	}
+	if got, err := read(t, w, "kept.txt"); err != nil || got != "the host's" {
+		t.Fatalf("after Delete: %q %v", got, err)
+	}
+	if _, err := s.Attach(filepath.Join(dir, "kept.txt"), 1); err == nil {
+		t.Fatal("a file attached")
+	}
+}
+
+// zeros reads as an endless run of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
