@@ -292,6 +292,29 @@ func TestMCPStdioWithoutADaemon(t *testing.T) {
 	}
 }
 
+// The in-process daemon's state directory is never inside DIR, even where DIR is
+// $TMPDIR: a guest must not reach its audit log or socket.
+func TestMCPStdioStateOutsideTheWorkspace(t *testing.T) {
+	dir, runtime := t.TempDir(), t.TempDir()
+	cmd := cliCmd(t, "mcp", "--workspace", dir)
+	cmd.Env = append(cmd.Env, "TMPDIR="+dir, "XDG_RUNTIME_DIR="+runtime)
+	cmd.Stderr = os.Stderr
+	c := mcp.NewClient(&mcp.Implementation{Name: "go-test", Version: "1"}, nil)
+	cs, err := c.Connect(t.Context(), &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "run_python",
+		Arguments: map[string]any{"code": "import os; print(sorted(os.listdir('.')))"}})
+	if err != nil || res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "[]") {
+		t.Fatalf("the guest's view of DIR: %v %+v", err, res)
+	}
+	if left, _ := os.ReadDir(runtime); len(left) != 1 {
+		t.Fatalf("state in $XDG_RUNTIME_DIR: %v", left)
+	}
+}
+
 // `sandcell mcp --workspace DIR` refuses a DIR that holds the bundle (or lies in
 // it): the daemon's own files are never a guest's workspace.
 func TestMCPStdioRefusesTheDaemonsFiles(t *testing.T) {

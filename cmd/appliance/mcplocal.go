@@ -22,8 +22,8 @@ const (
 // localDaemon is the daemon `sandcell mcp --workspace DIR` serves its tools through,
 // run in this process: the daemon `sandcell serve` runs (the same policy, the same
 // checks, approvals and audit, the same self-test before any tool is offered), with
-// a private state directory of its own (its audit log, its socket; removed when the
-// process ends) and DIR attached as its workspace workspace.DirectoryID. Its only
+// a private state directory of its own (its audit log, its socket; outside DIR, in
+// $XDG_RUNTIME_DIR, $TMPDIR or /var/tmp; removed when the process ends) and DIR attached as its workspace workspace.DirectoryID. Its only
 // caller is this process's user: runner and admin; a SQL statement that writes is
 // held until the person at the client confirms it (elicitation); nobody else may
 // connect (its socket is 0600 in a 0700 directory). Its configuration is the
@@ -39,7 +39,19 @@ type localDaemon struct {
 // startLocalDaemon opens the daemon on dir and runs it until ready: its self-test
 // passed (else the error says why, and nothing runs).
 func startLocalDaemon(ctx context.Context, dir, bundleDir, cacheDir string) (*localDaemon, error) {
-	state, err := os.MkdirTemp("", "sandcell-mcp-")
+	// The state directory goes where DIR is not: a guest must not reach the audit
+	// log or the socket (DIR = /tmp is a likely one).
+	var base string
+	for _, b := range []string{os.Getenv("XDG_RUNTIME_DIR"), os.TempDir(), "/var/tmp"} {
+		if b != "" && !daemon.Within(b, dir) {
+			base = b
+			break
+		}
+	}
+	if base == "" {
+		return nil, fmt.Errorf("no directory for the daemon's state outside %s ($XDG_RUNTIME_DIR, $TMPDIR, /var/tmp)", dir)
+	}
+	state, err := os.MkdirTemp(base, "sandcell-mcp-")
 	if err != nil {
 		return nil, err
 	}

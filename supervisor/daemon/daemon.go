@@ -743,21 +743,21 @@ func (d *Daemon) listenUnix(cfg config.Config) (*net.UnixListener, error) {
 	return l, nil
 }
 
-// overlaps reports whether directories a and b are one, or one holds the other,
-// once their symbolic links are resolved (a path not there yet is taken as given).
-func overlaps(a, b string) bool {
-	if r, err := filepath.EvalSymlinks(a); err == nil {
-		a = r
+// Within reports whether path is dir or lies in it, once their symbolic links are
+// resolved (a path not there yet is taken as given).
+func Within(path, dir string) bool {
+	if r, err := filepath.EvalSymlinks(path); err == nil {
+		path = r
 	}
-	if r, err := filepath.EvalSymlinks(b); err == nil {
-		b = r
+	if r, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = r
 	}
-	inside := func(x, y string) bool {
-		rel, err := filepath.Rel(y, x)
-		return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
-	}
-	return inside(a, b) || inside(b, a)
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
+
+// overlaps reports whether directories a and b are one, or one holds the other.
+func overlaps(a, b string) bool { return Within(a, b) || Within(b, a) }
 
 // lockStateDir takes an exclusive lock on DIR/lock (flock(2)), held while the file
 // returned is open: two daemons sharing a state directory would break each other's audit
