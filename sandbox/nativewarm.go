@@ -191,13 +191,21 @@ func nativeKey(req *protocol.Request) string {
 	return string(b)
 }
 
+// serves reports whether warm workers are ever prepared for req: the pool is on,
+// req is not isolated (an isolated program is the daemon's own: its workspace is
+// not a caller's), and its workspace is under the pool's roots (if any); nw.mu is
+// held.
+func (nw *nativeWarm) serves(req *protocol.Request) bool {
+	return nw.opts.Size != 0 && !req.Isolated && (len(nw.opts.Roots) == 0 || beneath(req.Workspace, nw.opts.Roots) != "")
+}
+
 // takeNative returns the idle warm worker for req's workspace (wsDir, open) if it
 // can serve req, or nil. A worker that cannot is ended.
 func (s *Spawner) takeNative(req *protocol.Request, wsDir *os.File) *nativeIdle {
 	nw := &s.native
 	nw.mu.Lock()
 	defer nw.mu.Unlock()
-	if nw.opts.Size == 0 || req.Isolated || (len(nw.opts.Roots) > 0 && beneath(req.Workspace, nw.opts.Roots) == "") {
+	if !nw.serves(req) {
 		return nil // (not a miss: no worker is ever prepared for it)
 	}
 	w := nw.idle[req.Workspace]
@@ -305,13 +313,11 @@ func (w *nativeIdle) claimCPU(cpu time.Duration) (uint64, error) {
 func (s *Spawner) warmNativeAfter(req protocol.Request) {
 	nw := &s.native
 	nw.mu.Lock()
-	if nw.opts.Size == 0 || nw.idle[req.Workspace] != nil || nw.preparing ||
-		req.Hardening.Rlimits.CPU == 0 || req.WorkspaceID == nil || req.Isolated || len(req.Env) > 0 ||
-		(len(nw.opts.Roots) > 0 && beneath(req.Workspace, nw.opts.Roots) == "") {
+	if !nw.serves(&req) || nw.idle[req.Workspace] != nil || nw.preparing ||
+		req.Hardening.Rlimits.CPU == 0 || req.WorkspaceID == nil || len(req.Env) > 0 {
 		// One is prepared at a time, whatever the number of native runs ending: it
-		// is started outside the daemon's admission. An isolated program is the
-		// daemon's own: its workspace is not a caller's. An environment of the
-		// caller's could point the imports at the workspace's files (MATPLOTLIBRC).
+		// is started outside the daemon's admission. An environment of the caller's
+		// could point the imports at the workspace's files (MATPLOTLIBRC).
 		nw.mu.Unlock()
 		return
 	}
