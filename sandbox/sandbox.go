@@ -79,6 +79,11 @@ type Spawner struct {
 	// the bundle and the .cwasm cache, whose compiled code later runs outside
 	// WebAssembly. The directory of each request's module is always protected.
 	Protected []string
+	// Private are host directories that no workspace may contain (or be), though
+	// a workspace may lie inside one: a daemon's state directory, whose audit log,
+	// socket and checkpoints are no guest's, and which holds the daemon's own
+	// workspaces.
+	Private []string
 	// Command is the worker's argv[1]; empty means protocol.WorkerCommand. Tests use it to
 	// start a test-only worker entry (the escape suite).
 	Command string
@@ -535,7 +540,7 @@ func (s *Spawner) prepare(req *protocol.Request) (*os.File, error) {
 	if req.Backend == protocol.BackendNative {
 		protected = []string{req.RootDir}
 	}
-	wsDir, err := openWorkspace(req.Workspace, append(protected, s.Protected...))
+	wsDir, err := openWorkspace(req.Workspace, append(protected, s.Protected...), s.Private)
 	if err != nil {
 		return nil, err
 	}

@@ -652,6 +652,33 @@ func TestWorkspaceMustNotOverlapTheBundle(t *testing.T) {
 	}
 }
 
+// No workspace may hold a private directory (a daemon's state), by its path or
+// through a link, or be it; one inside it (the daemon's own workspaces) runs.
+func TestWorkspaceMustNotHoldAPrivateDirectory(t *testing.T) {
+	t.Parallel()
+	mod := bundletest.Module(t, false)
+	parent := t.TempDir()
+	state := filepath.Join(parent, "state")
+	inside := filepath.Join(state, "workspaces", "w")
+	os.MkdirAll(inside, 0o700)
+	link := filepath.Join(t.TempDir(), "link")
+	os.Symlink(parent, link)
+	sp := sandbox.NewSpawner()
+	sp.Private = []string{state}
+	run := func(ws string) (protocol.Result, error) {
+		return sp.Run(context.Background(), protocol.Request{Code: "1", Workspace: ws, ModulePath: mod,
+			LibDir: bundletest.LibDir(t), Limits: policy.Default().Default})
+	}
+	for _, ws := range []string{parent, state, link} {
+		if _, err := run(ws); !errors.Is(err, sandbox.ErrBadRequest) || !strings.Contains(err.Error(), "a daemon's state") {
+			t.Errorf("workspace %s: %v", ws, err)
+		}
+	}
+	if res, err := run(inside); err != nil || res.ExitCode != 0 {
+		t.Fatalf("a workspace inside it: %v %+v", err, res)
+	}
+}
+
 func TestBadRequests(t *testing.T) {
 	t.Parallel()
 	mod := bundletest.Module(t, false)

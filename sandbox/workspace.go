@@ -21,13 +21,13 @@ func statInode(st *unix.Stat_t) inode { return inode{uint64(st.Dev), st.Ino} }
 // worker is given this open directory, not the path, so nothing swapped in after the
 // check (a parent directory renamed, a symbolic link planted by another run) can
 // change what it gets.
-func openWorkspace(path string, protected []string) (*os.File, error) {
+func openWorkspace(path string, protected, private []string) (*os.File, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("%w: workspace: %v", ErrBadRequest, err)
 	}
 	ws := os.NewFile(uintptr(fd), "workspace")
-	if err := checkWorkspace(fd, protected); err != nil {
+	if err := checkWorkspace(fd, protected, private); err != nil {
 		ws.Close()
 		return nil, err
 	}
@@ -120,7 +120,7 @@ func unescapeMountinfo(s string) string {
 	return b.String()
 }
 
-func checkWorkspace(fd int, protected []string) error {
+func checkWorkspace(fd int, protected, private []string) error {
 	if err := checkFilesystem(fd); err != nil {
 		return err
 	}
@@ -160,35 +160,54 @@ func checkWorkspace(fd int, protected []string) error {
 	}
 
 	for _, p := range protected {
-		if p == "" {
-			continue
-		}
-		dir, err := resolve(p)
-		if err != nil {
-			return fmt.Errorf("%w: %s: %v", ErrBadRequest, p, err)
-		}
-		overlap := within(wsPath, dir) || within(dir, wsPath)
-		// The protected directory, or where it would be, and its ancestors.
-		for d := dir; !overlap; d = filepath.Dir(d) {
-			var st unix.Stat_t
-			if unix.Stat(d, &st) == nil {
-				id := statInode(&st)
-				if d == dir {
-					// Workspace inside (or equal to) the protected directory.
-					for _, w := range wsChain {
-						overlap = overlap || w == id
-					}
-				}
-				// Protected directory inside (or equal to) the workspace.
-				overlap = overlap || id == wsChain[0]
+		if overlap, err := overlapsDir(wsPath, wsChain, p, true); err != nil || overlap {
+			if err == nil {
+				err = fmt.Errorf("%w: the workspace overlaps %s, which holds the interpreter or its compiled code", ErrBadRequest, p)
 			}
-			if filepath.Dir(d) == d {
-				break
-			}
+			return err
 		}
-		if overlap {
-			return fmt.Errorf("%w: the workspace overlaps %s, which holds the interpreter or its compiled code", ErrBadRequest, p)
+	}
+	for _, p := range private {
+		if holds, err := overlapsDir(wsPath, wsChain, p, false); err != nil || holds {
+			if err == nil {
+				err = fmt.Errorf("%w: the workspace holds %s, a daemon's state", ErrBadRequest, p)
+			}
+			return err
 		}
 	}
 	return checkNoMountsBeneath(wsPath)
+}
+
+// overlapsDir reports whether directory p (or where it would be) lies in the
+// workspace (wsPath, whose directory and ancestors are wsChain, itself first) or
+// is it, by path and by inode, so that no link or rename hides it; with inside,
+// also whether the workspace lies in p. "" overlaps nothing.
+func overlapsDir(wsPath string, wsChain []inode, p string, inside bool) (bool, error) {
+	if p == "" {
+		return false, nil
+	}
+	dir, err := resolve(p)
+	if err != nil {
+		return false, fmt.Errorf("%w: %s: %v", ErrBadRequest, p, err)
+	}
+	overlap := within(dir, wsPath) || inside && within(wsPath, dir)
+	// The directory, or where it would be, and its ancestors.
+	for d := dir; !overlap; d = filepath.Dir(d) {
+		var st unix.Stat_t
+		if unix.Stat(d, &st) == nil {
+			id := statInode(&st)
+			if d == dir && inside {
+				// Workspace inside (or equal to) the directory.
+				for _, w := range wsChain {
+					overlap = overlap || w == id
+				}
+			}
+			// The directory inside (or equal to) the workspace.
+			overlap = overlap || id == wsChain[0]
+		}
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	return overlap, nil
 }

@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -224,16 +226,21 @@ func TestMCPStdioWithoutADaemon(t *testing.T) {
 			return &mcp.ElicitResult{Action: "accept", Content: map[string]any{}}, nil
 		}})
 	cmd := cliCmd(t, "mcp", "--workspace", dir)
-	tmp := t.TempDir() // where the daemon's private state directory is made
-	cmd.Env = append(cmd.Env, "TMPDIR="+tmp)
 	cmd.Stderr = os.Stderr
+	before := stateDirs()
 	cs, err := c.Connect(t.Context(), &mcp.CommandTransport{Command: cmd}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer cs.Close()
-	if left, _ := os.ReadDir(tmp); len(left) != 1 {
-		t.Fatalf("the daemon's private state directory: %v", left)
+	var state string
+	for d := range stateDirs() {
+		if !before[d] {
+			state = d
+		}
+	}
+	if _, err := os.Stat(filepath.Join(state, "audit.db")); err != nil {
+		t.Fatalf("the daemon's private state directory: %q %v", state, err)
 	}
 	call := func(name string, args map[string]any) (bool, string) {
 		t.Helper()
@@ -284,20 +291,47 @@ func TestMCPStdioWithoutADaemon(t *testing.T) {
 	}
 	// Its end ends the daemon, whose state directory goes with it.
 	cs.Close()
-	if left, _ := os.ReadDir(tmp); len(left) != 0 {
-		t.Fatalf("left behind: %v", left)
+	if _, err := os.Stat(state); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("left behind: %s %v", state, err)
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "out.txt")); err != nil || string(b) != "from the guest" {
 		t.Fatalf("DIR after the end: %q %v", b, err)
 	}
 }
 
+// stateDirs are the in-process daemons' state directories there are now (see
+// localStateBases).
+func stateDirs() map[string]bool {
+	dirs := map[string]bool{}
+	for _, base := range localStateBases() {
+		entries, _ := os.ReadDir(base)
+		for _, e := range entries {
+			dirs[filepath.Join(base, e.Name())] = true
+		}
+	}
+	return dirs
+}
+
 // The in-process daemon's state directory is never inside DIR, even where DIR is
-// $TMPDIR: a guest must not reach its audit log or socket.
+// $TMPDIR, and a DIR that holds where the state directories are is refused: no
+// guest reaches an audit log or a socket, its own daemon's or another's. A state
+// directory a killed one left is removed by the next.
 func TestMCPStdioStateOutsideTheWorkspace(t *testing.T) {
-	dir, runtime := t.TempDir(), t.TempDir()
+	// What a killed one left (its lock held by nobody, older than a minute) goes.
+	base, err := localStateBase()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale, err := os.MkdirTemp(base, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(stale, "lock"), nil, 0o600)
+	old := time.Now().Add(-2 * time.Minute)
+	os.Chtimes(stale, old, old)
+	dir := t.TempDir()
 	cmd := cliCmd(t, "mcp", "--workspace", dir)
-	cmd.Env = append(cmd.Env, "TMPDIR="+dir, "XDG_RUNTIME_DIR="+runtime)
+	cmd.Env = append(cmd.Env, "TMPDIR="+dir)
 	cmd.Stderr = os.Stderr
 	c := mcp.NewClient(&mcp.Implementation{Name: "go-test", Version: "1"}, nil)
 	cs, err := c.Connect(t.Context(), &mcp.CommandTransport{Command: cmd}, nil)
@@ -307,11 +341,16 @@ func TestMCPStdioStateOutsideTheWorkspace(t *testing.T) {
 	defer cs.Close()
 	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: "run_python",
 		Arguments: map[string]any{"code": "import os; print(sorted(os.listdir('.')))"}})
-	if err != nil || res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "[]") {
+	if err != nil || res.IsError || !strings.Contains(res.Content[0].(*mcp.TextContent).Text, "\n[]\n") {
 		t.Fatalf("the guest's view of DIR: %v %+v", err, res)
 	}
-	if left, _ := os.ReadDir(runtime); len(left) != 1 {
-		t.Fatalf("state in $XDG_RUNTIME_DIR: %v", left)
+	if _, err := os.Stat(stale); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a killed daemon's state: %v", err)
+	}
+	bases := localStateBases()
+	out, err := cliCmd(t, "mcp", "--workspace", filepath.Dir(bases[len(bases)-1])).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "where daemons keep their state") {
+		t.Fatalf("a DIR that holds the state directories: %v %s", err, out)
 	}
 }
 

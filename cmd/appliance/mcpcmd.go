@@ -51,8 +51,14 @@ self-test fails it exits, saying why. See docs/agents.md.`,
 			var fixed string // the tools' one workspace, when it is DIR
 			if wsDir != "" {
 				dir, err := filepath.Abs(wsDir)
+				if err == nil {
+					dir, err = filepath.EvalSymlinks(dir) // the workspace is where it leads now
+				}
 				if err != nil {
-					return err
+					return rejected{err}
+				}
+				if _, _, err := precompiled(bundleDir, cacheDir, false); err != nil {
+					return err // no bundle (it says how to make one)
 				}
 				// Fail closed: the daemon's self-test passes before any tool is offered.
 				local, err := startLocalDaemon(ctx, dir, bundleDir, cacheDir)

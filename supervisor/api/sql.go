@@ -205,8 +205,15 @@ func (s *Server) sql(c echo.Context) error {
 		d["approval"], d["db_sha256"] = ap.ID, out.DBSHA256
 		audit(store.ApprovalRequested, d)
 		c.Response().Header().Set("Location", "/v1/approvals/"+ap.ID)
+		who := "an approver must approve it"
+		switch {
+		case s.mayConfirm(peer) && !s.approversExist():
+			who = "the person at your MCP client must confirm it"
+		case s.mayConfirm(peer):
+			who = "an approver must approve it (or the person at your MCP client confirm it)"
+		}
 		return fail(wire.CodeApprovalRequired,
-			"the statement writes: an approver must approve it, then send the same request with \"approval\": \""+ap.ID+"\"").
+			"the statement writes: "+who+", then send the same request with \"approval\": \""+ap.ID+"\"").
 			with(map[string]any{"approval_id": ap.ID, "statement": body.SQL, "classification": out.Classification,
 				"expires_at": ap.ExpiresAt, "confirmable": s.mayConfirm(peer)}).audited()
 	default:

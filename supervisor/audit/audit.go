@@ -142,7 +142,7 @@ func (a *Writer) PruneEvery(ctx context.Context, interval, retention time.Durati
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if err := a.Prune(ctx, retention); err != nil && a.Log != nil {
+		if err := a.Prune(ctx, retention); err != nil && ctx.Err() == nil && a.Log != nil {
 			a.Log.Warn("audit retention: prune failed", "error", err)
 		}
 		select {

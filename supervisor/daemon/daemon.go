@@ -81,6 +81,11 @@ type Options struct {
 	// configuration's quota, never deleted (workspace.Store.Attach): `sandcell mcp
 	// --workspace DIR` runs a daemon in process on it.
 	Workspace string
+	// Private are further directories no workspace may hold, checked before each
+	// run as the state directory is (sandbox.Spawner.Private), and Workspace
+	// against them at Open: the base of every in-process daemon's state
+	// directory, so that one's workspace never holds another's state.
+	Private []string
 }
 
 // Daemon is one `sandcell serve`: made by Open, served by Run.
@@ -155,6 +160,9 @@ func Open(o Options) (_ *Daemon, err error) {
 	d.health.Add(checkManager, healthz.Liveness)
 
 	d.sp = sandbox.NewSpawner(cfg.Bundle.Dir, cfg.Bundle.CacheDir)
+	// No workspace holds the state directory (its own lie inside it), nor the
+	// directories the caller names as private.
+	d.sp.Private = append([]string{cfg.State.Dir}, o.Private...)
 	if cfg.Native.Runsc != "" {
 		// Without runsc, native runs whose policy requires gvisor are refused; the
 		// self-test's native canary says so where that is every native run.
@@ -207,6 +215,11 @@ func Open(o Options) (_ *Daemon, err error) {
 	if o.Workspace != "" {
 		// Never the daemon's own files: its state (the audit log, the socket,
 		// results), the bundle and its cache are not a guest's to write.
+		for _, d := range o.Private {
+			if Within(d, o.Workspace) {
+				return nil, fmt.Errorf("workspace %s holds %s, where daemons keep their state", o.Workspace, d)
+			}
+		}
 		for key, d := range map[string]string{"state.dir": cfg.State.Dir, "bundle.dir": cfg.Bundle.Dir, "bundle.cache_dir": cfg.Bundle.CacheDir} {
 			if overlaps(o.Workspace, d) {
 				return nil, fmt.Errorf("workspace %s overlaps %s (%s)", o.Workspace, key, d)
