@@ -141,7 +141,7 @@ bench: bundle ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_W
 FUZZTIME ?= 1m
 FUZZ_TARGETS := FuzzDecode:./supervisor/api FuzzLoadTokens:./supervisor/api FuzzLoad:./supervisor/config \
   FuzzLookup:./supervisor/workspace FuzzReceive:./sandbox/protocol FuzzReadCheckpointHeader:./sandbox \
-  FuzzParse:./sandbox/engine/wasmimage FuzzToolArguments:./supervisor/mcpserver
+  FuzzParse:./sandbox/engine/wasmimage FuzzToolArguments:./supervisor/mcpserver FuzzReadToolFrame:./sandbox/protocol
 fuzz: ## Fuzz every decoder of untrusted input, FUZZTIME each (default 1m; CI: 10s)
 	@out=$$(mktemp) && trap 'rm -f "$$out"' EXIT && for t in $(FUZZ_TARGETS); do \
 	  name=$${t%%:*} pkg=$${t#*:}; \

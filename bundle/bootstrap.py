@@ -72,7 +72,20 @@ def _sandcell_init():
     displays = ns["_sandcell_displays"](io, json, base64)
     builtins.display = displays.display
     DISPLAYS = "/tmp/.sandcell-displays"
-    del name, ns
+    # sandcell.tools (sandbox/protocol/tools.py, _sandcell_tools_source): the tools
+    # the daemon offers the run, each call through the interpreter's host function
+    # _sandcell.tool_call, which the worker answers over its tools channel. In
+    # sys.modules from the snapshot on, so a workspace sandcell.py is not it.
+    from _sandcell import tool_call
+    import types
+    name = "<sandcell tools>"
+    linecache.cache[name] = (len(_sandcell_tools_source), None, _sandcell_tools_source.splitlines(True), name)
+    ns = {}
+    exec(compile(_sandcell_tools_source, name, "exec"), ns)
+    loads, dumps = json.loads, json.dumps
+    sys.modules["sandcell"], sys.modules["sandcell.tools"] = ns["_sandcell_tools"](
+        lambda msg: loads(tool_call(dumps(msg).encode())), json, types)
+    del name, ns, types
     # site would also have put site-packages on sys.path: the site layer, read-only
     # like the standard library (bundle/interpreter/build-site.sh). Last, as site puts
     # it; an isolated program leaves it out (see run()).
@@ -795,4 +808,4 @@ def _sandcell_init():
 
 
 _sandcell_run = _sandcell_init()
-del _sandcell_init, _sandcell_displays_source
+del _sandcell_init, _sandcell_displays_source, _sandcell_tools_source

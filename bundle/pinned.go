@@ -4,8 +4,8 @@ package bundle
 // them exactly (`make interpreter-verify` checks); change them only together with the
 // recipe.
 const (
-	wasmSize     = 11046967
-	wasmSHA256   = "6191475d3328c03e64f698bfa2941172d8c8d20a2d37fbf068e8a052ce3acff9"
+	wasmSize     = 11047644
+	wasmSHA256   = "12479624f2dbac0325f5796a991c94e78023960f8a100ef2d97fb1dd3bd092af"
 	stdlibSize   = 10634439
 	stdlibSHA256 = "fcf8a3fe23e2774733f7ff177e8697c1b26dc7a1537bc605109c3141d641711d"
 	siteSize     = 41945013

@@ -16,11 +16,13 @@ import (
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
 
-// The guest's bootstrap (bootstrap.py, after display()'s source, which the native
-// runner shares, as the string _sandcell_displays_source: protocol.DisplaysSource):
+// The guest's bootstrap (bootstrap.py, after display()'s source and sandcell.tools',
+// which the native runner shares, as the strings _sandcell_displays_source and
+// _sandcell_tools_source: protocol.DisplaysSource, protocol.ToolsSource):
 // the init source of the snapshot. It is part of every snapshot and so of every
 // .cwasm's Key. (strconv.Quote's escapes are Python's too.)
-var bootstrap = "_sandcell_displays_source = " + strconv.Quote(protocol.DisplaysSource()) + "\n" + bootstrapOwn
+var bootstrap = "_sandcell_displays_source = " + strconv.Quote(protocol.DisplaysSource()) + "\n" +
+	"_sandcell_tools_source = " + strconv.Quote(protocol.ToolsSource()) + "\n" + bootstrapOwn
 
 //go:embed bootstrap.py
 var bootstrapOwn string

@@ -364,6 +364,11 @@ func (g *GVisor) start(dir string) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
+	// runsc passes its container no descriptor but its stdio: no tools channel
+	// (the runner's sandcell.tools says so).
+	p.tools.Close()
+	p.toolsChild.Close()
+	p.tools, p.toolsChild = nil, nil
 	defer stdin.Close()
 	defer outW.Close()
 	defer errW.Close()

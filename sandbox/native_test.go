@@ -415,7 +415,7 @@ display(Table(), 42)
 		}
 	}
 
-	res, _ = runNative(t, `
+	res, _ = runNative(t, withVersion(`
 import json, os
 os.makedirs("/ws/displays", exist_ok=True)
 open("/ws/displays/ok.txt", "w").write("fine")
@@ -423,10 +423,10 @@ os.symlink("/etc/hostname", "/ws/displays/link.txt")
 items = [{"type": "text/plain", "path": "../etc/passwd"}, {"type": "text/plain", "path": "displays/../../x"},
          {"type": "application/x-evil", "path": "displays/ok.txt"}, {"type": "image/png", "path": "displays/ok.txt"},
          {"type": "text/plain", "path": "displays/link.txt"}, {"type": "text/plain", "path": "displays/ok.txt"}]
-body = json.dumps({"version": 8, "step": "report", "report": {"reason": "exited", "displays": items}}).encode()
+body = json.dumps({"version": VERSION, "step": "report", "report": {"reason": "exited", "displays": items}}).encode()
 os.write(3, len(body).to_bytes(4, "big") + body)
 os._exit(0)
-`, nil)
+`), nil)
 	wantExit(t, res, 0)
 	if len(res.Displays) != 1 || res.Displays[0].Text != "fine" || len(res.Diagnostics) != 5 {
 		t.Fatalf("forged displays: %+v\n%v", res.Displays, res.Diagnostics)
@@ -439,10 +439,10 @@ os._exit(0)
 		if err := syscall.Mkfifo(filepath.Join(r.Workspace, "displays", "f.txt"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		r.Code = `import json, os
-body = json.dumps({"version": 8, "step": "report", "report": {"reason": "exited", "displays": [{"type": "text/plain", "path": "displays/f.txt"}]}}).encode()
+		r.Code = withVersion(`import json, os
+body = json.dumps({"version": VERSION, "step": "report", "report": {"reason": "exited", "displays": [{"type": "text/plain", "path": "displays/f.txt"}]}}).encode()
 os.write(3, len(body).to_bytes(4, "big") + body)
-os._exit(0)`
+os._exit(0)`)
 	})
 	wantExit(t, res, 0)
 	if len(res.Displays) != 0 || len(res.Diagnostics) != 1 || !strings.Contains(res.Diagnostics[0], "not a regular file") {
@@ -1058,4 +1058,10 @@ threading.Thread(target=lambda: (time.sleep(0.001), os._exit(0))).start()`})
 	default:
 		t.Fatalf("the interpreter's end went unseen: %+v, then %v %+v %q", c.Result, err, c2.Result, c2.Value)
 	}
+}
+
+// withVersion is code with VERSION replaced by this build's protocol.Version (a
+// program that forges the runner's frames).
+func withVersion(code string) string {
+	return strings.ReplaceAll(code, "VERSION", strconv.Itoa(protocol.Version))
 }

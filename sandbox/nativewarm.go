@@ -455,6 +455,7 @@ func (s *Spawner) openSessionWarm(ctx context.Context, w *nativeIdle, req protoc
 	}
 	ss := &Session{p: w.p, memory: req.Limits.MemoryBytes, processes: req.Hardening.Processes, native: true, ws: ws,
 		forks: w.forks}
+	ss.serveTools()
 	if ss.forks != nil {
 		ss.forks.window(true) // for pid 1's fork of the interpreter
 	}

@@ -565,7 +565,10 @@ type proc struct {
 	cmd        *exec.Cmd
 	ctl        *os.File // the parent's end of the control socket
 	outR, errR *os.File // the guest's stdout and stderr
-	started    time.Time
+	// tools is the parent's end of the tools channel, toolsChild the worker's
+	// (protocol.ToolsFD), closed once the worker has started.
+	tools, toolsChild *os.File
+	started           time.Time
 
 	mu     sync.Mutex
 	gone   bool          // exited: its pid may be reused once reaped, so never signal it again
@@ -616,13 +619,15 @@ func (s *Spawner) launch(namespaces, shareNet bool, dir, module, stdin *os.File)
 		}
 		attr = namespaceAttr(s.pidNamespace(), netns != nil)
 	}
+	defer p.toolsChild.Close()
 	p.cmd = &exec.Cmd{
-		Path:        s.Exe,
-		Args:        []string{"sandcell", s.command()},
-		Env:         []string{}, // built from nothing: no NOTIFY_SOCKET, LISTEN_*, secrets
-		Stdout:      outW,
-		Stderr:      errW,
-		ExtraFiles:  []*os.File{childCtl, dir, module}, // fds 3, 4, 5: protocol.ControlFD, WorkspaceFD, ModuleFD
+		Path:   s.Exe,
+		Args:   []string{"sandcell", s.command()},
+		Env:    []string{}, // built from nothing: no NOTIFY_SOCKET, LISTEN_*, secrets
+		Stdout: outW,
+		Stderr: errW,
+		// fds 3, 4, 5, 6: protocol.ControlFD, WorkspaceFD, ModuleFD, ToolsFD
+		ExtraFiles:  []*os.File{childCtl, dir, module, p.toolsChild},
 		SysProcAttr: attr,
 	}
 	if stdin != nil {
@@ -648,6 +653,11 @@ func newProc() (p *proc, childCtl, outW, errW *os.File, err error) {
 		if p.errR, errW, err = os.Pipe(); err != nil {
 			p.outR.Close()
 			outW.Close()
+		} else if p.tools, p.toolsChild, err = toolsPair(); err != nil {
+			p.outR.Close()
+			outW.Close()
+			p.errR.Close()
+			errW.Close()
 		}
 	}
 	if err != nil {
@@ -704,6 +714,7 @@ func (p *proc) start(netns, hostNet *os.File) error {
 		p.ctl.Close()
 		p.outR.Close()
 		p.errR.Close()
+		p.tools.Close()
 		return err
 	}
 	return nil
@@ -738,6 +749,12 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 	}
 	defer p.ctl.Close()
 	defer p.kill()
+	dl := newDeadline(time.Duration(req.Limits.TimeoutMS) * time.Millisecond)
+	defer dl.Stop()
+	calls, endCalls := context.WithCancel(ctx) // a call waiting when the run ends is ended
+	defer endCalls()
+	p.serveTools(calls, dl)
+	defer p.tools.Close()
 	var once sync.Once
 	var killReason protocol.Reason
 	kill := func(r protocol.Reason) {
@@ -802,11 +819,9 @@ func (p *proc) collect(ctx context.Context, frame []byte, req protocol.Request, 
 
 	go func() { wg.Wait(); close(waited) }()
 	var stopDetail string
-	timer := time.NewTimer(time.Duration(req.Limits.TimeoutMS) * time.Millisecond)
-	defer timer.Stop()
 	select {
 	case <-waited:
-	case <-timer.C:
+	case <-dl.C:
 		kill(protocol.Timeout)
 	case <-ctx.Done():
 		var why protocol.Reason

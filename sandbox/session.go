@@ -60,7 +60,11 @@ type Session struct {
 	opened    protocol.Enforcement
 	mu        sync.Mutex
 	lost      string // why the state is lost, once it is
-	closing   atomic.Bool
+	// calls is the running cell's tool scope (nil between cells): the session's
+	// tools channel is served for its whole life, each call for the cell it
+	// comes in.
+	calls   atomic.Pointer[toolScope]
+	closing atomic.Bool
 }
 
 // OpenSession starts a session's worker for req (a run's request without a
@@ -154,6 +158,7 @@ func (s *Spawner) openSession(ctx context.Context, req protocol.Request, resume 
 		return nil, fmt.Errorf("sandbox: start the session's worker: %w", err)
 	}
 	ss := &Session{p: p, memory: req.Limits.MemoryBytes, processes: native && req.Hardening.Processes, native: native}
+	ss.serveTools()
 	if ss.ws, err = dupFile(wsDir); err != nil {
 		p.kill()
 		return nil, fmt.Errorf("sandbox: session: %w", err)
@@ -405,6 +410,16 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	frame := protocol.Request{Code: cell.Code, Filename: cell.Filename, Stdin: cell.Stdin, Env: cell.Env,
 		Limits: protocol.Limits{CPUMS: l.CPUMS}, CellEnd: end, ValueMark: hex.EncodeToString(mark)}
 	began := time.Now()
+	// The cell's wall clock: a tool call may hold it (see Clock); it runs from
+	// lim.start. Its calls end when it does (an interrupted cell's call first, so
+	// that a wasm worker waiting in one hears its interrupt).
+	clock, startClock := heldDeadline(time.Duration(l.TimeoutMS) * time.Millisecond)
+	defer clock.Stop()
+	calls, endCalls := context.WithCancel(ctx)
+	defer endCalls()
+	ss.calls.Store(&toolScope{ctx: calls, tools: toolsOf(ctx), clock: clock})
+	defer ss.calls.Store(nil)
+	lim := cellLimits{clock: clock, startClock: startClock}
 	if ss.native {
 		ss.p.signalGroup(syscall.SIGCONT) // stopped since the last cell (see idle)
 	}
@@ -413,7 +428,6 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	// handlers) is the cell's. A wasm cell's clock starts at its ack (after the
 	// previous cell's checkpoint, which the worker may still be taking), and a
 	// cancel is heard once it has started.
-	var lim cellLimits
 	if ss.native {
 		if err := ss.startLimits(&lim, ctx, l); err != nil {
 			return Cell{}, err
@@ -481,7 +495,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		ch = ss.next()
 		got = received{}
 		if !ss.native {
-			lim.start(ctx, time.Duration(l.TimeoutMS)*time.Millisecond, nil)
+			lim.start(ctx, nil)
 			defer lim.stop()
 		}
 		var exit <-chan struct{} // nil: not watched (the interpreter is the worker)
@@ -497,6 +511,9 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		}
 	}
 	unwatch() // before a rollback continues the checkpoint
+	if why != "" {
+		endCalls() // a call the cell is waiting in answers now
+	}
 	rolledBack := false
 	switch {
 	case why == protocol.CPULimit && lim.sessionOver:
@@ -622,27 +639,29 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 // nil until they are started (a native cell's from its frame, startLimits; a wasm
 // cell's from its ack).
 type cellLimits struct {
-	why <-chan protocol.Reason
+	// clock is the cell's wall clock, held until start calls startClock.
+	clock      *deadline
+	startClock func()
+	why        <-chan protocol.Reason
 	// sessionOver says the CPU limit is the session's CPU time in all
 	// (sessionCPU), not the cell's cpu_ms.
 	sessionOver bool
 	stopped     chan struct{}
 }
 
-// start starts the cell's limits: its wall clock d, ctx, and a CPU watch that cpu
+// start starts the cell's limits: its wall clock, ctx, and a CPU watch that cpu
 // starts (nil: none), ended with them.
-func (lim *cellLimits) start(ctx context.Context, d time.Duration, cpu func(stop <-chan struct{}) <-chan struct{}) {
+func (lim *cellLimits) start(ctx context.Context, cpu func(stop <-chan struct{}) <-chan struct{}) {
 	why, stopped := make(chan protocol.Reason, 1), make(chan struct{})
 	lim.why, lim.stopped = why, stopped
 	var over <-chan struct{}
 	if cpu != nil {
 		over = cpu(stopped)
 	}
+	lim.startClock()
 	go func() {
-		t := time.NewTimer(d)
-		defer t.Stop()
 		select {
-		case <-t.C:
+		case <-lim.clock.C:
 			why <- protocol.Timeout
 		case <-over:
 			why <- protocol.CPULimit
@@ -696,7 +715,7 @@ func (ss *Session) startLimits(lim *cellLimits, ctx context.Context, l protocol.
 	if budget > 0 {
 		cpu = func(stop <-chan struct{}) <-chan struct{} { return watchCPU(ss.p, budget, stop, read) }
 	}
-	lim.start(ctx, time.Duration(l.TimeoutMS)*time.Millisecond, cpu)
+	lim.start(ctx, cpu)
 	return nil
 }
 
@@ -806,6 +825,7 @@ func (ss *Session) Close() error {
 	<-ss.p.exited
 	ss.p.outR.Close()
 	ss.p.errR.Close()
+	ss.p.tools.Close()
 	if ss.ws != nil {
 		ss.ws.Close()
 	}

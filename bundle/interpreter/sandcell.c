@@ -273,6 +273,7 @@ static void db_forget(void) {
 }
 
 /* _sandcell, a built-in module for the bootstrap: forget_locks() is db_forget;
+ * tool_call() is the guest's end of the tools channel (below);
  * reseed_sqlite() resets SQLite's generator, which seeds itself again from the VFS's
  * randomness (wasi_randomness, the worker's own) when next used: a fork must not
  * draw what its source draws (sqlite3_randomness with N = 0). */
@@ -290,9 +291,51 @@ static PyObject *reseed_sqlite(PyObject *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* tool_call(request: bytes) -> bytes is the guest's end of a tool call (see the
+ * product's sandbox/protocol: the tools channel). The host (the worker) defines two
+ * functions this module imports: sandcell.tool_call takes the request from linear
+ * memory, carries it to the daemon and waits for its answer, returning the answer's
+ * length in bytes (or -1: this run has no tools channel); sandcell.tool_answer then
+ * copies the answer (its whole length, which the host bounds) into the buffer given.
+ * Everything the call means is in the bytes; this is only the way across. */
+__attribute__((import_module("sandcell"), import_name("tool_call")))
+extern int64_t host_tool_call(const void *request, uint32_t length);
+__attribute__((import_module("sandcell"), import_name("tool_answer")))
+extern int32_t host_tool_answer(void *answer, uint32_t length);
+
+static PyObject *tool_call(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer req;
+    if (PyObject_GetBuffer(arg, &req, PyBUF_SIMPLE) != 0) return NULL;
+    if ((uint64_t)req.len > UINT32_MAX) {
+        PyBuffer_Release(&req);
+        PyErr_SetString(PyExc_ValueError, "tool_call: request too large");
+        return NULL;
+    }
+    int64_t n = host_tool_call(req.buf, (uint32_t)req.len);
+    PyBuffer_Release(&req);
+    if (n < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "tool_call: this run has no tools channel");
+        return NULL;
+    }
+    if (n > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "tool_call: answer too large");
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
+    if (out == NULL) return NULL; /* the host keeps the answer until the next call */
+    if (host_tool_answer(PyBytes_AS_STRING(out), (uint32_t)n) != (int32_t)n) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_RuntimeError, "tool_call: the answer was not delivered");
+        return NULL;
+    }
+    return out;
+}
+
 static PyMethodDef sandcell_methods[] = {
     {"forget_locks", forget_locks, METH_NOARGS, "Forget the SQLite locks a restored interpreter's memory lists."},
     {"reseed_sqlite", reseed_sqlite, METH_NOARGS, "Make SQLite's generator seed itself afresh when next used."},
+    {"tool_call", tool_call, METH_O, "Send a tool call (bytes) to the host and return its answer (bytes)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -181,6 +181,9 @@ type Spec struct {
 	CPU time.Duration
 	// Fuel is the fuel budget; it must be positive exactly when the engine meters fuel.
 	Fuel uint64
+	// Tools, when not nil, carries the guest's tool calls (see ToolCaller); without
+	// it the guest's _sandcell.tool_call says there is no channel.
+	Tools ToolCaller
 	// Ended, when not nil, is called with the outcome as soon as the guest has
 	// ended, before the store is torn down (unmapping a large linear memory takes
 	// milliseconds): a single-use worker reports from it.
@@ -287,6 +290,10 @@ func (e *Engine) Instantiate(m *Module, spec Spec) (*Instance, Outcome) {
 	if err := in.linker.DefineWasi(); err != nil {
 		in.Close()
 		return nil, internal("cannot define WASI")
+	}
+	if err := defineTools(in.linker, spec.Tools); err != nil {
+		in.Close()
+		return nil, internal("cannot define the tools channel")
 	}
 	if !e.opts.noEpoch {
 		in.store.SetEpochDeadline(1)

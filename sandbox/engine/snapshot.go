@@ -89,6 +89,9 @@ func (e *Engine) Snapshot(wasm []byte, lib, guestLib string, argv []string) ([]b
 	if err := defineFrozenClock(linker, &memory); err != nil {
 		return nil, err
 	}
+	if err := defineTools(linker, nil); err != nil {
+		return nil, err
+	}
 	inst, err := linker.Instantiate(store, mod)
 	if err != nil {
 		return nil, fmt.Errorf("engine: snapshot: instantiate: %w", err)

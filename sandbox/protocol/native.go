@@ -4,6 +4,7 @@ import (
 	_ "embed"
 	"maps"
 	"slices"
+	"strconv"
 )
 
 // NativeRunner returns the Python program a native guest's interpreter starts with
@@ -14,7 +15,9 @@ import (
 // (cells on fd 3's socket), "preimport MODULE..." (a warm worker), or "control"
 // (a run under gVisor: stdin is a socket, fd 3 the same, and the runner reports
 // what it finds in force, StepExec, before it reads the program).
-func NativeRunner() string { return displays + nativeRunner }
+func NativeRunner() string {
+	return "_sandcell_version = " + strconv.Itoa(Version) + "  # (protocol.Version)\n" + displays + toolsModule + nativeRunner
+}
 
 // DisplaysSource returns the Python source of display() that both guests share
 // (displays.py: the function _sandcell_displays(io, json, base64), which returns the

@@ -64,6 +64,7 @@ def _sandcell_run():
     del read, fields
     if mode != "isolated":
         _sandcell_unshadow(sys.path[0] or ".")
+    _sandcell_install_tools()
     import builtins
     builtins.display = _Displays.display
     reason = "exited"
@@ -197,6 +198,59 @@ def _sandcell_unshadow(entry):
 
 _Displays = _sandcell_displays(_sandcell_stdlib["io"], _sandcell_stdlib["json"], _sandcell_stdlib["base64"])
 del _sandcell_displays
+
+
+def _sandcell_install_tools():
+    # sandcell.tools (tools.py) over the tools channel (protocol.ToolsFD, 6): the
+    # runner keeps its own close-on-exec descriptor of it (a program that closes 6
+    # loses nothing of the runner's), and sends each call as a frame, reading the
+    # answer's, one at a time. Installed after _sandcell_unshadow: a workspace
+    # sandcell.py is not this module.
+    import fcntl
+    import os
+    import sys
+    import types
+    json = _sandcell_stdlib["json"]
+    fd = -1
+    if not _sandcell_control_env:  # (under gVisor the runner has its stdio alone)
+        try:
+            fd = fcntl.fcntl(6, fcntl.F_DUPFD_CLOEXEC, 10)
+            os.close(6)
+        except OSError:
+            pass
+
+    def read(n):
+        b = b""
+        while len(b) < n:
+            c = os.read(fd, n - len(b))
+            if not c:
+                raise OSError("the channel ended")
+            b += c
+        return b
+
+    ids = [0]
+
+    def call(msg):
+        # Each call has a number its answer carries back: an answer of another
+        # (an earlier cell's call, ended as the cell was rolled back to its
+        # checkpoint, which shares this channel) is passed over. Drawn at random:
+        # a checkpoint that carries on would count from where it was forked.
+        if fd < 0:
+            raise RuntimeError("this run has no tools channel")
+        ids[0] = 1 + int.from_bytes(os.urandom(6), "big")
+        msg = dict(msg, id=ids[0])
+        body = ('{"version":%d,"step":"tool_call","call":%s}' % (_sandcell_version, json.dumps(msg))).encode()
+        b = memoryview(len(body).to_bytes(4, "big") + body)
+        while len(b):
+            b = b[os.write(fd, b):]
+        while True:
+            answer = json.loads(read(int.from_bytes(read(4), "big"))).get("answer") or {}
+            if answer.get("id") == ids[0]:
+                return answer
+
+    pkg, mod = _sandcell_tools(call, json, types)
+    sys.modules["sandcell"], sys.modules["sandcell.tools"] = pkg, mod
+
 
 
 def _sandcell_report(reason):
@@ -405,6 +459,7 @@ def _sandcell_session():
     sys.argv[:] = [""]
     sys.path.insert(0, "")
     _sandcell_unshadow(".")
+    _sandcell_install_tools()
     import builtins
     builtins.display = _Displays.display
     _sandcell_send({"exit_code": 0, "reason": "exited"}, "report")  # open
@@ -451,7 +506,7 @@ def _sandcell_send(report, step):
     # One frame on the control channel (see sandbox/protocol).
     json = _sandcell_stdlib["json"]
     import os
-    body = ('{"version":8,"step":"%s"%s}' % (step, "" if report is None else ',"report":' + json.dumps(report))).encode()
+    body = ('{"version":%d,"step":"%s"%s}' % (_sandcell_version, step, "" if report is None else ',"report":' + json.dumps(report))).encode()
     b = memoryview(len(body).to_bytes(4, "big") + body)
     while len(b):
         b = b[os.write(_sandcell_ctl, b):]

@@ -9,6 +9,7 @@
 //	fd 3  control one end of a Unix socketpair; the parent holds the other end
 //	fd 4  the workspace directory, opened and checked by the parent
 //	fd 5  the precompiled module: a sealed memfd copy of the verified .cwasm
+//	fd 6  tools   one end of a Unix socketpair: the guest's tool calls (tools.go)
 //
 // Every message on fd 3 is a Frame: its Step, and the Request or Report that step
 // carries. A worker serves one run, in one of two ways.
@@ -87,8 +88,9 @@ import (
 // StepSession, StepCell, StepInterrupt, CellEnd, RolledBack; version 6 a session's
 // state saved and resumed: StepSave, StepCheckpoint, Resume; version 7 a cell's
 // value apart from its output: ValueMark; version 8 the native backend: Backend,
-// RootDir, StepExec).
-const Version = 8
+// RootDir, StepExec; version 9 the tools channel: ToolsFD, StepToolCall,
+// StepToolAnswer).
+const Version = 9
 
 // Step is a frame's place in the exchange (see the package doc).
 type Step string

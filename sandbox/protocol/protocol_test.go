@@ -184,7 +184,15 @@ func TestDisplaysSourceBound(t *testing.T) {
 	if want := fmt.Sprintf("MAX = %d ", MaxDisplays); !strings.Contains(DisplaysSource(), want) {
 		t.Fatalf("displays.py does not say %q", want)
 	}
-	if !strings.HasPrefix(NativeRunner(), DisplaysSource()) {
-		t.Fatal("the native runner does not begin with displays.py")
+	_, runner, _ := strings.Cut(NativeRunner(), "\n") // (after its version line)
+	if !strings.HasPrefix(runner, DisplaysSource()+ToolsSource()) {
+		t.Fatal("the native runner does not begin with displays.py and tools.py")
+	}
+}
+
+// The guests' sandcell.tools refuses a call the channel would refuse.
+func TestToolsSourceBound(t *testing.T) {
+	if want := fmt.Sprintf("MAX = %d << 20 ", MaxToolFrame>>20); !strings.Contains(ToolsSource(), want) {
+		t.Fatalf("tools.py does not say %q", want)
 	}
 }

@@ -11,8 +11,15 @@ import (
 // The native runner writes its report frame itself, in Python: its version must be
 // this build's, or the parent refuses the frame and loses a MemoryError's reason.
 func TestNativeRunnerSpeaksThisProtocol(t *testing.T) {
-	if want := fmt.Sprintf(`'{"version":%d,"step":"%%s"%%s}'`, protocol.Version); !strings.Contains(protocol.NativeRunner(), want) {
-		t.Fatalf("native.py does not write %s", want)
+	runner := protocol.NativeRunner()
+	if want := fmt.Sprintf("_sandcell_version = %d ", protocol.Version); !strings.HasPrefix(runner, want) {
+		t.Fatalf("the native runner does not begin with %q", want)
+	}
+	for _, want := range []string{`'{"version":%d,"step":"%s"%s}' % (_sandcell_version, step,`,
+		`'{"version":%d,"step":"tool_call","call":%s}' % (_sandcell_version, json.dumps(msg))`} {
+		if !strings.Contains(runner, want) {
+			t.Fatalf("native.py does not write %s", want)
+		}
 	}
 }
 

@@ -321,5 +321,6 @@ func guestSpec(req *protocol.Request, env *Env) engine.Spec {
 		CPU:          msDuration(req.Limits.CPUMS),
 		Fuel:         req.Limits.Fuel,
 		InheritStdin: true,
+		Tools:        callTool,
 	}
 }

@@ -199,7 +199,7 @@ func peakRSS(f *os.File) int64 {
 	return protocol.StatusBytes(buf[:n], "VmHWM")
 }
 
-// closeStrayFDs closes every descriptor above the protocol's (0-5) that the Go
+// closeStrayFDs closes every descriptor above the protocol's (0-6) that the Go
 // runtime did not open itself. The parent passes no others; this makes sure of it.
 // The runtime's network poller (an epoll instance and its eventfd) may already exist
 // when this runs, so those two kinds are left alone: closing them kills the process,
@@ -211,7 +211,7 @@ func closeStrayFDs() {
 	}
 	for _, e := range entries {
 		fd, err := strconv.Atoi(e.Name())
-		if err != nil || fd <= protocol.ModuleFD {
+		if err != nil || fd <= protocol.ToolsFD {
 			continue
 		}
 		target, err := os.Readlink("/proc/self/fd/" + e.Name())
