@@ -418,6 +418,7 @@ func (p *proc) drop() {
 	p.ctl.Close()
 	p.outR.Close()
 	p.errR.Close()
+	p.tools.Close()
 }
 
 // close stops refilling and kills the idle workers.
