@@ -40,9 +40,11 @@ func TestImportRules(t *testing.T) {
 				t.Errorf("%s imports %s: sandbox/ never imports supervisor/", pkg, dep)
 			}
 			for fw, owner := range owners {
-				// The benchmark is an MCP client, as an agent host would be.
-				benchMCP := (pkg == module+"/bench" || strings.HasPrefix(pkg, module+"/bench/")) && fw == "github.com/modelcontextprotocol/go-sdk"
-				if strings.HasPrefix(dep, fw) && pkg != owner && !benchMCP {
+				// The benchmark is an MCP client, as an agent host would be; so is
+				// the tool broker, of the servers the operator declares.
+				mcpClient := (pkg == module+"/bench" || strings.HasPrefix(pkg, module+"/bench/") ||
+					pkg == module+"/supervisor/toolbroker") && fw == "github.com/modelcontextprotocol/go-sdk"
+				if strings.HasPrefix(dep, fw) && pkg != owner && !mcpClient {
 					t.Errorf("%s imports %s: only %s may", pkg, dep, owner)
 				}
 			}
@@ -67,6 +69,8 @@ func TestImportRules(t *testing.T) {
 		sup + "runs":     {sup + "sessions", sup + "approvals", sup + "api", sup + "daemon", sup + "mcpserver", sup + "metrics"},
 		sup + "sessions": {sup + "runs", sup + "approvals", sup + "audit", sup + "api", sup + "daemon", sup + "mcpserver", sup + "metrics"},
 		sup + "metrics":  {sup + "api", sup + "daemon", sup + "mcpserver"},
+		sup + "toolbroker": {sup + "runs", sup + "sessions", sup + "api", sup + "daemon", sup + "mcpserver",
+			sup + "metrics"},
 	}
 	for pkg, banned := range never {
 		for _, dep := range imports[pkg] {

@@ -26,6 +26,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/sandcell/sandcell/healthz"
+	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor/approvals"
@@ -34,6 +35,7 @@ import (
 	"github.com/sandcell/sandcell/supervisor/runs"
 	"github.com/sandcell/sandcell/supervisor/sessions"
 	"github.com/sandcell/sandcell/supervisor/store"
+	"github.com/sandcell/sandcell/supervisor/toolbroker"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
@@ -109,7 +111,9 @@ var (
 type Service interface {
 	// Start admits a run; ended (if not nil) is called once it no longer uses its
 	// workspace, before its end is visible.
-	Start(req protocol.Request, caller identity.Caller, ended func()) (*runs.Run, error)
+	// tools, if not nil, gives the run (by its ID) what answers its guest's tool
+	// calls.
+	Start(req protocol.Request, caller identity.Caller, ended func(), tools func(runID string) sandbox.Tools) (*runs.Run, error)
 	// Get returns the run, whose Output and Done the event stream follows.
 	Get(id string) (*runs.Run, error)
 	Cancel(id string) (*runs.Run, error)
@@ -157,6 +161,8 @@ type Options struct {
 	Elicitation []string
 	// Sessions keeps the interpreter sessions of /v1/sessions.
 	Sessions *sessions.Manager
+	// Tools, if set, answers the tool calls of runs' and cells' guests ([tools]).
+	Tools *toolbroker.Broker
 }
 
 // Server is the HTTP API.

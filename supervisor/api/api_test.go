@@ -79,6 +79,7 @@ type setup struct {
 	perUID             int      // open connections of one uid; 0: 64, the whole bound
 	dir                string   // the directory of the state and socket: a daemon's before this one; "": a new one
 	sessions           func(*config.Sessions)
+	tools              map[string]config.Tool // [tools]: what guests may call
 }
 
 // start opens and runs a real daemon with real workers on a Unix socket in a
@@ -138,6 +139,7 @@ func start(t *testing.T, s setup) *daemon {
 	if s.sessions != nil {
 		s.sessions(&cfg.Sessions)
 	}
+	cfg.Tools = s.tools
 	d.cfg = cfg
 	var err error
 	d.d, err = sdaemon.Open(sdaemon.Options{Load: func() (config.Config, string, error) { return d.cfg, "", d.cfg.Validate() },

@@ -17,8 +17,10 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/sandcell/sandcell/client"
+	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/mcpserver"
+	"github.com/sandcell/sandcell/supervisor/toolbroker"
 	"github.com/sandcell/sandcell/supervisor/tools"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
@@ -303,9 +305,38 @@ func (s *Server) toolsUnavailable() string {
 	return s.o.Health.Why()
 }
 
-// tools answers GET /v1/tools.
+// tools answers GET /v1/tools: the agent tools, and the tools a guest of the
+// caller's may call (guest_tools: sandcell.tools in the guest).
 func (s *Server) tools(c echo.Context) error {
-	return c.JSON(http.StatusOK, tools.NewListing(s.toolsUnavailable()))
+	listing := struct {
+		tools.Listing
+		GuestTools []toolbroker.Source `json:"guest_tools"`
+	}{Listing: tools.NewListing(s.toolsUnavailable()), GuestTools: []toolbroker.Source{}}
+	if s.o.Tools != nil {
+		peer, _ := PeerFrom(c.Request().Context())
+		listing.GuestTools = s.o.Tools.List(c.Request().Context(), s.allowsFor(peer))
+	}
+	return c.JSON(http.StatusOK, listing)
+}
+
+// guestTools returns what answers the tool calls of a run (given its ID) or of a
+// session's cell (session not "") that peer starts with program, with the roles
+// peer holds now; nil when no tools are declared.
+func (s *Server) guestTools(peer Peer, session, program string) func(runID string) sandbox.Tools {
+	if s.o.Tools == nil {
+		return nil
+	}
+	allows := s.allowsFor(peer)
+	return func(runID string) sandbox.Tools {
+		return s.o.Tools.For(toolbroker.Scope{Caller: peer.Caller(), Allows: allows, RunID: runID,
+			Session: session, Program: program})
+	}
+}
+
+// allowsFor says which roles peer holds now.
+func (s *Server) allowsFor(peer Peer) func(role string) bool {
+	a := s.access()
+	return func(role string) bool { return a.Allows(peer, Role(role)) }
 }
 
 // inProcess sends a request to the API's own handler as peer, without a

@@ -137,7 +137,7 @@ func (s *Server) createRun(c echo.Context) error {
 		ws := acquired
 		ended = func() { s.release(ws) }
 	}
-	run, err := s.o.Service.Start(req, peer.Caller(), ended)
+	run, err := s.o.Service.Start(req, peer.Caller(), ended, s.guestTools(peer, "", req.Code+req.Path))
 	if err != nil {
 		return err // queue_full, caller_limit, stopping (problemOf)
 	}

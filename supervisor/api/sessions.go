@@ -220,6 +220,9 @@ func (s *Server) runCell(c echo.Context) error {
 	// code runs.
 	unhold := func() {}
 	defer func() { unhold() }()
+	if tools := s.guestTools(peer, ss.ID, body.Code); tools != nil {
+		ctx = sandbox.WithTools(ctx, tools(""))
+	}
 	out, state, err := s.o.Sessions.Cell(ctx, ss.ID, peer.Caller(), cell, observe, func() error {
 		if body.Approval != "" {
 			// An approval is spent once the cell holds its session, with its

@@ -18,6 +18,7 @@ import (
 	"github.com/sandcell/sandcell/supervisor/runs"
 	"github.com/sandcell/sandcell/supervisor/sqltool"
 	"github.com/sandcell/sandcell/supervisor/store"
+	"github.com/sandcell/sandcell/supervisor/toolbroker"
 	"github.com/sandcell/sandcell/supervisor/wire"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
@@ -307,6 +308,9 @@ func (s *Server) decideApproval(c echo.Context) error { return s.settle(c, false
 func (s *Server) settle(c echo.Context, confirm bool) error {
 	var body struct {
 		Decision string `json:"decision"`
+		// Grant, approving a guest's tool call, covers it and the run's next calls
+		// to the same tool, Grant in all (one decision for a loop).
+		Grant int `json:"grant"`
 	}
 	if err := s.decode(c, &body); err != nil {
 		return err
@@ -314,20 +318,32 @@ func (s *Server) settle(c echo.Context, confirm bool) error {
 	if body.Decision != "approve" && body.Decision != "deny" {
 		return fail(wire.CodeBadRequest, `decision: "approve" or "deny"`)
 	}
+	if body.Grant < 0 || body.Grant > approvals.MaxGrant {
+		return failf(wire.CodeBadRequest, "grant: 1 to %d calls (0: this call alone)", approvals.MaxGrant)
+	}
 	ctx, id := c.Request().Context(), c.Param("id")
 	peer, _ := PeerFrom(ctx)
 	detail := map[string]any{"approval": id, "decision": body.Decision}
+	if body.Grant > 0 {
+		detail["grant"] = body.Grant
+	}
 	if confirm {
 		detail["by"], detail["elicited"] = "requester", true
 	}
 	ap, err := s.o.Approvals.Decidable(id, peer.Caller(), confirm)
+	if err == nil && body.Grant > 0 && ap.Action != toolbroker.Action {
+		return fail(wire.CodeBadRequest, "grant: only a guest's tool call ("+toolbroker.Action+") is approved with a grant")
+	}
 	if err == nil {
 		if rerr := s.record(ctx, store.ApprovalDecided, "", detail); rerr != nil {
 			return fail(wire.CodeAuditDown, "the audit log cannot be written, so the decision is not taken: "+rerr.Error()).audited()
 		}
-		if confirm {
+		switch {
+		case confirm:
 			ap, err = s.o.Approvals.Confirm(id, peer.Caller(), body.Decision == "approve")
-		} else {
+		case body.Grant > 0 || ap.Action == toolbroker.Action:
+			ap, err = s.o.Approvals.DecideGrant(id, peer.Caller(), body.Decision == "approve", max(body.Grant, 1))
+		default:
 			ap, err = s.o.Approvals.Decide(id, peer.Caller(), body.Decision == "approve")
 		}
 	}

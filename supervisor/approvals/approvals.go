@@ -7,6 +7,7 @@
 package approvals
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -90,7 +91,14 @@ type Approval struct {
 	// Head is a digest of what was asked without what costs work to read (the
 	// workspace's files, for code), or "" (see Room).
 	Head string `json:"-"`
+	// Grant, on an approved tool call, is how many calls the decision covers: this
+	// one and the run's next calls to the same tool, at most Grant in all (1: this
+	// call alone). See Decide.
+	Grant int `json:"grant,omitempty"`
 }
+
+// MaxGrant bounds Approval.Grant: one decision covers at most this many calls.
+const MaxGrant = 10_000
 
 // Queue holds the approvals of a daemon (in memory: a restart forgets them; each
 // step is in the audit log). Its methods are safe for concurrent use.
@@ -99,10 +107,12 @@ type Queue struct {
 	// one may be used.
 	TTL, Window time.Duration
 
-	mu   sync.Mutex
-	m    map[string]*Approval
-	size map[string]int64 // of each approval in m, counted in kept
-	kept int64
+	mu sync.Mutex
+	// decided is closed, and replaced, when a decision is recorded (Wait).
+	decided chan struct{}
+	m       map[string]*Approval
+	size    map[string]int64 // of each approval in m, counted in kept
+	kept    int64
 	// now is the clock (tests move it).
 	now func() time.Time
 }
@@ -110,7 +120,8 @@ type Queue struct {
 // New returns an empty queue: requests wait ttl for a decision, and an approved one
 // may be used within window.
 func New(ttl, window time.Duration) *Queue {
-	return &Queue{TTL: ttl, Window: window, m: map[string]*Approval{}, size: map[string]int64{}, now: time.Now}
+	return &Queue{TTL: ttl, Window: window, m: map[string]*Approval{}, size: map[string]int64{}, now: time.Now,
+		decided: make(chan struct{})}
 }
 
 // expire moves lapsed approvals to expired and forgets old ones; a.mu is held.
@@ -311,8 +322,62 @@ func (a *Queue) Decide(id string, by identity.Caller, approve bool) (Approval, e
 	return a.decide(ap, by, approve, false), nil
 }
 
+// DecideGrant is Decide for a tool call (action "tool.call"): approved with grant
+// n (1 to MaxGrant), it covers this call and the run's next calls to the same
+// tool, n in all; denied, n is not used.
+func (a *Queue) DecideGrant(id string, by identity.Caller, approve bool, n int) (Approval, error) {
+	if approve && (n < 1 || n > MaxGrant) {
+		return Approval{}, fmt.Errorf("%w: a grant covers 1 to %d calls, not %d", ErrState, MaxGrant, n)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ap, err := a.lookup(id)
+	if err != nil {
+		return Approval{}, err
+	}
+	if ap.State != Pending {
+		return *ap, fmt.Errorf("%w: it is %s", ErrState, ap.State)
+	}
+	if by == ap.Requester {
+		return *ap, ErrSelfApproval
+	}
+	if approve {
+		ap.Grant = n
+	}
+	return a.decide(ap, by, approve, false), nil
+}
+
+// Wait returns approval id once it is no longer pending (decided, or expired at
+// its TTL), or ctx's error when ctx ends first.
+func (a *Queue) Wait(ctx context.Context, id string) (Approval, error) {
+	for {
+		a.mu.Lock()
+		ap, err := a.lookup(id)
+		if err != nil {
+			a.mu.Unlock()
+			return Approval{}, err
+		}
+		got, decided := *ap, a.decided
+		a.mu.Unlock()
+		if got.State != Pending {
+			return got, nil
+		}
+		t := time.NewTimer(time.Until(got.ExpiresAt) + time.Millisecond)
+		select {
+		case <-decided:
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return got, ctx.Err()
+		}
+		t.Stop()
+	}
+}
+
 // decide records by's decision on the pending ap (a.mu is held).
 func (a *Queue) decide(ap *Approval, by identity.Caller, approve, confirmed bool) Approval {
+	close(a.decided)
+	a.decided = make(chan struct{})
 	now := a.now().UTC()
 	ap.DecidedBy, ap.DecidedAt, ap.Confirmed = &by, &now, confirmed
 	if approve {

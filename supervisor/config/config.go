@@ -81,6 +81,124 @@ type Config struct {
 	Native Native `toml:"native" envPrefix:"NATIVE_"`
 	// Access maps callers (SO_PEERCRED uid and gid) to roles.
 	Access Access `toml:"access" envPrefix:"ACCESS_"`
+
+	// Tools are the tools a guest may call ("code mode"), by name: the name is the
+	// group its functions are in (sandcell.tools.NAME.TOOL). In the file only (no
+	// environment overrides); a reload (SIGHUP) applies a change to the next runs.
+	Tools map[string]Tool `toml:"tools"`
+}
+
+// Tool declares one source of tools for guests: an MCP server the daemon connects
+// to as a client, over stdio (Command, which the daemon starts, with the daemon's
+// own rights) or streamable HTTP (URL, with a bearer token from TokenFile). Each of
+// its tools is offered as NAME.TOOL (the tool's name with characters other than
+// letters, digits and '_' made '_').
+type Tool struct {
+	// Command is the server's argv (the first an absolute path, or a name looked
+	// up in the daemon's PATH); Env its environment (nothing else of the daemon's
+	// but PATH).
+	Command []string          `toml:"command"`
+	Env     map[string]string `toml:"env"`
+	// URL is a streamable HTTP server's endpoint; TokenFile holds its bearer token.
+	URL       string `toml:"url"`
+	TokenFile string `toml:"token_file"`
+	// Roles may call its tools: "runner" (every caller who may run code, the
+	// default), "approver", "admin".
+	Roles []string `toml:"roles"`
+	// Allow, when set, offers only the tools it names (the server's own names).
+	Allow []string `toml:"allow"`
+	// Reads and Writes name tools that read only, or that write, overriding the
+	// server's annotations (readOnlyHint). A tool neither names nor annotates as
+	// read-only writes.
+	Reads  []string `toml:"reads"`
+	Writes []string `toml:"writes"`
+	// Approval: a call of a tool that writes waits for a person's approval (the
+	// default, true); false calls it at once (still audited).
+	Approval *bool `toml:"approval"`
+	// Limits of one run's (or one session cell's) calls to this source's tools.
+	Calls int `toml:"calls"` // calls in all (default 1000)
+	// ArgumentBytes and ResultBytes bound one call's arguments and result, as
+	// JSON (default 1 MiB each, at most 4 MiB).
+	ArgumentBytes int64 `toml:"argument_bytes"`
+	ResultBytes   int64 `toml:"result_bytes"`
+	// Timeout bounds one call, the tool's time (default 30s; a wait for an
+	// approval is not counted: approvals.ttl bounds it).
+	Timeout Duration `toml:"timeout"`
+}
+
+// Tool limits' defaults and bounds.
+const (
+	DefaultToolCalls = 1000
+	DefaultToolBytes = 1 << 20
+	MaxToolBytes     = 4 << 20
+	DefaultToolTime  = 30 * time.Second
+)
+
+// WithDefaults returns t with its unset limits at their defaults.
+func (t Tool) WithDefaults() Tool {
+	if t.Calls == 0 {
+		t.Calls = DefaultToolCalls
+	}
+	if t.ArgumentBytes == 0 {
+		t.ArgumentBytes = DefaultToolBytes
+	}
+	if t.ResultBytes == 0 {
+		t.ResultBytes = DefaultToolBytes
+	}
+	if t.Timeout.Duration == 0 {
+		t.Timeout.Duration = DefaultToolTime
+	}
+	if len(t.Roles) == 0 {
+		t.Roles = []string{"runner"}
+	}
+	if t.Approval == nil {
+		yes := true
+		t.Approval = &yes
+	}
+	return t
+}
+
+// toolName is what a [tools.NAME] may be called: a Python identifier of ASCII
+// letters, digits and '_', not starting with '_' or a digit.
+var toolName = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9_]{0,62}$`)
+
+// validateTools adds each problem of the [tools] section.
+func (c Config) validateTools(add func(key, format string, a ...any)) {
+	for name, t := range c.Tools {
+		key := "tools." + name
+		if !toolName.MatchString(name) {
+			add(key, "the name must be a Python identifier of letters, digits and '_' (it is the guest's sandcell.tools.%s)", name)
+		}
+		switch {
+		case len(t.Command) > 0 && t.URL != "":
+			add(key, "command and url are two kinds of server: give one")
+		case len(t.Command) == 0 && t.URL == "":
+			add(key, "give command (an MCP server over stdio) or url (over streamable HTTP)")
+		case len(t.Command) > 0 && t.Command[0] == "":
+			add(key+".command", "the program is empty")
+		case t.URL != "" && !strings.HasPrefix(t.URL, "http://") && !strings.HasPrefix(t.URL, "https://"):
+			add(key+".url", "%q is not an http(s) URL", t.URL)
+		}
+		if t.TokenFile != "" && !filepath.IsAbs(t.TokenFile) {
+			add(key+".token_file", "must be an absolute path, is %q", t.TokenFile)
+		}
+		for _, r := range t.Roles {
+			if r != "runner" && r != "approver" && r != "admin" {
+				add(key+".roles", "%q is not a role (runner, approver, admin)", r)
+			}
+		}
+		if t.Calls < 0 {
+			add(key+".calls", "must not be negative, is %d", t.Calls)
+		}
+		for k, v := range map[string]int64{"argument_bytes": t.ArgumentBytes, "result_bytes": t.ResultBytes} {
+			if v < 0 || v > MaxToolBytes {
+				add(key+"."+k, "must be between 0 (the default, 1 MiB) and %d, is %d", MaxToolBytes, v)
+			}
+		}
+		if t.Timeout.Duration < 0 {
+			add(key+".timeout", "must not be negative, is %s", t.Timeout.Duration)
+		}
+	}
 }
 
 // Bundle locates the pinned interpreter.
@@ -408,6 +526,7 @@ func (c Config) Validate() error {
 	add := func(key, format string, a ...any) {
 		errs = multierror.Append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, a...)))
 	}
+	c.validateTools(add)
 	// MiB beyond what a wasm32 guest can address would overflow as bytes.
 	for key, m := range map[string]int64{"limits.default.memory_mib": c.Limits.Default.MemoryMiB, "limits.max.memory_mib": c.Limits.Max.MemoryMiB} {
 		if m < 0 || m > maxMemoryMiB {

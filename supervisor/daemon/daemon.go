@@ -52,6 +52,7 @@ import (
 	"github.com/sandcell/sandcell/supervisor/selftest"
 	"github.com/sandcell/sandcell/supervisor/sessions"
 	"github.com/sandcell/sandcell/supervisor/store"
+	"github.com/sandcell/sandcell/supervisor/toolbroker"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 	"github.com/sandcell/sandcell/systemd"
 )
@@ -98,6 +99,7 @@ type Daemon struct {
 	sp      *sandbox.Spawner
 	mgr     *runs.Manager
 	sess    *sessions.Manager // nil when sessions.max is 0
+	tools   *toolbroker.Broker
 	audit   *audit.Writer
 	db      *store.Store
 	srv     *api.Server
@@ -235,7 +237,11 @@ func Open(o Options) (_ *Daemon, err error) {
 	if d.sess != nil {
 		metrics.CountSessions(d.sess)
 	}
+	// The tools guests may call ([tools]): connected in the background from now on.
+	d.tools = toolbroker.New(toolbroker.Options{Approvals: approvals, Audit: d.audit}, cfg.Tools)
+	d.tools.Start(d.bg)
 	d.srv = api.New(api.Options{
+		Tools:           d.tools,
 		Workspaces:      workspaces,
 		Approvals:       approvals,
 		ApprovalActions: cfg.Approvals.Required,
@@ -674,6 +680,10 @@ func (d *Daemon) Reload() {
 	}
 	d.srv.SetAccess(access)
 	d.srv.SetPolicy(pol)
+	if !reflect.DeepEqual(old.Tools, cfg.Tools) {
+		d.tools.Reload(cfg.Tools) // the next runs' and cells' calls see it
+		d.tools.Start(d.bg)
+	}
 	if ready {
 		// Workers prepared for the old policy are replaced; the pool's size takes
 		// effect at the next start, the native backend's warm workers now.
@@ -813,6 +823,7 @@ func (d *Daemon) shutdown() {
 	d.sp.Warm(sandbox.PoolOptions{}) // idle workers
 	d.sp.WarmNative(sandbox.NativeWarmOptions{})
 	d.mu.Unlock()
+	d.tools.Close() // the servers the daemon started end with it
 	d.audit.Record(context.Background(), store.DaemonStop, identity.Daemon(), "", map[string]any{})
 	d.log.Info("stopped")
 }
@@ -822,6 +833,9 @@ func (d *Daemon) shutdown() {
 func (d *Daemon) close() {
 	d.stopBg()
 	d.wg.Wait()
+	if d.tools != nil {
+		d.tools.Close()
+	}
 	if d.db != nil {
 		d.db.Close()
 	}

@@ -192,6 +192,7 @@ type Run struct {
 	done    chan struct{}
 	granted chan struct{} // closed when a worker is the run's (under Manager.mu)
 	ended   func()        // Start's; called by finish before the end is visible, then nil
+	tools   sandbox.Tools // answers the guest's tool calls (nil: none are offered)
 
 	mu        sync.Mutex
 	finishing bool // finish has begun: the final state is being recorded
@@ -326,9 +327,10 @@ func (r *Run) Err() error {
 // ErrQueueFull or ErrStopping. A request without a workspace gets a private one,
 // removed when the run ends. ended, if not nil, is called once when the run no
 // longer uses its worker or workspace, before its end is visible (Done, View): a
-// caller who saw the run end never finds what ended holds still held.
-func (m *Manager) Start(req protocol.Request, caller identity.Caller, ended func()) (*Run, error) {
-	return m.start(JobRun, req, caller, ended)
+// caller who saw the run end never finds what ended holds still held. tools, if not
+// nil, gives the run (by its ID) what answers its guest's tool calls.
+func (m *Manager) Start(req protocol.Request, caller identity.Caller, ended func(), tools func(runID string) sandbox.Tools) (*Run, error) {
+	return m.start(JobRun, req, caller, ended, tools)
 }
 
 // Do runs req as a job of kind for caller and returns its result once it ends: it
@@ -336,7 +338,7 @@ func (m *Manager) Start(req protocol.Request, caller identity.Caller, ended func
 // cancelled when ctx ends, and is forgotten when it returns (its result is the
 // caller's answer, kept nowhere). Errors are Start's, or the job's own (Run.Err).
 func (m *Manager) Do(ctx context.Context, kind JobKind, req protocol.Request, caller identity.Caller) (protocol.Result, error) {
-	r, err := m.start(kind, req, caller, nil)
+	r, err := m.start(kind, req, caller, nil, nil)
 	if err != nil {
 		return protocol.Result{}, err
 	}
@@ -355,7 +357,7 @@ func (m *Manager) Do(ctx context.Context, kind JobKind, req protocol.Request, ca
 	return r.View().Result.Joined(), nil
 }
 
-func (m *Manager) start(kind JobKind, req protocol.Request, caller identity.Caller, ended func()) (*Run, error) {
+func (m *Manager) start(kind JobKind, req protocol.Request, caller identity.Caller, ended func(), tools func(runID string) sandbox.Tools) (*Run, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.stopping {
@@ -379,6 +381,9 @@ func (m *Manager) start(kind JobKind, req protocol.Request, caller identity.Call
 		cancel: cancel, done: make(chan struct{}), granted: make(chan struct{}), state: wire.Queued, ended: ended,
 		live:    [2]*protocol.Output{protocol.NewOutput(req.Limits.MaxStdoutBytes), protocol.NewOutput(req.Limits.MaxStderrBytes)},
 		counter: &m.inflight, changed: make(chan struct{})}
+	if tools != nil {
+		r.tools = tools(r.ID)
+	}
 	m.runs[r.ID] = r
 	m.queued++
 	sh.waiting = append(sh.waiting, r)
@@ -517,6 +522,9 @@ func (m *Manager) work(ctx context.Context, r *Run, req protocol.Request) (proto
 		go w.Watch(ctx, req.Workspace, &pid, m.quota, func(detail string) {
 			stop(&sandbox.Stop{Reason: protocol.QuotaExceeded, Detail: detail})
 		})
+	}
+	if r.tools != nil {
+		ctx = sandbox.WithTools(ctx, r.tools)
 	}
 	return m.runner.RunStreaming(ctx, req, r.observe)
 }

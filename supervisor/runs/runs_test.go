@@ -58,7 +58,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 				t.Errorf("run %s: its end was visible before its hold was given back", r.ID)
 			}
 			ended.Add(1)
-		})
+		}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +89,7 @@ func TestCancelRacesCompletion(t *testing.T) {
 		t.Fatalf("final states: %v", counts)
 	}
 	t.Logf("final states of 1000 cancel/complete races: %v", counts)
-	if _, err := m.Start(protocol.Request{Code: "1"}, identity.Caller{}, nil); err != ErrStopping {
+	if _, err := m.Start(protocol.Request{Code: "1"}, identity.Caller{}, nil, nil); err != ErrStopping {
 		t.Fatalf("after shutdown: %v", err)
 	}
 }
@@ -111,7 +111,7 @@ func TestRetainedOutputBounded(t *testing.T) {
 	}
 	var runs []*Run
 	for i := 0; i < 20; i++ {
-		r, err := m.Start(protocol.Request{Code: "1"}, identity.Caller{}, nil)
+		r, err := m.Start(protocol.Request{Code: "1"}, identity.Caller{}, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -140,7 +140,7 @@ func TestJobsAreNotKept(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := m.Start(protocol.Request{Code: "1"}, identity.Caller{UID: 1}, nil)
+	r, err := m.Start(protocol.Request{Code: "1"}, identity.Caller{UID: 1}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestOutputInPieces(t *testing.T) {
 	}
 	wantOut, wantErr := s.output()
 	r, err := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{MaxStdoutBytes: int64(len(wantOut)),
-		MaxStderrBytes: 64 << 20}}, identity.Caller{}, nil)
+		MaxStderrBytes: 64 << 20}}, identity.Caller{}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func TestWedged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 50}}, identity.Caller{}, nil)
+	r, err := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 50}}, identity.Caller{}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,11 +311,11 @@ func TestShutdownCancelsQueued(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	running, _ := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 60_000}}, identity.Caller{}, nil)
+	running, _ := m.Start(protocol.Request{Code: "1", Limits: protocol.Limits{TimeoutMS: 60_000}}, identity.Caller{}, nil, nil)
 	for running.View().State != wire.Running {
 		time.Sleep(time.Millisecond)
 	}
-	queued, _ := m.Start(protocol.Request{Code: "2", Limits: protocol.Limits{TimeoutMS: 60_000}}, identity.Caller{}, nil)
+	queued, _ := m.Start(protocol.Request{Code: "2", Limits: protocol.Limits{TimeoutMS: 60_000}}, identity.Caller{}, nil, nil)
 	done := make(chan struct{})
 	go func() { m.Shutdown(time.Minute); close(done) }()
 	time.Sleep(20 * time.Millisecond)
@@ -347,13 +347,13 @@ func TestFairShare(t *testing.T) {
 	a, b := identity.Caller{UID: -1, Token: "a"}, identity.Caller{UID: -1, Token: "b"}
 	var mine []*Run
 	for i := 0; i < 4; i++ {
-		r, err := m.Start(protocol.Request{Code: "a", Limits: protocol.Limits{TimeoutMS: 60_000}}, a, nil)
+		r, err := m.Start(protocol.Request{Code: "a", Limits: protocol.Limits{TimeoutMS: 60_000}}, a, nil, nil)
 		if err != nil {
 			t.Fatalf("a's run %d: %v", i, err)
 		}
 		mine = append(mine, r)
 	}
-	if _, err := m.Start(protocol.Request{Code: "a"}, a, nil); !errors.Is(err, ErrCallerLimit) {
+	if _, err := m.Start(protocol.Request{Code: "a"}, a, nil, nil); !errors.Is(err, ErrCallerLimit) {
 		t.Fatalf("a's fifth run: %v", err)
 	}
 	if running, queued := m.Busy(); running != 2 || queued != 2 {
@@ -374,7 +374,7 @@ func TestFairShare(t *testing.T) {
 			t.Fatalf("%d of a's runs running, want 2", n)
 		}
 	}
-	theirs, err := m.Start(protocol.Request{Code: "b", Limits: protocol.Limits{TimeoutMS: 60_000}}, b, nil)
+	theirs, err := m.Start(protocol.Request{Code: "b", Limits: protocol.Limits{TimeoutMS: 60_000}}, b, nil, nil)
 	if err != nil {
 		t.Fatalf("b's run: %v", err)
 	}

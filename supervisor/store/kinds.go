@@ -55,6 +55,9 @@ package store
 //	session.lost            a session's state was lost outside a cell (a   session, why
 //	                        checkpoint that cannot be resumed, a daemon
 //	                        killed before it paused it)
+//	tool.called             a guest's tool call was decided (and, allowed, tool, arguments_sha256, decision, and
+//	                        made): one record per call                    as known: run or session and cell,
+//	                                                                       result_sha256, approval, ms, error
 //
 // Every accepted run has run.requested, run.admitted and then exactly one of
 // run.finished and run.aborted; every accepted statement has sql.requested and then
@@ -99,6 +102,7 @@ const (
 	SessionPaused        Kind = "session.paused"
 	SessionResumed       Kind = "session.resumed"
 	SessionLost          Kind = "session.lost"
+	ToolCalled           Kind = "tool.called"
 )
 
 // Kinds returns every kind of the catalog, in its order.
@@ -108,5 +112,5 @@ func Kinds() []Kind {
 		SQLRecovered, ApprovalRequested, ApprovalDecided, ApprovalRedeemed, WorkspaceCreated, WorkspaceDeleted,
 		WorkspaceFileWritten, WorkspaceFileRead, WorkspaceFileRemoved, WorkspaceRefused, MCPRefused,
 		SessionOpened, SessionRefused, SessionCell, SessionCellFinished, SessionClosed, SessionPaused, SessionResumed,
-		SessionLost}
+		SessionLost, ToolCalled}
 }

@@ -1,0 +1,238 @@
+package api_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandcell/sandcell/supervisor/api"
+	"github.com/sandcell/sandcell/supervisor/config"
+	"github.com/sandcell/sandcell/supervisor/store"
+)
+
+// referenceServer is the command of one of the reference MCP servers from npm
+// (test/mcp-client/package-lock.json pins them: make mcp-client installs them).
+func referenceServer(t *testing.T, name string) []string {
+	t.Helper()
+	bin, err := filepath.Abs("../../test/mcp-client/node_modules/.bin/mcp-server-" + name)
+	if err == nil {
+		_, err = os.Stat(bin)
+	}
+	if err != nil {
+		t.Fatalf("the reference MCP server %s is not installed (make mcp-client, as make test does): %v", name, err)
+	}
+	if _, err := exec.LookPath("node"); err != nil {
+		t.Fatalf("node is required (make mcp-client installs it): %v", err)
+	}
+	return []string{bin}
+}
+
+// toolsDaemon is a daemon whose Unix caller may run code and approve (and an
+// approver's token, at tcp, decides its requests), with tools declared.
+func toolsDaemon(t *testing.T, tools map[string]config.Tool) (*daemon, func(id string, body string) (int, map[string]any)) {
+	uid := os.Getuid()
+	a := api.Access{Admins: api.Principals{UIDs: map[int]bool{uid: true}},
+		Approvers: api.Principals{UIDs: map[int]bool{uid: true}}, Tokens: api.Tokens{approverToken}}
+	d := start(t, setup{access: &a, tools: tools})
+	tcp := d.listenTCP(t)
+	decide := func(id, body string) (int, map[string]any) {
+		req, _ := http.NewRequest("POST", tcp+"/v1/approvals/"+id, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+approverSecret)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		json.NewDecoder(resp.Body).Decode(&m)
+		return resp.StatusCode, m
+	}
+	return d, decide
+}
+
+// pendingToolCall waits for the one pending approval of a guest's tool call and
+// returns it.
+func (d *daemon) pendingToolCall(t *testing.T) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		_, body := d.do(t, "GET", "/v1/approvals?state=pending", "")
+		var l struct {
+			Approvals []map[string]any `json:"approvals"`
+		}
+		json.Unmarshal(body, &l)
+		for _, ap := range l.Approvals {
+			if ap["action"] == "tool.call" {
+				return ap
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("no tool call waited for approval within 60 s")
+	return nil
+}
+
+// toolRecords are the tool.called records since the daemon started.
+func (d *daemon) toolRecords(t *testing.T) []map[string]any {
+	t.Helper()
+	evs, err := d.store.Events(t.Context(), d.since, "", 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]any
+	for _, e := range evs {
+		if e.Kind == store.ToolCalled {
+			var m map[string]any
+			json.Unmarshal(e.Detail, &m)
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Code mode with the reference memory server (which writes) started by the
+// daemon: GET /v1/tools lists its tools, each write marked; a guest's loop of 50
+// writes waits once for a person, who approves it with a grant of 50, and runs to
+// its end; a read needs nobody; a second run's write is declined and raises
+// ApprovalDeclined; a tool not offered raises ToolDenied; every call has exactly
+// one tool.called record, with its decision.
+func TestGuestToolsMemoryServer(t *testing.T) {
+	mem := filepath.Join(t.TempDir(), "memory.jsonl")
+	d, decide := toolsDaemon(t, map[string]config.Tool{
+		"memory": {Command: referenceServer(t, "memory"), Env: map[string]string{"MEMORY_FILE_PATH": mem}},
+	})
+	_, body := d.do(t, "GET", "/v1/tools", "")
+	var listing struct {
+		GuestTools []struct {
+			Name  string `json:"name"`
+			Error string `json:"error"`
+			Tools []struct {
+				Name   string `json:"name"`
+				Writes bool   `json:"writes"`
+			} `json:"tools"`
+		} `json:"guest_tools"`
+	}
+	if err := json.Unmarshal(body, &listing); err != nil || len(listing.GuestTools) != 1 || listing.GuestTools[0].Error != "" {
+		t.Fatalf("GET /v1/tools: %v %s", err, body)
+	}
+	writes := map[string]bool{}
+	for _, tl := range listing.GuestTools[0].Tools {
+		writes[tl.Name] = tl.Writes
+	}
+	if w, ok := writes["memory.create_entities"]; !ok || !w || writes["memory.read_graph"] {
+		t.Fatalf("the memory server's tools as listed: %v", writes)
+	}
+
+	program := `
+from sandcell.tools import memory, ToolDenied
+for i in range(50):
+    memory.create_entities(entities=[{"name": "e%d" % i, "entityType": "test", "observations": ["n%d" % i]}])
+graph = memory.read_graph()
+print(len(graph["entities"]))
+try:
+    memory.nope()
+except AttributeError:
+    print("no such function")
+from sandcell import tools
+try:
+    tools.memory.delete_all = None
+    import json
+    from _sandcell import tool_call
+except ImportError:
+    pass
+`
+	b, _ := json.Marshal(map[string]any{"code": program, "wait": false})
+	resp, raw := d.do(t, "POST", "/v1/runs", string(b))
+	if resp.StatusCode != 202 {
+		t.Fatalf("start: %d %s", resp.StatusCode, raw)
+	}
+	var run struct {
+		ID string `json:"id"`
+	}
+	json.Unmarshal(raw, &run)
+	ap := d.pendingToolCall(t)
+	subject, _ := json.Marshal(ap["subject"])
+	if !strings.Contains(string(subject), `"tool":"memory.create_entities"`) || !strings.Contains(string(subject), "for i in range(50)") ||
+		!strings.Contains(string(subject), `"run":"`+run.ID+`"`) {
+		t.Fatalf("what the approver sees: %s", subject)
+	}
+	if code, m := decide(ap["id"].(string), `{"decision":"approve","grant":50}`); code != 200 || m["grant"] != float64(50) {
+		t.Fatalf("approve with a grant: %d %v", code, m)
+	}
+	raw = d.waitRun(t, run.ID)
+	var view struct {
+		State  string `json:"state"`
+		Result struct {
+			Reason string `json:"reason"`
+			Stdout string `json:"stdout"`
+			Stderr string `json:"stderr"`
+		} `json:"result"`
+	}
+	json.Unmarshal(raw, &view)
+	if view.Result.Reason != "exited" || view.Result.Stdout != "50\nno such function\n" {
+		t.Fatalf("the run: %s", raw)
+	}
+	recs := d.toolRecords(t)
+	count := map[string]int{}
+	for _, r := range recs {
+		count[fmt.Sprint(r["tool"], " ", r["decision"])]++
+		if r["arguments_sha256"] == nil || r["result_sha256"] == nil {
+			t.Errorf("a record without its digests: %v", r)
+		}
+	}
+	want := map[string]int{"memory.create_entities approved": 1, "memory.create_entities granted": 49, "memory.read_graph allowed": 1}
+	if fmt.Sprint(count) != fmt.Sprint(want) {
+		t.Fatalf("tool.called records: %v, want %v", count, want)
+	}
+
+	// Declined: the guest hears ApprovalDeclined; the tool is not called.
+	b, _ = json.Marshal(map[string]any{"code": `
+from sandcell.tools import memory, ApprovalDeclined
+try:
+    memory.delete_entities(entityNames=["e1"])
+except ApprovalDeclined as e:
+    print("declined:", e)
+print(len(memory.read_graph()["entities"]))
+`, "wait": false})
+	_, raw = d.do(t, "POST", "/v1/runs", string(b))
+	json.Unmarshal(raw, &run)
+	ap = d.pendingToolCall(t)
+	if code, m := decide(ap["id"].(string), `{"decision":"deny"}`); code != 200 || m["state"] != "denied" {
+		t.Fatalf("deny: %d %v", code, m)
+	}
+	raw = d.waitRun(t, run.ID)
+	json.Unmarshal(raw, &view)
+	if !strings.HasPrefix(view.Result.Stdout, "declined: the call was not approved") || !strings.HasSuffix(view.Result.Stdout, "\n50\n") {
+		t.Fatalf("the declined run: %s", raw)
+	}
+	recs = d.toolRecords(t)
+	if last := recs[len(recs)-2]; last["tool"] != "memory.delete_entities" || last["decision"] != "declined" || last["result_sha256"] != nil {
+		t.Fatalf("the declined call's record: %v", last)
+	}
+}
+
+// waitRun polls run id until it is done and returns its view.
+func (d *daemon) waitRun(t *testing.T, id string) []byte {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		_, raw := d.do(t, "GET", "/v1/runs/"+id, "")
+		var v struct {
+			State string `json:"state"`
+		}
+		json.Unmarshal(raw, &v)
+		if v.State == "done" {
+			return raw
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("run %s did not end within 2 minutes", id)
+	return nil
+}
