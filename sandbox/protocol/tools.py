@@ -78,10 +78,11 @@ def _sandcell_tools(call, json, types):
         required = [k for k in schema.get("required") or [] if k in props]
         names = list(props)
         f = None
-        if short.isidentifier() and all(isinstance(k, str) and k.isidentifier() and not k.startswith("_") for k in names):
+        if props and short.isidentifier() and all(isinstance(k, str) and k.isidentifier() and not k.startswith("_") for k in names):
             # A signature of the schema's own names: required ones first (positional
             # or keyword), the rest keyword-only and left out when not given. A name
-            # that is a Python keyword does not compile: then keywords alone.
+            # that is a Python keyword does not compile, and a schema that names no
+            # properties takes any: then keywords alone.
             opt = [k for k in names if k not in required]
             params = required + (["*"] + ["%s=_missing" % k for k in opt] if opt else [])
             body = "{%s}" % ", ".join("%r: %s" % (k, k) for k in names)

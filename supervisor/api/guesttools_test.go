@@ -3,10 +3,12 @@ package api_test
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -129,6 +131,10 @@ func TestGuestToolsMemoryServer(t *testing.T) {
 	if w, ok := writes["memory.create_entities"]; !ok || !w || writes["memory.read_graph"] {
 		t.Fatalf("the memory server's tools as listed: %v", writes)
 	}
+	// The agent tools that run code say what the code may call.
+	if !strings.Contains(string(body), "- memory.create_entities [writes]: ") || !strings.Contains(string(body), "- memory.read_graph: ") {
+		t.Fatalf("run_python's description does not list the guest tools: %s", body)
+	}
 
 	program := `
 from sandcell.tools import memory, ToolDenied
@@ -216,6 +222,16 @@ print(len(memory.read_graph()["entities"]))
 	if last := recs[len(recs)-2]; last["tool"] != "memory.delete_entities" || last["decision"] != "declined" || last["result_sha256"] != nil {
 		t.Fatalf("the declined call's record: %v", last)
 	}
+
+	// A session's cells call tools as runs do; their records name the session.
+	sid := d.openSession(t, `{}`)
+	if code, ans, raw := d.cell(t, sid, `{"code":"from sandcell.tools import memory\nn = len(memory.read_graph()['entities'])\nn"}`); code != 200 || ans.Value != "50" {
+		t.Fatalf("a cell: %d %s", code, raw)
+	}
+	recs = d.toolRecords(t)
+	if last := recs[len(recs)-1]; last["session"] != sid || last["tool"] != "memory.read_graph" || last["decision"] != "allowed" {
+		t.Fatalf("the cell's call's record: %v", last)
+	}
 }
 
 // waitRun polls run id until it is done and returns its view.
@@ -235,4 +251,150 @@ func (d *daemon) waitRun(t *testing.T, id string) []byte {
 	}
 	t.Fatalf("run %s did not end within 2 minutes", id)
 	return nil
+}
+
+// A server that hangs, crashes, answers garbage, answers past the bound or reports
+// an error: each call fails with a clear ToolError, within the source's timeout,
+// and the next call works (the broker connects again); the run and the daemon go
+// on. A source's limits end the run's calls past them with ToolLimit; a source
+// whose roles the caller lacks is not listed, and a call forged to it is denied
+// (ToolDenied), audited.
+func TestGuestToolsFaultyServers(t *testing.T) {
+	script, _ := filepath.Abs("testdata/faulty_mcp.py")
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatalf("python3 is required: %v", err)
+	}
+	uid := os.Getuid()
+	a := api.Access{Runners: api.Principals{UIDs: map[int]bool{uid: true}}}
+	d := start(t, setup{access: &a, tools: map[string]config.Tool{
+		"faulty":  {Command: []string{py, script}, Timeout: config.Duration{Duration: 2 * time.Second}},
+		"limited": {Command: []string{py, script}, Allow: []string{"ok"}, Calls: 3, ArgumentBytes: 100},
+		"admins":  {Command: []string{py, script}, Roles: []string{"admin"}},
+	}})
+	program := `
+import json
+from sandcell.tools import faulty, limited, ToolError, ToolLimit
+import sandcell.tools as tools
+def attempt(f, *a, **kw):
+    try:
+        return f(*a, **kw)
+    except ToolError as e:
+        return "%s: %s" % (type(e).__name__, e)
+print(attempt(faulty.ok, a=1))
+for n in ["hang", "crash", "garbage", "huge", "error"]:
+    print(n, "|", attempt(getattr(faulty, n)))
+    print(attempt(faulty.ok, after=n))
+print(attempt(limited.ok, x="y" * 200))
+print([attempt(limited.ok, i=i) for i in range(4)])
+print(sorted(s["name"].split(".")[0] for s in tools.list()))
+from _sandcell import tool_call
+print(json.loads(tool_call(json.dumps({"tool": "admins.ok", "arguments": {}}).encode()))["error"]["class"])
+`
+	b, _ := json.Marshal(map[string]any{"code": program, "limits": map[string]any{"timeout_ms": 60000}})
+	resp, raw := d.do(t, "POST", "/v1/runs", string(b))
+	var view struct {
+		Result struct {
+			Reason string `json:"reason"`
+			Stdout string `json:"stdout"`
+			Stderr string `json:"stderr"`
+		} `json:"result"`
+	}
+	json.Unmarshal(raw, &view)
+	if resp.StatusCode != 200 || view.Result.Reason != "exited" {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	lines := strings.Split(strings.TrimSpace(view.Result.Stdout), "\n")
+	want := []string{
+		`{'a': 1}`,
+		`hang | ToolError: faulty.hang: no answer within 2s`, `{'after': 'hang'}`,
+		`crash | ToolError: faulty.crash:`, `{'after': 'crash'}`,
+		`garbage | ToolError: faulty.garbage:`, `{'after': 'garbage'}`,
+		`huge | ToolError: faulty.huge:`, `{'after': 'huge'}`,
+		`error | ToolError: faulty.error: it failed`, `{'after': 'error'}`,
+		`ToolLimit: the arguments are 208 bytes, more than limited allows (100)`,
+		`[{'i': 0}, {'i': 1}, {'i': 2}, 'ToolLimit: this run has made the 3 calls limited allows']`,
+		`['faulty', 'faulty', 'faulty', 'faulty', 'faulty', 'faulty', 'limited']`,
+		`ToolDenied`,
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("output:\n%s\n%s", view.Result.Stdout, view.Result.Stderr)
+	}
+	for i := range want {
+		if !strings.HasPrefix(lines[i], want[i]) {
+			t.Errorf("line %d: %q, want %q...", i, lines[i], want[i])
+		}
+	}
+	recs := d.toolRecords(t)
+	last := recs[len(recs)-1]
+	if last["tool"] != "admins.ok" || last["decision"] != "denied" {
+		t.Fatalf("the forged call's record: %v", last)
+	}
+	// Every call the guest made has its record: 11 to faulty, 1 + 4 to limited, 1 forged.
+	if len(recs) != 17 {
+		t.Fatalf("%d tool.called records, want 17", len(recs))
+	}
+}
+
+// The reference "everything" server as a declared tool over stdio and, started
+// apart, over streamable HTTP with a bearer token from a file: its read-only tools
+// (annotated so) are called at once; a program shows them with help(); results
+// come back as Python values.
+func TestGuestToolsEverythingServer(t *testing.T) {
+	bin := referenceServer(t, "everything")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	srv := exec.Command(bin[0], "streamableHttp")
+	srv.Env = append(os.Environ(), "PORT="+port)
+	srv.Stderr = os.Stderr
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	for i := 0; ; i++ {
+		c, err := net.Dial("tcp", "127.0.0.1:"+port)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if i == 200 {
+			t.Fatalf("the HTTP server did not listen: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	token := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(token, []byte("secret\n"), 0o600)
+	d, _ := toolsDaemon(t, map[string]config.Tool{
+		"every":  {Command: bin, Allow: []string{"echo", "get-sum"}},
+		"remote": {URL: "http://127.0.0.1:" + port + "/mcp", TokenFile: token, Allow: []string{"echo", "get-sum"}},
+	})
+	b, _ := json.Marshal(map[string]any{"code": `
+from sandcell.tools import every, remote
+import sandcell.tools as tools
+tools.help()
+print(every.get_sum(2, 3), remote.get_sum(a=4, b=5))
+print(every.echo("hi"), remote.echo(message="there"))
+`})
+	resp, raw := d.do(t, "POST", "/v1/runs", string(b))
+	var view struct {
+		Result struct {
+			Stdout string `json:"stdout"`
+			Stderr string `json:"stderr"`
+		} `json:"result"`
+	}
+	json.Unmarshal(raw, &view)
+	out := view.Result.Stdout
+	if resp.StatusCode != 200 || !strings.Contains(out, "every.get_sum  ") || !strings.Contains(out, "remote.echo  ") ||
+		!strings.Contains(out, "\nThe sum of 2 and 3 is 5. The sum of 4 and 5 is 9.\nEcho: hi Echo: there\n") {
+		t.Fatalf("%d %s", resp.StatusCode, raw)
+	}
+	for _, r := range d.toolRecords(t) {
+		if r["decision"] != "allowed" {
+			t.Errorf("a read-only tool's call: %v", r)
+		}
+	}
 }

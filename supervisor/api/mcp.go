@@ -176,6 +176,7 @@ func (s *Server) newMCP(version string) *mcpHTTP {
 	m := &mcpHTTP{opening: map[identity.Caller]int{}}
 	m.server = mcpserver.New(mcpserver.Options{
 		Version:     version,
+		GuestTools:  s.guestSummary,
 		Unavailable: func(context.Context) string { return s.toolsUnavailable() },
 		// A caller's sessions share its workspace: an agent host that reconnects (or
 		// opens many sessions) finds its files, and holds one workspace, not one a
@@ -311,12 +312,20 @@ func (s *Server) tools(c echo.Context) error {
 	listing := struct {
 		tools.Listing
 		GuestTools []toolbroker.Source `json:"guest_tools"`
-	}{Listing: tools.NewListing(s.toolsUnavailable()), GuestTools: []toolbroker.Source{}}
+	}{Listing: tools.NewListing(s.toolsUnavailable(), s.guestSummary()), GuestTools: []toolbroker.Source{}}
 	if s.o.Tools != nil {
 		peer, _ := PeerFrom(c.Request().Context())
 		listing.GuestTools = s.o.Tools.List(c.Request().Context(), s.allowsFor(peer))
 	}
 	return c.JSON(http.StatusOK, listing)
+}
+
+// guestSummary lists the guest tools for the agent tools' descriptions ("": none).
+func (s *Server) guestSummary() string {
+	if s.o.Tools == nil {
+		return ""
+	}
+	return s.o.Tools.Summary()
 }
 
 // guestTools returns what answers the tool calls of a run (given its ID) or of a

@@ -36,7 +36,7 @@ func FuzzToolArguments(f *testing.F) {
 			f.Add(uint8(i), []byte(seed))
 		}
 	}
-	defs := Definitions()
+	defs := Definitions("")
 	srv := mcp.NewServer(&mcp.Implementation{Name: "fuzz", Version: "1"}, nil)
 	reached := make(chan error, 1)
 	for _, d := range defs {

@@ -78,6 +78,10 @@ type Options struct {
 	// Remember, if set, is told the id of each workspace the server makes, with its
 	// owner.
 	Remember func(owner, id string)
+	// GuestTools, if set, lists the operator's tools the code of run_python and
+	// run_cell may call (see tools.WithGuestTools); a change is offered at the next
+	// Refresh.
+	GuestTools func() string
 }
 
 // Server is the MCP server of the tools.
@@ -89,6 +93,7 @@ type Server struct {
 	opening    sync.Mutex // one run_cell opening an interpreter at a time
 	mu         sync.Mutex
 	offered    bool
+	guest      string            // the guest tools the offered descriptions list
 	reason     string            // why not offered
 	workspaces map[string]string // owner (see Options.Owner) -> its workspace id
 	cells      map[string]cell   // MCP session -> its interpreter session (run_cell)
@@ -285,10 +290,14 @@ func (s *Server) Refresh(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.reason = reason
+	guest := ""
+	if s.o.GuestTools != nil {
+		guest = s.o.GuestTools()
+	}
 	switch {
-	case reason == "" && !s.offered:
-		s.offered = true
-		s.add()
+	case reason == "" && (!s.offered || guest != s.guest):
+		s.offered, s.guest = true, guest
+		s.add() // (again: the same tools, their descriptions changed)
 	case reason != "" && s.offered:
 		s.offered = false
 		var names []string
@@ -347,11 +356,13 @@ func (s *Server) Watch(ctx context.Context, interval time.Duration) {
 	}
 }
 
-// Definitions are the tools as MCP tools/list shows them. Their results have no
-// output schema: the structured content is the API's own answer (see docs/agents.md).
-func Definitions() []*mcp.Tool {
+// Definitions are the tools as MCP tools/list shows them, run_python's and
+// run_cell's descriptions listing the guest tools (see tools.WithGuestTools). Their
+// results have no output schema: the structured content is the API's own answer
+// (see docs/agents.md).
+func Definitions(guest string) []*mcp.Tool {
 	var out []*mcp.Tool
-	for _, d := range tools.Definitions() {
+	for _, d := range tools.WithGuestTools(guest) {
 		out = append(out, &mcp.Tool{Name: d.Name, Title: d.Title, Description: d.Description, InputSchema: d.InputSchema,
 			Annotations: &mcp.ToolAnnotations{ReadOnlyHint: d.ReadOnly, OpenWorldHint: new(false)}})
 	}
@@ -360,7 +371,7 @@ func Definitions() []*mcp.Tool {
 
 // add registers the tools (the caller holds mu).
 func (s *Server) add() {
-	for _, t := range Definitions() {
+	for _, t := range Definitions(s.guest) {
 		switch t.Name {
 		case tools.RunPython:
 			mcp.AddTool(s.mcp, t, s.runPython)

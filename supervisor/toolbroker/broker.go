@@ -151,6 +151,31 @@ func (b *Broker) List(ctx context.Context, allows func(role string) bool) []Sour
 	return out
 }
 
+// Summary lists the tools of the sources connected now, one line each ("NAME.TOOL
+// [writes]: the first line of its description"), for the agent tools'
+// descriptions (tools.WithGuestTools). It connects nothing: a source not yet
+// connected (Start connects them all) is left out until it is.
+func (b *Broker) Summary() string {
+	var lines []string
+	srcs := b.current()
+	for _, name := range slices.Sorted(maps.Keys(srcs)) {
+		s := srcs[name]
+		s.mu.Lock()
+		for _, t := range s.tools {
+			line := "- " + t.spec.Name
+			if t.spec.Writes && *s.cfg.Approval {
+				line += " [writes]"
+			}
+			if d, _, _ := strings.Cut(strings.TrimSpace(t.spec.Description), "\n"); d != "" {
+				line += ": " + d
+			}
+			lines = append(lines, line)
+		}
+		s.mu.Unlock()
+	}
+	return strings.Join(lines, "\n")
+}
+
 // allowed says whether a caller holding the roles allows says yes to may call s's
 // tools.
 func allowed(allows func(role string) bool, s *source) bool {
@@ -363,4 +388,3 @@ func digest(b []byte) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
-

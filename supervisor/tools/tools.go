@@ -247,10 +247,30 @@ type Listing struct {
 	FunctionCalling map[string]any `json:"function_calling"`
 }
 
-// NewListing is the listing of the tools, with why they are not offered ("": they are).
-func NewListing(reason string) Listing {
-	defs := Definitions()
+// NewListing is the listing of the tools, with why they are not offered ("": they
+// are), and the guest tools their code may call (see WithGuestTools).
+func NewListing(reason, guestTools string) Listing {
+	defs := WithGuestTools(guestTools)
 	return Listing{Available: reason == "", Reason: reason, Tools: defs, FunctionCalling: FunctionCalling(defs)}
+}
+
+// WithGuestTools returns the definitions with run_python's and run_cell's
+// descriptions saying which of the operator's tools their code may call through
+// sandcell.tools: summary, one line a tool (as the tool broker's Summary gives it);
+// "" leaves them as Definitions has them.
+func WithGuestTools(summary string) []Definition {
+	defs := Definitions()
+	if summary == "" {
+		return defs
+	}
+	for i := range defs {
+		if defs[i].Name == RunPython || defs[i].Name == RunCell {
+			defs[i].Description += " The code may call these tools of the operator's as Python functions, " +
+				"`from sandcell.tools import GROUP` then `GROUP.NAME(...)` (sandcell.tools.help() lists them; a call " +
+				"marked [writes] may wait for a person's approval; failures raise sandcell.tools.ToolError):\n" + summary
+		}
+	}
+	return defs
 }
 
 // Clip returns b as text for an agent: whole when it is at most max bytes, else its

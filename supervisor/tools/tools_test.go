@@ -40,7 +40,7 @@ func TestDefinitions(t *testing.T) {
 	if len(fc["openai"].([]map[string]any)) != 6 || len(fc["anthropic"].([]map[string]any)) != 6 {
 		t.Fatalf("%v", fc)
 	}
-	l := NewListing("the kill switch is on")
+	l := NewListing("the kill switch is on", "")
 	if l.Available || len(l.Tools) != 6 {
 		t.Fatalf("%+v", l)
 	}
