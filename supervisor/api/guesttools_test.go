@@ -197,6 +197,13 @@ except ImportError:
 	if fmt.Sprint(count) != fmt.Sprint(want) {
 		t.Fatalf("tool.called records: %v, want %v", count, want)
 	}
+	_, metrics := d.do(t, "GET", "/metrics", "")
+	for _, line := range []string{`sandcell_tool_calls_total{decision="approved"} 1`, `sandcell_tool_calls_total{decision="granted"} 49`,
+		`sandcell_tool_calls_total{decision="allowed"} 1`} {
+		if !strings.Contains(string(metrics), line+"\n") {
+			t.Errorf("/metrics lacks %s", line)
+		}
+	}
 
 	// Declined: the guest hears ApprovalDeclined; the tool is not called.
 	b, _ = json.Marshal(map[string]any{"code": `
@@ -396,5 +403,42 @@ print(every.echo("hi"), remote.echo(message="there"))
 		if r["decision"] != "allowed" {
 			t.Errorf("a read-only tool's call: %v", r)
 		}
+	}
+}
+
+// examples/code-mode.py, as docs/agents.md shows it: its loop of writes approved
+// once with a grant, its clean-up declined, its join printed.
+func TestCodeModeExample(t *testing.T) {
+	code, err := os.ReadFile("../../examples/code-mode.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, decide := toolsDaemon(t, map[string]config.Tool{"memory": {Command: referenceServer(t, "memory"),
+		Env: map[string]string{"MEMORY_FILE_PATH": filepath.Join(t.TempDir(), "memory.jsonl")}}})
+	b, _ := json.Marshal(map[string]any{"code": string(code), "wait": false})
+	_, raw := d.do(t, "POST", "/v1/runs", string(b))
+	var run struct {
+		ID string `json:"id"`
+	}
+	json.Unmarshal(raw, &run)
+	ap := d.pendingToolCall(t)
+	if code, m := decide(ap["id"].(string), `{"decision":"approve","grant":3}`); code != 200 {
+		t.Fatalf("approve: %d %v", code, m)
+	}
+	ap = d.pendingToolCall(t) // the clean-up
+	if !strings.Contains(fmt.Sprint(ap["subject"]), "memory.delete_entities") {
+		t.Fatalf("the second approval: %v", ap)
+	}
+	decide(ap["id"].(string), `{"decision":"deny"}`)
+	var view struct {
+		Result struct {
+			Stdout string `json:"stdout"`
+		} `json:"result"`
+	}
+	json.Unmarshal(d.waitRun(t, run.ID), &view)
+	want := "1001 acme 120.50 | ordered 150.75 in all\n1002 globex 75.00 | ordered 75.00 in all\n" +
+		"1003 acme 30.25 | ordered 150.75 in all\n1004 initech 410.00 | ordered 410.00 in all\ncleanup not done: ApprovalDeclined\n"
+	if view.Result.Stdout != want {
+		t.Fatalf("got %q, want %q", view.Result.Stdout, want)
 	}
 }

@@ -159,3 +159,44 @@ func TestMemoryLimit(t *testing.T) {
 		t.Fatalf("huge retained budget: %d", got)
 	}
 }
+
+// Each [tools.NAME] is checked: its name (the guest's sandcell.tools.NAME), one
+// kind of server, its roles and limits; a good one loads with its defaults.
+func TestToolsValidated(t *testing.T) {
+	_, err := Load(write(t, `
+[tools.bad-name]
+command = ["x"]
+[tools.both]
+command = ["x"]
+url = "https://example"
+[tools.neither]
+roles = ["root"]
+[tools.limits]
+url = "ftp://example"
+token_file = "relative"
+argument_bytes = 99999999
+calls = -1
+`), nil)
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{"tools.bad-name: the name must be a Python identifier", "tools.both: command and url",
+		"tools.neither: give command", `tools.neither.roles: "root" is not a role`, `tools.limits.url: "ftp://example"`,
+		"tools.limits.token_file", "tools.limits.argument_bytes", "tools.limits.calls"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q:\n%v", want, err)
+		}
+	}
+	c, err := Load(write(t, `
+[tools.memory]
+command = ["/usr/bin/mcp-server-memory"]
+reads = ["read_graph"]
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := c.Tools["memory"].WithDefaults(); m.Calls != DefaultToolCalls || m.ResultBytes != DefaultToolBytes ||
+		m.Timeout.Duration != DefaultToolTime || !*m.Approval || m.Roles[0] != "runner" {
+		t.Fatalf("defaults: %+v", m)
+	}
+}

@@ -240,6 +240,7 @@ func Open(o Options) (_ *Daemon, err error) {
 	// The tools guests may call ([tools]): connected in the background from now on.
 	d.tools = toolbroker.New(toolbroker.Options{Approvals: approvals, Audit: d.audit}, cfg.Tools)
 	d.tools.Start(d.bg)
+	metrics.CountTools(d.tools)
 	d.srv = api.New(api.Options{
 		Tools:           d.tools,
 		Workspaces:      workspaces,

@@ -1,7 +1,7 @@
 // Package metrics is the daemon's Prometheus metrics (see Set): runs by reason
 // and duration, the queue and the pool, what runs and approvals keep, sessions'
-// failed pauses. It reads the run manager, the sessions and the approval queue; none
-// of them imports it.
+// failed pauses, guests' tool calls. It reads the run manager, the sessions, the
+// approval queue and the tool broker; none of them imports it.
 package metrics
 
 import (
@@ -12,6 +12,7 @@ import (
 	"github.com/sandcell/sandcell/supervisor/approvals"
 	"github.com/sandcell/sandcell/supervisor/runs"
 	"github.com/sandcell/sandcell/supervisor/sessions"
+	"github.com/sandcell/sandcell/supervisor/toolbroker"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
@@ -26,6 +27,7 @@ import (
 //	sandcell_kept_bytes_max            gauge: the budget of what is kept (runs.max_retained_output_bytes)
 //	sandcell_approvals_kept_bytes      gauge: bytes the approvals keep (approvals.MaxKeptBytes at most; see CountApprovals)
 //	sandcell_session_pause_failures_total{reason}  counter: pauses of sessions that failed, by reason (see CountSessions)
+//	sandcell_tool_calls_total{decision}  counter: guests' tool calls by decision (see CountTools)
 //	sandcell_build_info{version,revision} gauge, always 1
 //
 // plus the Go runtime's and the process's standard collectors.
@@ -83,6 +85,16 @@ func (x *Set) CountSessions(s *sessions.Manager) {
 		x.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_session_pause_failures_total",
 			Help:        "Pauses of interpreter sessions that failed, by reason (the session stays live, or is lost for \"lost\").",
 			ConstLabels: prometheus.Labels{"reason": reason}}, func() float64 { return float64(s.PauseFailures(reason)) }))
+	}
+}
+
+// CountTools adds sandcell_tool_calls_total{decision}, the guests' tool calls b
+// decided, by decision (toolbroker.Decisions).
+func (x *Set) CountTools(b *toolbroker.Broker) {
+	for _, d := range toolbroker.Decisions() {
+		x.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "sandcell_tool_calls_total",
+			Help:        "Guests' tool calls, by what became of them (see the tool.called audit records).",
+			ConstLabels: prometheus.Labels{"decision": d}}, func() float64 { return float64(b.Calls(d)) }))
 	}
 }
 

@@ -27,6 +27,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -51,11 +52,23 @@ type Options struct {
 	Audit *audit.Writer
 }
 
+// Decisions are what becomes of a call, as its tool.called record and the metrics
+// say: allowed (made; it needs no approval), approved (a person approved it),
+// granted (an earlier approval's grant covered it), declined (not approved, or no
+// approval could be asked), denied (no such tool for the caller), limit (a limit of
+// the run's calls), failed (the source could not be reached, or the arguments are
+// not an object). A call allowed, approved or granted may still fail at its tool:
+// its record then has an error.
+func Decisions() []string {
+	return []string{"allowed", "approved", "granted", "declined", "denied", "limit", "failed"}
+}
+
 // Broker holds the declared sources of tools. Its methods are safe for concurrent
 // use.
 type Broker struct {
-	o  Options
-	mu sync.Mutex
+	o      Options
+	counts map[string]*atomic.Int64 // calls by decision
+	mu     sync.Mutex
 	// sources by name; a reload replaces the map (calls under way keep theirs).
 	sources map[string]*source
 	cfgs    map[string]config.Tool
@@ -64,9 +77,20 @@ type Broker struct {
 // New returns a broker offering the tools of cfgs (none connected yet: each source
 // connects when first listed or called; Start connects them all).
 func New(o Options, cfgs map[string]config.Tool) *Broker {
-	b := &Broker{o: o}
+	b := &Broker{o: o, counts: map[string]*atomic.Int64{}}
+	for _, d := range Decisions() {
+		b.counts[d] = new(atomic.Int64)
+	}
 	b.Reload(cfgs)
 	return b
+}
+
+// Calls returns how many calls ended in decision (one of Decisions) since New.
+func (b *Broker) Calls(decision string) int64 {
+	if n := b.counts[decision]; n != nil {
+		return n.Load()
+	}
+	return 0
 }
 
 // Reload makes cfgs the declared tools: a source whose declaration changed (or
@@ -238,6 +262,9 @@ func (c *calls) Call(ctx context.Context, call protocol.ToolCall, clock sandbox.
 	}
 	answer := c.call(ctx, call, clock, rec)
 	rec["ms"] = float64(time.Since(began).Microseconds()) / 1000
+	if n := c.b.counts[fmt.Sprint(rec["decision"])]; n != nil {
+		n.Add(1)
+	}
 	if answer.Error != nil {
 		rec["error"] = answer.Error.Class + ": " + answer.Error.Message
 	} else {
