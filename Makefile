@@ -129,7 +129,7 @@ test: bundle mcp-client runsc ## Run every test with the real interpreter and re
 test-short: bundle mcp-client ## Run the tests that take seconds, not minutes
 	go test -short -count=1 ./...
 
-bench: bundle ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_WASM), epoch vs fuel, cold runs by hardening layer, then bench/: API, CLI, native python3 and bwrap side by side
+bench: bundle mcp-client ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_WASM), epoch vs fuel, cold runs by hardening layer, then bench/: API, CLI, native python3 and bwrap side by side
 	go test -run '^$$' -bench . -benchtime 10x -count 1 ./sandbox/engine
 	go test -run '^$$' -bench 'BenchmarkColdRun|BenchmarkWarmRun|BenchmarkSession|BenchmarkNativeSession' -benchtime 20x -count 1 ./sandbox
 	go run ./bench -sandcell $(BIN)

@@ -15,6 +15,10 @@
 // goes, and whether the native backend's goal (a native run of a small pandas program cheaper
 // than plain python3) is met.
 //
+// Then (toolcall.go) the round trip of a guest's tool call (code mode): the reference
+// "everything" MCP server's echo called from a program on each backend, against the
+// same server called directly, and Sandcell's own cost of a call, the difference.
+//
 // The numbers are from a shared, noisy machine: compare the rows of one run, not runs.
 package main
 
@@ -73,10 +77,11 @@ func main() {
 	bundleDir := flag.String("bundle-dir", "", "the bundle, for the native root (default: $SANDCELL_BUNDLE_DIR, else build/bundle beside the binary's bin/)")
 	mainTable := flag.Bool("main", true, "measure the first table (print(6*7) by system) and the CPU-bound program")
 	nativeOn := flag.Bool("native", true, "measure the native backend's table")
+	toolsOn := flag.Bool("tools", true, "measure a guest's tool call's round trip (code mode)")
 	nativeN := flag.Int("native-n", 5, "runs per system of each heavy program of the native table (all but start-up)")
 	nativeStartupN := flag.Int("native-startup-n", 20, "runs per system of the native table's start-up program")
 	flag.Parse()
-	o := options{n: *n, dur: *dur, bin: *bin, python: *python, bundleDir: *bundleDir, main: *mainTable,
+	o := options{n: *n, dur: *dur, bin: *bin, python: *python, bundleDir: *bundleDir, main: *mainTable, tools: *toolsOn,
 		native: *nativeOn, nativeN: *nativeN, nativeStartupN: *nativeStartupN}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -104,7 +109,7 @@ type options struct {
 	n                       int
 	dur                     time.Duration
 	bin, python, bundleDir  string
-	main, native            bool
+	main, native, tools     bool
 	nativeN, nativeStartupN int
 }
 
@@ -160,6 +165,11 @@ func run(o options) error {
 		system{name: "sandcell API, cold worker per run", run: cold.run, daemon: cold})
 	if o.main {
 		if err := mainTable(systems, warm, n, dur, bin, python); err != nil {
+			return err
+		}
+	}
+	if o.tools {
+		if err := toolCallTable(bin, o.bundleDir, dir); err != nil {
 			return err
 		}
 	}

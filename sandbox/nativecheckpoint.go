@@ -165,10 +165,10 @@ func (f *forks) closeKept() {
 	}
 }
 
-// resume ends the interpreter (unless it has ended) and continues the cell's
-// checkpoint, which then carries on as the interpreter; it returns the ended
-// interpreter's pid.
-func (f *forks) resume() (int, error) {
+// resume ends the interpreter (unless it has ended), calls beforeContinue, and
+// continues the cell's checkpoint, which then carries on as the interpreter; it
+// returns the ended interpreter's pid.
+func (f *forks) resume(beforeContinue func()) (int, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
@@ -183,6 +183,7 @@ func (f *forks) resume() (int, error) {
 	// Continued only once the interpreter has ended: until then its end of the
 	// checkpoint's pipe is open, and the checkpoint would wait on it anyway.
 	exited(f.pidfd, time.Second)
+	beforeContinue()
 	err := unix.PidfdSendSignal(f.kept, unix.SIGCONT, nil, 0)
 	f.closeKept()
 	return f.interp, err

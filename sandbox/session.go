@@ -63,8 +63,9 @@ type Session struct {
 	// calls is the running cell's tool scope (nil between cells): the session's
 	// tools channel is served for its whole life, each call for the cell it
 	// comes in.
-	calls   atomic.Pointer[toolScope]
-	closing atomic.Bool
+	calls      atomic.Pointer[toolScope]
+	toolServer *toolServer // serves the channel (nil: none)
+	closing    atomic.Bool
 }
 
 // OpenSession starts a session's worker for req (a run's request without a
@@ -726,7 +727,13 @@ func (ss *Session) startLimits(lim *cellLimits, ctx context.Context, l protocol.
 // as it was stopped) are passed over. Within interruptGrace, or the session's
 // worker is killed and the result is an error.
 func (ss *Session) rollback(ch <-chan received) received {
-	old, err := ss.forks.resume()
+	// The tools channel is brought back in step before the checkpoint carries
+	// on: the ended interpreter may have left a call or an answer half sent.
+	old, err := ss.forks.resume(func() {
+		if ss.toolServer != nil {
+			ss.toolServer.Reset()
+		}
+	})
 	if err != nil {
 		ss.p.kill()
 		<-ch

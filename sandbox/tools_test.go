@@ -16,7 +16,8 @@ import (
 
 // testTools offers demo.echo (returns its arguments), demo.hold (holds the run's
 // clock for hold_ms, as a call waiting for a person does, then answers) and
-// demo.fail (ToolError); it counts the calls it is given.
+// demo.fail (ToolError), demo.big, demo.bad and demo.panic (see
+// TestToolCallsAtTheirBounds); it counts the calls it is given.
 type testTools struct{ calls atomic.Int64 }
 
 func (tt *testTools) Call(ctx context.Context, c protocol.ToolCall, clock sandbox.Clock) protocol.ToolAnswer {
@@ -27,6 +28,9 @@ func (tt *testTools) Call(ctx context.Context, c protocol.ToolCall, clock sandbo
 			{Name: "demo.hold", Description: "Wait, with the run's clock held.", Writes: true, InputSchema: json.RawMessage(
 				`{"type":"object","properties":{"hold_ms":{"type":"integer"}},"required":["hold_ms"]}`)},
 			{Name: "demo.fail", Description: "Fail."},
+			{Name: "demo.big", Description: "4 MiB of text."},
+			{Name: "demo.bad", Description: "An answer that is not JSON."},
+			{Name: "demo.panic", Description: "Panic."},
 		}}
 	}
 	tt.calls.Add(1)
@@ -48,6 +52,12 @@ func (tt *testTools) Call(ctx context.Context, c protocol.ToolCall, clock sandbo
 		return protocol.ToolAnswer{Result: json.RawMessage(`"held"`)}
 	case "demo.fail":
 		return protocol.ToolAnswer{Error: &protocol.ToolError{Class: protocol.ToolErrorFailed, Message: "the tool failed"}}
+	case "demo.big": // 4 MiB of text
+		return protocol.ToolAnswer{Result: json.RawMessage(`"` + strings.Repeat("y", 4<<20) + `"`)}
+	case "demo.bad": // not JSON
+		return protocol.ToolAnswer{Result: json.RawMessage(`{not json`)}
+	case "demo.panic":
+		panic("a Tools that panics")
 	}
 	return protocol.ToolAnswer{Error: &protocol.ToolError{Class: protocol.ToolErrorDenied, Message: "no tool " + c.Tool}}
 }
@@ -115,7 +125,7 @@ func TestToolCalls(t *testing.T) {
 				"{'text': 'hi', 'n': 2}\n", "{'text': 'kw'}\n",
 				"ToolError the tool failed\n",
 				"AttributeError sandcell.tools offers no 'nope'",
-				"['demo.echo', 'demo.hold', 'demo.fail']",
+				"['demo.echo', 'demo.hold', 'demo.fail', 'demo.big', 'demo.bad', 'demo.panic']",
 				"Return the arguments.\n",
 			} {
 				if !strings.Contains(out, want) {
@@ -271,5 +281,74 @@ func TestToolCallsInSessions(t *testing.T) {
 				t.Fatalf("after the cancelled cell: %s %q %s", c.Reason, c.Stdout, c.Stderr)
 			}
 		})
+	}
+}
+
+// What a hostile review found: a call at the channel's bound is answered, not
+// left waiting; "<" is one byte each way; an answer that is not JSON, and a Tools
+// that panics, are ToolErrors, and the channel goes on.
+func TestToolCallsAtTheirBounds(t *testing.T) {
+	for _, backend := range []string{protocol.BackendWasm, protocol.BackendNative} {
+		t.Run(backend, func(t *testing.T) {
+			res := runWithTools(t, backend, `
+import json
+from sandcell.tools import demo, ToolError, ToolLimit
+n = (8 << 20) - len(json.dumps({"tool": "demo.echo", "arguments": {"text": ""}}))
+for k in (n - 4096, n - 4000, n - 1, n + 10):
+    try:
+        print(len(demo.echo("x" * k)["text"]) == k)
+    except ToolLimit as e:
+        print("ToolLimit")
+print(demo.echo("<" * 10)["text"])
+for f in (demo.bad, demo.panic):
+    try:
+        f()
+    except ToolError as e:
+        print(type(e).__name__, e)
+print(len(demo.big()))
+`, &testTools{}, func(r *protocol.Request) { r.Limits.TimeoutMS = 20000 })
+			want := "True\nToolLimit\nToolLimit\nToolLimit\n<<<<<<<<<<\n" +
+				"ToolError the tool's answer could not be sent (it is not JSON)\n" +
+				"ToolError the call failed in the daemon\n4194304\n"
+			if out := string(res.Stdout); res.Reason != protocol.Exited || out != want {
+				t.Fatalf("%s: %q\n%s", res.Reason, out, res.Stderr)
+			}
+		})
+	}
+}
+
+// A native session's cell that ends (rolled back) with a call or an answer half
+// sent leaves the channel in step: the next cell's calls are answered.
+func TestToolChannelAfterARollback(t *testing.T) {
+	ss := openNativeSession(t)
+	tt := &testTools{}
+	limits, _ := policy.Default().Resolve(protocol.Limits{})
+	run := func(code string, timeoutMS int64) sandbox.Cell {
+		t.Helper()
+		l := limits
+		if timeoutMS > 0 {
+			l.TimeoutMS = timeoutMS
+		}
+		res, err := ss.Run(sandbox.WithTools(context.Background(), tt), protocol.Request{Code: code, Limits: l})
+		if err != nil {
+			t.Fatalf("cell %q: %v", code, err)
+		}
+		return res
+	}
+	if c := run("from sandcell.tools import demo\nimport os, stat, time, json\nprint(demo.echo('one'))", 0); string(c.Stdout) != "{'text': 'one'}\n" {
+		t.Fatalf("first cell: %s %q %s", c.Reason, c.Stdout, c.Stderr)
+	}
+	fd := "[n for n in range(10, 64) if os.path.exists('/proc/self/fd/%d' % n) and stat.S_ISSOCK(os.fstat(n).st_mode)][-1]"
+	for name, code := range map[string]string{
+		"a call half written": "fd = " + fd + "\nos.write(fd, (200).to_bytes(4, 'big') + b'{\"version\":9')\ntime.sleep(60)",
+		"an answer half read": "fd = " + fd + "\nb = json.dumps({'version': 9, 'step': 'tool_call', 'call': {'tool': 'demo.big', 'id': 5}}).encode()\n" +
+			"os.write(fd, len(b).to_bytes(4, 'big') + b)\nos.read(fd, 1000)\ntime.sleep(60)",
+	} {
+		if c := run(code, 1500); c.Reason != protocol.Timeout || !c.RolledBack {
+			t.Fatalf("%s: %s, rolled back %v: %s %v", name, c.Reason, c.RolledBack, c.Stderr, c.Diagnostics)
+		}
+		if c := run("print(demo.echo('after'))", 5000); string(c.Stdout) != "{'text': 'after'}\n" {
+			t.Fatalf("after %s: %s %q %s", name, c.Reason, c.Stdout, c.Stderr)
+		}
 	}
 }

@@ -200,6 +200,10 @@ _Displays = _sandcell_displays(_sandcell_stdlib["io"], _sandcell_stdlib["json"],
 del _sandcell_displays
 
 
+def _sandcell_tools_restored():
+    pass  # (until _sandcell_install_tools)
+
+
 def _sandcell_install_tools():
     # sandcell.tools (tools.py) over the tools channel (protocol.ToolsFD, 6): the
     # runner keeps its own close-on-exec descriptor of it (a program that closes 6
@@ -230,13 +234,42 @@ def _sandcell_install_tools():
 
     ids = [0]
 
+    owner = [os.getpid()]
+
+    def restored():
+        # This process is a checkpoint carrying on as the interpreter: calls are
+        # its own now, and what its ended interpreter left unread on the channel
+        # (an answer cut short; the parent has stopped writing, see the parent's
+        # toolServer.Reset) is discarded.
+        owner[0] = os.getpid()
+        if fd < 0:
+            return
+        os.set_blocking(fd, False)
+        try:
+            while os.read(fd, 1 << 16):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.set_blocking(fd, True)
+
+    global _sandcell_tools_restored
+    _sandcell_tools_restored = restored
+
     def call(msg):
         # Each call has a number its answer carries back: an answer of another
         # (an earlier cell's call, ended as the cell was rolled back to its
-        # checkpoint, which shares this channel) is passed over. Drawn at random:
-        # a checkpoint that carries on would count from where it was forked.
+        # checkpoint, which shares this channel) is passed over; one without a
+        # number answers a frame the parent could not read, which is this one.
+        # Drawn at random: a checkpoint that carries on would count from where it
+        # was forked. Calls come from the program's own process: a forked one
+        # would share the channel with it (and take its answers).
         if fd < 0:
-            raise RuntimeError("this run has no tools channel")
+            return {"error": {"class": "ToolDenied", "message": "no tools are offered to this run"
+                              " (under gVisor a native run has no tools channel)"}}
+        if os.getpid() != owner[0]:
+            return {"error": {"class": "ToolError", "message": "tools are called from the program's own "
+                              "process, not from a process it forked"}}
         ids[0] = 1 + int.from_bytes(os.urandom(6), "big")
         msg = dict(msg, id=ids[0])
         body = ('{"version":%d,"step":"tool_call","call":%s}' % (_sandcell_version, json.dumps(msg))).encode()
@@ -245,7 +278,7 @@ def _sandcell_install_tools():
             b = b[os.write(fd, b):]
         while True:
             answer = json.loads(read(int.from_bytes(read(4), "big"))).get("answer") or {}
-            if answer.get("id") == ids[0]:
+            if answer.get("id") in (ids[0], None):
                 return answer
 
     pkg, mod = _sandcell_tools(call, json, types)
@@ -423,6 +456,7 @@ def _sandcell_session():
         if b:
             os._exit(0)  # the cell it stood for ended by itself
         os.close(r)
+        _sandcell_tools_restored()
         return "restored"
 
     def release(kept):

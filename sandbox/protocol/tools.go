@@ -1,9 +1,11 @@
 package protocol
 
 import (
+	"bytes"
 	_ "embed"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 )
@@ -119,19 +121,27 @@ type ToolFrame struct {
 	Answer  *ToolAnswer `json:"answer,omitempty"`
 }
 
+// ErrEncode is returned by WriteToolFrame for a frame that is not JSON (a result
+// that is not a JSON value).
+var ErrEncode = errors.New("protocol: the frame cannot be encoded")
+
 // WriteToolFrame writes f (with this build's Version) as one frame: a 4-byte
-// big-endian length, then the JSON.
+// big-endian length, then the JSON (without HTML escapes: "<" stays one byte, as
+// the guest sent it).
 func WriteToolFrame(w io.Writer, f ToolFrame) error {
 	f.Version = Version
-	body, err := json.Marshal(f)
-	if err != nil {
-		return fmt.Errorf("protocol: encode tool frame: %w", err)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(f); err != nil {
+		return fmt.Errorf("%w: %v", ErrEncode, err)
 	}
+	body := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	if len(body) > MaxToolFrame {
 		return fmt.Errorf("%w: %d bytes", ErrFrameTooLarge, len(body))
 	}
-	buf := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(body)), uint32(len(body)))
-	if _, err := w.Write(append(buf, body...)); err != nil {
+	frame := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(body)), uint32(len(body)))
+	if _, err := w.Write(append(frame, body...)); err != nil {
 		return fmt.Errorf("protocol: write tool frame: %w", err)
 	}
 	return nil
@@ -142,6 +152,13 @@ func WriteToolFrame(w io.Writer, f ToolFrame) error {
 // channel stays in step; one of another version or step, or not JSON, is refused
 // with ErrVersion or ErrStep. It returns io.EOF when r ends before a frame starts.
 func ReadToolFrame(r io.Reader, max int, want Step) (ToolFrame, error) {
+	return ReadToolFrameBound(r, func() int { return max }, want)
+}
+
+// ReadToolFrameBound is ReadToolFrame with the bound asked for once the frame's
+// length is read (a session's channel waits between cells, and the cell that comes
+// sets the bound).
+func ReadToolFrameBound(r io.Reader, bound func() int, want Step) (ToolFrame, error) {
 	var f ToolFrame
 	var head [4]byte
 	if _, err := io.ReadFull(r, head[:]); err != nil {
@@ -150,6 +167,7 @@ func ReadToolFrame(r io.Reader, max int, want Step) (ToolFrame, error) {
 		}
 		return f, err
 	}
+	max := bound()
 	n := int64(binary.BigEndian.Uint32(head[:]))
 	if n > int64(max) {
 		if _, err := io.CopyN(io.Discard, r, n); err != nil {

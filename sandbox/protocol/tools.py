@@ -8,7 +8,8 @@
 
 
 def _sandcell_tools(call, json, types):
-    MAX = 8 << 20  # the largest call the channel carries (protocol.MaxToolFrame)
+    MAX = 8 << 20  # the largest frame the channel carries (protocol.MaxToolFrame)
+    ENVELOPE = 4 << 10  # what a frame holds besides a call's own JSON
 
     class ToolError(Exception):
         """A tool call failed: the tool ran and failed, or could not be reached. The
@@ -51,8 +52,9 @@ def _sandcell_tools(call, json, types):
 
     def invoke(name, args):
         payload = json.dumps({"tool": name, "arguments": args}, allow_nan=False)
-        if len(payload) > MAX:
-            raise ToolLimit("the arguments of %s are %d bytes, more than a call carries (%d)" % (name, len(payload), MAX))
+        if len(payload.encode("utf-8")) > MAX - ENVELOPE:
+            raise ToolLimit("the arguments of %s are %d bytes, more than a call carries (%d)"
+                            % (name, len(payload.encode("utf-8")), MAX - ENVELOPE))
         return exchange({"tool": name, "arguments": args}).get("result")
 
     def doc(spec):

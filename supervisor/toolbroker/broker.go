@@ -243,6 +243,17 @@ type grant struct {
 	left     int
 }
 
+// MaxCallBytes is the most bytes a call of this run's may need: the largest
+// argument_bytes of its sources (sandbox.CallBound: a guest's larger frame is
+// refused unread).
+func (c *calls) MaxCallBytes() int {
+	n := 0
+	for _, s := range c.b.current() {
+		n = max(n, int(s.cfg.ArgumentBytes))
+	}
+	return n
+}
+
 // Call answers one of the guest's calls (see the package doc).
 func (c *calls) Call(ctx context.Context, call protocol.ToolCall, clock sandbox.Clock) protocol.ToolAnswer {
 	if call.List {
