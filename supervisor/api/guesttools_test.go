@@ -442,3 +442,61 @@ func TestCodeModeExample(t *testing.T) {
 		t.Fatalf("got %q, want %q", view.Result.Stdout, want)
 	}
 }
+
+// A SQLite database outside every workspace as a declared tool: reads run at once,
+// a write waits for a person and then lands, a read-only one's write is refused
+// (ToolDenied), and a statement the SQL tool never runs (ATTACH) is refused.
+func TestGuestToolsDatabase(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatalf("python3 is required: %v", err)
+	}
+	dbDir := t.TempDir()
+	db := filepath.Join(dbDir, "crm.db")
+	if out, err := exec.Command(py, "-c", `import sqlite3, sys
+c = sqlite3.connect(sys.argv[1])
+c.execute("CREATE TABLE customers (name TEXT, tier TEXT)")
+c.executemany("INSERT INTO customers VALUES (?, ?)", [("acme", "gold"), ("globex", "silver")])
+c.commit()`, db).CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	d, decide := toolsDaemon(t, map[string]config.Tool{
+		"crm": {Path: db, Writable: true},
+		"ro":  {Path: db},
+	})
+	b, _ := json.Marshal(map[string]any{"wait": false, "code": `
+from sandcell.tools import crm, ro, ToolDenied
+r = crm.query("SELECT name, tier FROM customers ORDER BY name")
+print(r["columns"], r["rows"])
+for f, sql in ((ro.query, "INSERT INTO customers VALUES ('x', 'y')"), (crm.query, "ATTACH '/etc/passwd' AS p")):
+    try:
+        f(sql)
+    except ToolDenied as e:
+        print("denied:", e)
+print(crm.query("INSERT INTO customers VALUES (?, ?)", params=["initech", "gold"])["changes"])
+print(ro.query("SELECT count(*) FROM customers WHERE tier = :t", params={"t": "gold"})["rows"])
+`})
+	_, raw := d.do(t, "POST", "/v1/runs", string(b))
+	var run struct {
+		ID string `json:"id"`
+	}
+	json.Unmarshal(raw, &run)
+	ap := d.pendingToolCall(t)
+	if !strings.Contains(fmt.Sprint(ap["subject"]), "INSERT INTO customers VALUES (?, ?)") {
+		t.Fatalf("what the approver sees: %v", ap["subject"])
+	}
+	decide(ap["id"].(string), `{"decision":"approve"}`)
+	var view struct {
+		Result struct {
+			Stdout string `json:"stdout"`
+			Stderr string `json:"stderr"`
+		} `json:"result"`
+	}
+	json.Unmarshal(d.waitRun(t, run.ID), &view)
+	want := "['name', 'tier'] [['acme', 'gold'], ['globex', 'silver']]\n" +
+		"denied: ro is read-only, and this statement writes\n"
+	if !strings.HasPrefix(view.Result.Stdout, want) || !strings.Contains(view.Result.Stdout, "denied: the statement is refused") ||
+		!strings.HasSuffix(view.Result.Stdout, "\n1\n[[2]]\n") {
+		t.Fatalf("%s\n%s", view.Result.Stdout, view.Result.Stderr)
+	}
+}

@@ -260,6 +260,21 @@ func (s *Server) runSQL(c echo.Context, w *workspace.Workspace, req sqltool.Requ
 	return sqltool.Run(c.Request().Context(), managerRunner{s, caller}, w.Dir(), req, base)
 }
 
+// RunSQLFile runs one statement of a guest's database tool (toolbroker.SQL) for
+// caller, in a SQL worker given dir as its workspace, under the policy in force,
+// through the run manager as POST /v1/sql's statements run.
+func (s *Server) RunSQLFile(ctx context.Context, caller identity.Caller, dir string, req sqltool.Request) (sqltool.Outcome, error) {
+	limits, err := s.policy().Resolve(protocol.Limits{})
+	if err != nil {
+		return sqltool.Outcome{}, err
+	}
+	base, err := s.base(limits)
+	if err != nil {
+		return sqltool.Outcome{}, err
+	}
+	return sqltool.Run(ctx, managerRunner{s, caller}, dir, req, base)
+}
+
 func errString(err error) string {
 	if err == nil {
 		return ""

@@ -90,10 +90,17 @@ type Config struct {
 
 // Tool declares one source of tools for guests: an MCP server the daemon connects
 // to as a client, over stdio (Command, which the daemon starts, with the daemon's
-// own rights) or streamable HTTP (URL, with a bearer token from TokenFile). Each of
-// its tools is offered as NAME.TOOL (the tool's name with characters other than
-// letters, digits and '_' made '_').
+// own rights) or streamable HTTP (URL, with a bearer token from TokenFile), each of
+// its tools offered as NAME.TOOL (the tool's name with characters other than
+// letters, digits and '_' made '_'); or a SQLite database (Path), offered as
+// NAME.query(sql, params, max_rows) under the SQL tool's rules.
 type Tool struct {
+	// Path is a SQLite database outside every workspace (absolute). Its statements
+	// run in a SQL worker, as POST /v1/sql's do, which is given the file's
+	// directory: keep the database in a directory of its own. Writable lets a
+	// statement that writes run, once approved (else it is refused).
+	Path     string `toml:"path"`
+	Writable bool   `toml:"writable"`
 	// Command is the server's argv (the first an absolute path, or a name looked
 	// up in the daemon's PATH); Env its environment (nothing else of the daemon's
 	// but PATH).
@@ -169,11 +176,21 @@ func (c Config) validateTools(add func(key, format string, a ...any)) {
 		if !toolName.MatchString(name) {
 			add(key, "the name must be a Python identifier of letters, digits and '_' (it is the guest's sandcell.tools.%s)", name)
 		}
+		kinds := 0
+		for _, set := range []bool{len(t.Command) > 0, t.URL != "", t.Path != ""} {
+			if set {
+				kinds++
+			}
+		}
 		switch {
-		case len(t.Command) > 0 && t.URL != "":
-			add(key, "command and url are two kinds of server: give one")
-		case len(t.Command) == 0 && t.URL == "":
-			add(key, "give command (an MCP server over stdio) or url (over streamable HTTP)")
+		case kinds > 1:
+			add(key, "command, url and path are three kinds of source: give one")
+		case kinds == 0:
+			add(key, "give command (an MCP server over stdio), url (over streamable HTTP) or path (a SQLite database)")
+		case t.Path != "" && (!filepath.IsAbs(t.Path) || filepath.Dir(t.Path) == "/"):
+			add(key+".path", "must be an absolute path to a database in a directory of its own, is %q", t.Path)
+		case t.Writable && t.Path == "":
+			add(key+".writable", "is for a database (path); an MCP server's tools say whether they write")
 		case len(t.Command) > 0 && t.Command[0] == "":
 			add(key+".command", "the program is empty")
 		case t.URL != "" && !strings.HasPrefix(t.URL, "http://") && !strings.HasPrefix(t.URL, "https://"):

@@ -180,7 +180,7 @@ calls = -1
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"tools.bad-name: the name must be a Python identifier", "tools.both: command and url",
+	for _, want := range []string{"tools.bad-name: the name must be a Python identifier", "tools.both: command, url and path",
 		"tools.neither: give command", `tools.neither.roles: "root" is not a role`, `tools.limits.url: "ftp://example"`,
 		"tools.limits.token_file", "tools.limits.argument_bytes", "tools.limits.calls"} {
 		if !strings.Contains(err.Error(), want) {

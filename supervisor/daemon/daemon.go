@@ -51,6 +51,7 @@ import (
 	"github.com/sandcell/sandcell/supervisor/runs"
 	"github.com/sandcell/sandcell/supervisor/selftest"
 	"github.com/sandcell/sandcell/supervisor/sessions"
+	"github.com/sandcell/sandcell/supervisor/sqltool"
 	"github.com/sandcell/sandcell/supervisor/store"
 	"github.com/sandcell/sandcell/supervisor/toolbroker"
 	"github.com/sandcell/sandcell/supervisor/workspace"
@@ -238,7 +239,10 @@ func Open(o Options) (_ *Daemon, err error) {
 		metrics.CountSessions(d.sess)
 	}
 	// The tools guests may call ([tools]): connected in the background from now on.
-	d.tools = toolbroker.New(toolbroker.Options{Approvals: approvals, Audit: d.audit}, cfg.Tools)
+	d.tools = toolbroker.New(toolbroker.Options{Approvals: approvals, Audit: d.audit,
+		SQL: func(ctx context.Context, caller identity.Caller, dir string, req sqltool.Request) (sqltool.Outcome, error) {
+			return d.srv.RunSQLFile(ctx, caller, dir, req) // (d.srv is made below, before any run)
+		}}, cfg.Tools)
 	d.tools.Start(d.bg)
 	metrics.CountTools(d.tools)
 	d.srv = api.New(api.Options{

@@ -50,6 +50,8 @@ type Options struct {
 	Approvals *approvals.Queue
 	// Audit records each call (tool.called) and each approval asked.
 	Audit *audit.Writer
+	// SQL runs a database source's statements; nil: such sources fail their calls.
+	SQL SQL
 }
 
 // Decisions are what becomes of a call, as its tool.called record and the metrics
@@ -341,6 +343,15 @@ func (c *calls) call(ctx context.Context, call protocol.ToolCall, clock sandbox.
 	c.mu.Unlock()
 
 	rec["decision"] = "allowed"
+	if s.cfg.Path != "" {
+		// A database's query: whether it writes is the statement's to say.
+		c.mu.Lock()
+		if held && g.left > 0 {
+			c.grants[call.Tool] = g // (given back: the statement may only read)
+		}
+		c.mu.Unlock()
+		return c.query(ctx, s, call, clock, rec)
+	}
 	switch {
 	case held && g.left > 0:
 		rec["decision"], rec["approval"] = "granted", g.approval
@@ -359,6 +370,22 @@ func (c *calls) call(ctx context.Context, call protocol.ToolCall, clock sandbox.
 		return failure(protocol.ToolErrorLimit, fmt.Sprintf("the result is %d bytes, more than %s allows (%d)", len(res), srcName, s.cfg.ResultBytes))
 	}
 	return protocol.ToolAnswer{Result: res}
+}
+
+// approveOrGrant is approve, unless an earlier decision's grant covers call (which
+// it then uses): ok true when call may be made.
+func (c *calls) approveOrGrant(ctx context.Context, call protocol.ToolCall, clock sandbox.Clock, rec map[string]any) (protocol.ToolAnswer, bool) {
+	c.mu.Lock()
+	g := c.grants[call.Tool]
+	if g.left > 0 {
+		c.grants[call.Tool] = grant{approval: g.approval, left: g.left - 1}
+	}
+	c.mu.Unlock()
+	if g.left > 0 {
+		rec["decision"], rec["approval"] = "granted", g.approval
+		return protocol.ToolAnswer{}, true
+	}
+	return c.approve(ctx, call, clock, rec)
 }
 
 // approve asks a person to approve call and waits (the run's clock held) for the

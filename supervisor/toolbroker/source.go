@@ -57,6 +57,13 @@ func newSource(name string, cfg config.Tool) *source {
 func (s *source) session(ctx context.Context) (*mcp.ClientSession, []tool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.cfg.Path != "" {
+		// A database: nothing to connect to; its one tool, query.
+		if s.tools == nil {
+			s.tools = databaseTools(s.name, s.cfg.Writable)
+		}
+		return nil, s.tools, nil
+	}
 	if s.sess != nil {
 		return s.sess, s.tools, nil
 	}
