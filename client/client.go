@@ -123,13 +123,30 @@ func (c *Client) WriteFile(ctx context.Context, id, path string, data []byte) er
 // MCP client answered (POST /v1/approvals/{id}/confirm): a *wire.Problem forbidden
 // where the daemon's policy does not let this caller confirm its requests.
 func (c *Client) ConfirmApproval(ctx context.Context, id string, approve bool) error {
+	return c.ConfirmGrant(ctx, id, approve, 0)
+}
+
+// ConfirmGrant is ConfirmApproval for a program's tool call: approved with grant
+// n > 1, it covers the run's next calls to the same tool, n in all.
+func (c *Client) ConfirmGrant(ctx context.Context, id string, approve bool, n int) error {
 	decision := "deny"
 	if approve {
 		decision = "approve"
 	}
-	body, _ := json.Marshal(map[string]string{"decision": decision})
+	m := map[string]any{"decision": decision}
+	if approve && n > 1 {
+		m["grant"] = n
+	}
+	body, _ := json.Marshal(m)
 	var out json.RawMessage
 	return c.do(ctx, http.MethodPost, "/v1/approvals/"+url.PathEscape(id)+"/confirm", body, &out)
+}
+
+// Approval returns approval id as GET /v1/approvals/{id} gives it (the caller's own,
+// or any for an approver).
+func (c *Client) Approval(ctx context.Context, id string) (json.RawMessage, error) {
+	var out json.RawMessage
+	return out, c.do(ctx, http.MethodGet, "/v1/approvals/"+url.PathEscape(id), nil, &out)
 }
 
 // Tools returns GET /v1/tools: the agent tools' definitions, and whether they are

@@ -413,3 +413,41 @@ func TestMCPStdioMalformedLines(t *testing.T) {
 	}
 	t.Fatalf("no answer to tools/list after %d parse errors: %v", parseErrors, lines.Err())
 }
+
+// Code mode through the official TypeScript SDK's client over `sandcell mcp`: the
+// daemon's [tools.memory] is the reference memory server from npm, and the person at
+// the client approves the program's loop of writes once (see
+// test/mcp-client/codemode.mjs).
+func TestMCPCodeModeWithTheTypeScriptSDK(t *testing.T) {
+	dir, err := filepath.Abs("../../test/mcp-client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	server := filepath.Join(dir, "node_modules", ".bin", "mcp-server-memory")
+	if _, err := os.Stat(server); err != nil {
+		t.Fatalf("the reference memory server is not installed (make mcp-client, as make test does): %v", err)
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatalf("node is required (make mcp-client installs it): %v", err)
+	}
+	d := startMCPDaemon(t, "[approvals]\nelicitation = [\"socket\"]\n[tools.memory]\ncommand = ["+strconv.Quote(server)+
+		"]\nenv = { MEMORY_FILE_PATH = "+strconv.Quote(filepath.Join(t.TempDir(), "memory.jsonl"))+" }\n")
+	mcpCmd := cliCmd(t, "mcp", "--socket", d.sock)
+	env := map[string]string{}
+	for _, kv := range mcpCmd.Env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	args, _ := json.Marshal(mcpCmd.Args[1:])
+	envJSON, _ := json.Marshal(env)
+	cmd := exec.Command(node, "codemode.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "SANDCELL_MCP_COMMAND="+mcpCmd.Path, "SANDCELL_MCP_ARGS="+string(args),
+		"SANDCELL_MCP_ENV="+string(envJSON))
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}

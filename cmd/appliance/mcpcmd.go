@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/sandcell/sandcell/client"
 	"github.com/sandcell/sandcell/supervisor/config"
 	"github.com/sandcell/sandcell/supervisor/mcpserver"
+	"github.com/sandcell/sandcell/supervisor/toolbroker"
 	"github.com/sandcell/sandcell/supervisor/workspace"
 )
 
@@ -69,11 +71,18 @@ self-test fails it exits, saying why. See docs/agents.md.`,
 				socket, fixed = local.socket, workspace.DirectoryID
 			}
 			c := client.New(socket)
+			var guest atomic.Pointer[string] // the daemon's guest tools, as its listing last said
 			opts := mcpserver.Options{
 				Version:     version,
 				Backend:     func(string) mcpserver.Backend { return c },
-				Unavailable: func(ctx context.Context) string { return unavailable(ctx, c) },
-				Workspace:   fixed,
+				Unavailable: func(ctx context.Context) string { return unavailable(ctx, c, &guest) },
+				GuestTools: func() string {
+					if g := guest.Load(); g != nil {
+						return *g
+					}
+					return ""
+				},
+				Workspace: fixed,
 			}
 			if cache := defaultCacheDir(); wsDir == "" && cache != "" {
 				// The workspace of the last `sandcell mcp` on this socket, kept
@@ -105,8 +114,9 @@ self-test fails it exits, saying why. See docs/agents.md.`,
 	return cmd
 }
 
-// unavailable asks the daemon whether its tools are offered (GET /v1/tools).
-func unavailable(ctx context.Context, c *client.Client) string {
+// unavailable asks the daemon whether its tools are offered (GET /v1/tools), and
+// keeps in guest what its listing says of the guest tools (their summary).
+func unavailable(ctx context.Context, c *client.Client, guest *atomic.Pointer[string]) string {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	raw, err := c.Tools(ctx)
@@ -114,12 +124,15 @@ func unavailable(ctx context.Context, c *client.Client) string {
 		return "the daemon cannot be reached: " + err.Error()
 	}
 	var l struct {
-		Available bool   `json:"available"`
-		Reason    string `json:"reason"`
+		Available  bool                `json:"available"`
+		Reason     string              `json:"reason"`
+		GuestTools []toolbroker.Source `json:"guest_tools"`
 	}
 	if json.Unmarshal(raw, &l) != nil {
 		return "the daemon's tool listing cannot be read"
 	}
+	summary := toolbroker.SummaryOf(l.GuestTools)
+	guest.Store(&summary)
 	if !l.Available {
 		return l.Reason
 	}

@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -13,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/sandcell/sandcell/supervisor/api"
 	"github.com/sandcell/sandcell/supervisor/config"
 	"github.com/sandcell/sandcell/supervisor/store"
+	"github.com/sandcell/sandcell/supervisor/tools"
 )
 
 // referenceServer is the command of one of the reference MCP servers from npm
@@ -498,5 +502,37 @@ print(ro.query("SELECT count(*) FROM customers WHERE tier = :t", params={"t": "g
 	if !strings.HasPrefix(view.Result.Stdout, want) || !strings.Contains(view.Result.Stdout, "denied: the statement is refused") ||
 		!strings.HasSuffix(view.Result.Stdout, "\n1\n[[2]]\n") {
 		t.Fatalf("%s\n%s", view.Result.Stdout, view.Result.Stderr)
+	}
+}
+
+// Code mode over MCP: run_python's program loops over a tool that writes; the
+// person at the client (which can be asked: the Go SDK's client, answering MCP's
+// input requests) is shown the tool, its arguments and the program once, and
+// approves the loop's 50 calls in one answer; the run ends with them made.
+func TestMCPCodeModeConfirmedAtTheClient(t *testing.T) {
+	d := start(t, setup{elicitation: []string{"socket"}, tools: map[string]config.Tool{"memory": {
+		Command: referenceServer(t, "memory"), Env: map[string]string{"MEMORY_FILE_PATH": filepath.Join(t.TempDir(), "m.jsonl")}}}})
+	d.do(t, "GET", "/v1/tools", "") // (connects the server: the tools' descriptions list it)
+	var shown []string
+	cs := connectWith(t, d, &mcp.ClientOptions{ElicitationHandler: func(_ context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+		shown = append(shown, req.Params.Message)
+		return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"calls": 50}}, nil
+	}})
+	res, text := callTool(t, cs, tools.RunPython, map[string]any{"code": `
+from sandcell.tools import memory
+for i in range(50):
+    memory.create_entities(entities=[{"name": "e%d" % i, "entityType": "t", "observations": []}])
+print(len(memory.read_graph()["entities"]))
+`})
+	if res.IsError || !strings.Contains(text, "\n50\n") || len(shown) != 1 ||
+		!strings.Contains(shown[0], "calls memory.create_entities, a tool that writes") || !strings.Contains(shown[0], "for i in range(50):") {
+		t.Fatalf("%q, shown %q", text, shown)
+	}
+	count := map[string]int{}
+	for _, r := range d.toolRecords(t) {
+		count[fmt.Sprint(r["decision"])]++
+	}
+	if count["approved"] != 1 || count["granted"] != 49 || count["allowed"] != 1 {
+		t.Fatalf("tool.called decisions: %v", count)
 	}
 }

@@ -313,7 +313,16 @@ func (s *Server) getRun(c echo.Context) error {
 	if err != nil || !s.visible(c, run) {
 		return fail(wire.CodeNotFound, "no run "+c.Param("id"))
 	}
-	return runJSON(c, http.StatusOK, run)
+	v := run.View()
+	if s.o.Tools != nil && v.State != wire.Done {
+		if ap, tool, ok := s.o.Tools.Waiting(run.ID); ok {
+			peer, _ := PeerFrom(c.Request().Context())
+			v.Waiting = &wire.Waiting{Approval: ap, Tool: tool, Confirmable: s.mayConfirm(peer)}
+		}
+	}
+	c.Response().Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
+	c.Response().WriteHeader(http.StatusOK)
+	return v.WriteJSON(c.Response())
 }
 
 // cancelRun kills the run's worker and answers with its final state; a finished run

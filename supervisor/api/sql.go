@@ -355,7 +355,7 @@ func (s *Server) settle(c echo.Context, confirm bool) error {
 		}
 		switch {
 		case confirm:
-			ap, err = s.o.Approvals.Confirm(id, peer.Caller(), body.Decision == "approve")
+			ap, err = s.o.Approvals.ConfirmGrant(id, peer.Caller(), body.Decision == "approve", max(body.Grant, 1))
 		case body.Grant > 0 || ap.Action == toolbroker.Action:
 			ap, err = s.o.Approvals.DecideGrant(id, peer.Caller(), body.Decision == "approve", max(body.Grant, 1))
 		default:

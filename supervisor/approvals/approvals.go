@@ -414,6 +414,14 @@ func (a *Queue) Decidable(id string, by identity.Caller, confirm bool) (Approval
 // is the caller's to decide (policy's approvals.elicitation). Only the requester
 // may (the converse of Decide); to anyone else the approval does not exist.
 func (a *Queue) Confirm(id string, by identity.Caller, approve bool) (Approval, error) {
+	return a.ConfirmGrant(id, by, approve, 1)
+}
+
+// ConfirmGrant is Confirm with a grant (see DecideGrant), for a tool call.
+func (a *Queue) ConfirmGrant(id string, by identity.Caller, approve bool, n int) (Approval, error) {
+	if approve && (n < 1 || n > MaxGrant) {
+		return Approval{}, fmt.Errorf("%w: a grant covers 1 to %d calls, not %d", ErrState, MaxGrant, n)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	ap, err := a.lookup(id)
@@ -422,6 +430,9 @@ func (a *Queue) Confirm(id string, by identity.Caller, approve bool) (Approval, 
 	}
 	if ap.State != Pending {
 		return *ap, fmt.Errorf("%w: it is %s", ErrState, ap.State)
+	}
+	if approve && n > 1 {
+		ap.Grant = n
 	}
 	return a.decide(ap, by, approve, true), nil
 }

@@ -50,6 +50,10 @@ type Backend interface {
 	ReadFile(ctx context.Context, id, path string, max int64) ([]byte, int64, error)
 	WriteFile(ctx context.Context, id, path string, data []byte) error
 	ConfirmApproval(ctx context.Context, id string, approve bool) error
+	// Get, ConfirmGrant and Approval follow a program's tool calls (code mode).
+	Get(ctx context.Context, id string) (wire.View, error)
+	ConfirmGrant(ctx context.Context, id string, approve bool, n int) error
+	Approval(ctx context.Context, id string) (json.RawMessage, error)
 	OpenSession(ctx context.Context, req wire.SessionRequest) (wire.SessionView, error)
 	Cell(ctx context.Context, id string, req wire.CellRequest) (wire.CellAnswer, error)
 	CloseSession(ctx context.Context, id string) error
@@ -513,8 +517,8 @@ func ask(req *mcp.CallToolRequest, id, message string) *mcp.CallToolResult {
 // or the daemon's policy does not let this caller's confirmation count). It returns
 // "" when the call carries no answer.
 func answered(ctx context.Context, req *mcp.CallToolRequest, b Backend) (string, error) {
-	if req == nil || req.Params == nil || req.Params.RequestState == "" {
-		return "", nil
+	if req == nil || req.Params == nil || req.Params.RequestState == "" || strings.HasPrefix(req.Params.RequestState, runState) {
+		return "", nil // (a run's tool call's answer: resumeRun)
 	}
 	id := req.Params.RequestState
 	res, ok := req.Params.InputResponses[confirmInput].(*mcp.ElicitResult)
@@ -611,7 +615,22 @@ func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in too
 	} else if id != "" {
 		rr.Approval = id
 	}
+	if runID, decided, err := s.resumeRun(ctx, req, b); err != nil {
+		return nil, nil, err
+	} else if runID != "" {
+		return s.followRun(ctx, req, b, ws, in, runID, decided)
+	}
+	// Code mode, where the client can ask the person at it: the run is started,
+	// and followed; a tool call of its that waits for a decision is asked at the
+	// client (followRun).
+	following := canAsk(req) && s.o.GuestTools != nil && s.o.GuestTools() != ""
+	if following {
+		rr.Wait = new(false)
+	}
 	v, err := b.Run(ctx, rr)
+	if err == nil && following {
+		return s.followRun(ctx, req, b, ws, in, v.ID, "")
+	}
 	if id, confirmable := approvalID(err); id != "" && confirmable {
 		head := fmt.Sprintf("Run this Python in Sandcell's sandbox (workspace %s)?", ws)
 		if in.Path != "" {
@@ -624,6 +643,11 @@ func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in too
 	if err != nil {
 		return nil, nil, done(err)
 	}
+	return runResult(ctx, b, ws, in, v)
+}
+
+// runResult is run_python's answer for the run v (ended).
+func runResult(ctx context.Context, b Backend, ws string, in tools.RunPythonArgs, v wire.View) (*mcp.CallToolResult, any, error) {
 	out := RunResult{Workspace: ws, Run: v}
 	text := tools.RunText(v)
 	if in.SaveOutput != "" && v.Result != nil {
@@ -651,6 +675,86 @@ func (s *Server) runPython(ctx context.Context, req *mcp.CallToolRequest, in too
 	// A run that did not exit 0 is an error the agent sees as one.
 	res.IsError = v.Result == nil || v.Result.ExitCode != 0 || v.Result.Reason != "exited"
 	return res, out, nil
+}
+
+// runState is the state of a run_python answer that asks the person about a tool
+// call of the run: "run RUN-ID APPROVAL-ID".
+const runState = "run "
+
+// followRun waits for run id to end and answers with it; a tool call of the run
+// that waits for a decision the caller's own confirmation would take is asked of
+// the person at the client instead (an input request: the client's retry carries
+// the answer, see resumeRun, and the run is followed again; decided is the approval
+// that answer decided, which the run's view may still show for a moment).
+func (s *Server) followRun(ctx context.Context, req *mcp.CallToolRequest, b Backend, ws string, in tools.RunPythonArgs, id, decided string) (*mcp.CallToolResult, any, error) {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		v, err := b.Get(ctx, id)
+		if err != nil {
+			return nil, nil, describe(err)
+		}
+		if v.State == wire.Done {
+			return runResult(ctx, b, ws, in, v)
+		}
+		if w := v.Waiting; w != nil && w.Confirmable && w.Approval != decided {
+			return &mcp.CallToolResult{RequestState: runState + id + " " + w.Approval,
+				InputRequests: mcp.InputRequestMap{confirmInput: &mcp.ElicitParams{Message: s.toolCallMessage(ctx, b, w),
+					RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{
+						"calls": map[string]any{"type": "integer", "minimum": 1, "maximum": 10000, "default": 1,
+							"title": "Calls to approve", "description": "this call and the program's next calls to " +
+								w.Tool + ", this many in all (one answer for a loop)"}}}}}}, nil, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-tick.C:
+		}
+	}
+}
+
+// toolCallMessage is what the person at the client is shown of a program's tool
+// call that waits for them: the tool, its arguments and the program.
+func (s *Server) toolCallMessage(ctx context.Context, b Backend, w *wire.Waiting) string {
+	var ap struct {
+		Subject struct {
+			Tool      string          `json:"tool"`
+			Arguments json.RawMessage `json:"arguments"`
+			Program   string          `json:"program"`
+		} `json:"subject"`
+	}
+	raw, err := b.Approval(ctx, w.Approval)
+	if err == nil {
+		json.Unmarshal(raw, &ap)
+	}
+	return fmt.Sprintf("The program running in Sandcell's sandbox calls %s, a tool that writes. Allow it?\n\n"+
+		"Arguments: %s\n\nThe program:\n%s\n", visible(w.Tool), visible(string(ap.Subject.Arguments)), visible(ap.Subject.Program))
+}
+
+// resumeRun takes the person's answer about a run's tool call, when this call is
+// the client's retry with one (see followRun): it gives the daemon the decision and
+// returns the run to follow and the approval decided. It returns "" when this call
+// carries no such answer.
+func (s *Server) resumeRun(ctx context.Context, req *mcp.CallToolRequest, b Backend) (run, approval string, err error) {
+	if req == nil || req.Params == nil || !strings.HasPrefix(req.Params.RequestState, runState) {
+		return "", "", nil
+	}
+	run, approval, ok := strings.Cut(strings.TrimPrefix(req.Params.RequestState, runState), " ")
+	if !ok {
+		return "", "", errors.New("the client sent back a state this server did not give")
+	}
+	res, ok := req.Params.InputResponses[confirmInput].(*mcp.ElicitResult)
+	if !ok {
+		return "", "", fmt.Errorf("the client sent no answer for approval %s of run %s", approval, run)
+	}
+	n := 1
+	if c, ok := res.Content["calls"].(float64); ok && c >= 1 {
+		n = int(min(c, 10000))
+	}
+	// Refused (decided already by an approver, or not this caller's to decide):
+	// the run goes on either way, and is followed.
+	_ = b.ConfirmGrant(ctx, approval, res.Action == "accept", n)
+	return run, approval, nil
 }
 
 // CellResult is run_cell's structured result.

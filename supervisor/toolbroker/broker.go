@@ -70,7 +70,10 @@ func Decisions() []string {
 type Broker struct {
 	o      Options
 	counts map[string]*atomic.Int64 // calls by decision
-	mu     sync.Mutex
+	// waiting: a run's call waiting for a person (run ID -> waiting), for its
+	// view (Waiting).
+	waiting sync.Map
+	mu      sync.Mutex
 	// sources by name; a reload replaces the map (calls under way keep theirs).
 	sources map[string]*source
 	cfgs    map[string]config.Tool
@@ -85,6 +88,17 @@ func New(o Options, cfgs map[string]config.Tool) *Broker {
 	}
 	b.Reload(cfgs)
 	return b
+}
+
+// Waiting returns the approval a call of run id waits for, and the call's tool;
+// ok false when none waits.
+func (b *Broker) Waiting(runID string) (approval, tool string, ok bool) {
+	v, ok := b.waiting.Load(runID)
+	if !ok {
+		return "", "", false
+	}
+	w := v.([2]string)
+	return w[0], w[1], true
 }
 
 // Calls returns how many calls ended in decision (one of Decisions) since New.
@@ -177,27 +191,40 @@ func (b *Broker) List(ctx context.Context, allows func(role string) bool) []Sour
 	return out
 }
 
-// Summary lists the tools of the sources connected now, one line each ("NAME.TOOL
-// [writes]: the first line of its description"), for the agent tools'
-// descriptions (tools.WithGuestTools). It connects nothing: a source not yet
-// connected (Start connects them all) is left out until it is.
+// Summary lists the tools of the sources connected now (see SummaryOf), for the
+// agent tools' descriptions (tools.WithGuestTools). It connects nothing: a source
+// not yet connected (Start connects them all) is left out until it is.
 func (b *Broker) Summary() string {
-	var lines []string
-	srcs := b.current()
-	for _, name := range slices.Sorted(maps.Keys(srcs)) {
-		s := srcs[name]
+	var srcs []Source
+	cur := b.current()
+	for _, name := range slices.Sorted(maps.Keys(cur)) {
+		s := cur[name]
 		s.mu.Lock()
+		src := Source{Name: name}
 		for _, t := range s.tools {
-			line := "- " + t.spec.Name
-			if t.spec.Writes && *s.cfg.Approval {
+			src.Tools = append(src.Tools, t.spec)
+		}
+		s.mu.Unlock()
+		srcs = append(srcs, src)
+	}
+	return SummaryOf(srcs)
+}
+
+// SummaryOf lists the tools of srcs one line each: "- NAME.TOOL [writes]: the first
+// line of its description".
+func SummaryOf(srcs []Source) string {
+	var lines []string
+	for _, src := range srcs {
+		for _, t := range src.Tools {
+			line := "- " + t.Name
+			if t.Writes {
 				line += " [writes]"
 			}
-			if d, _, _ := strings.Cut(strings.TrimSpace(t.spec.Description), "\n"); d != "" {
+			if d, _, _ := strings.Cut(strings.TrimSpace(t.Description), "\n"); d != "" {
 				line += ": " + d
 			}
 			lines = append(lines, line)
 		}
-		s.mu.Unlock()
 	}
 	return strings.Join(lines, "\n")
 }
@@ -420,7 +447,13 @@ func (c *calls) approve(ctx context.Context, call protocol.ToolCall, clock sandb
 			map[string]any{"approval": ap.ID, "action": Action, "tool": call.Tool, "arguments_sha256": digest(call.Arguments)})
 	}
 	release := clock.Hold()
+	if c.scope.RunID != "" {
+		c.b.waiting.Store(c.scope.RunID, [2]string{ap.ID, call.Tool})
+	}
 	got, err := q.Wait(ctx, ap.ID)
+	if c.scope.RunID != "" {
+		c.b.waiting.Delete(c.scope.RunID)
+	}
 	release()
 	switch {
 	case err != nil:

@@ -368,6 +368,18 @@ type View struct {
 	CreatedAt  time.Time        `json:"created_at"`
 	FinishedAt *time.Time       `json:"finished_at,omitempty"`
 	Result     *protocol.Result `json:"result,omitempty"`
+	// Waiting says that one of the running program's tool calls waits for a
+	// person's decision (code mode): the approval, and the tool.
+	Waiting *Waiting `json:"waiting,omitempty"`
+}
+
+// Waiting is a run's tool call waiting for approval Approval (of Tool, SOURCE.TOOL).
+type Waiting struct {
+	Approval string `json:"approval"`
+	Tool     string `json:"tool"`
+	// Confirmable: the caller's own confirmation (asked of the person at its MCP
+	// client) would decide it (approvals.elicitation).
+	Confirmable bool `json:"confirmable,omitempty"`
 }
 
 // WriteJSON writes v as JSON to w, streaming the result's output (see
