@@ -536,3 +536,66 @@ print(len(memory.read_graph()["entities"]))
 		t.Fatalf("tool.called decisions: %v", count)
 	}
 }
+
+// A session's state paused to disk and resumed, or forked, holds what its cells got
+// from their calls, and no call is made again: the records count the calls made. A
+// reload's [tools] are what the next runs may call.
+func TestGuestToolsNeverReplayedAndReloaded(t *testing.T) {
+	script, _ := filepath.Abs("testdata/faulty_mcp.py")
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatalf("python3 is required: %v", err)
+	}
+	uid := os.Getuid()
+	a := api.Access{Admins: api.Principals{UIDs: map[int]bool{uid: true}}}
+	d := start(t, setup{access: &a, tools: map[string]config.Tool{"faulty": {Command: []string{py, script}}},
+		sessions: func(s *config.Sessions) { s.PauseAfter.Duration = 300 * time.Millisecond }})
+	calls := func() int { return len(d.toolRecords(t)) }
+	sid := d.openSession(t, `{}`)
+	if code, _, raw := d.cell(t, sid, `{"code":"from sandcell.tools import faulty\nx = faulty.ok(n=1)"}`); code != 200 || calls() != 1 {
+		t.Fatalf("the first cell: %d %s, %d calls", code, raw, calls())
+	}
+	// Paused to disk once idle, then resumed by the next cell.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, b := d.do(t, "GET", "/v1/sessions/"+sid, "")
+		if strings.Contains(string(b), `"state":"paused"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the session was not paused: %s", b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, ans, raw := d.cell(t, sid, `{"code":"x"}`); code != 200 || ans.Value != "{'n': 1}" || calls() != 1 {
+		t.Fatalf("resumed: %d %s, %d calls", code, raw, calls())
+	}
+	resp, b := d.do(t, "POST", "/v1/sessions/"+sid+"/fork", "")
+	var fork struct {
+		ID string `json:"id"`
+	}
+	if json.Unmarshal(b, &fork); resp.StatusCode != 201 {
+		t.Fatalf("fork: %d %s", resp.StatusCode, b)
+	}
+	if code, ans, raw := d.cell(t, fork.ID, `{"code":"x, faulty.ok(n=2)"}`); code != 200 || ans.Value != "({'n': 1}, {'n': 2})" || calls() != 2 {
+		t.Fatalf("the fork: %d %s, %d calls", code, raw, calls())
+	}
+	if last := d.toolRecords(t)[1]; last["session"] != fork.ID {
+		t.Fatalf("the fork's call's record: %v", last)
+	}
+
+	d.reload(func(c *config.Config) {
+		c.Tools = map[string]config.Tool{"second": {Command: []string{py, script}, Allow: []string{"ok"}}}
+	})
+	b, _ = json.Marshal(map[string]any{"code": "import sandcell.tools as t\nprint([s['name'] for s in t.list()], t.second.ok(k=3))"})
+	_, raw := d.do(t, "POST", "/v1/runs", string(b))
+	var view struct {
+		Result struct {
+			Stdout string `json:"stdout"`
+		} `json:"result"`
+	}
+	json.Unmarshal(raw, &view)
+	if view.Result.Stdout != "['second.ok'] {'k': 3}\n" {
+		t.Fatalf("after the reload: %s", raw)
+	}
+}
