@@ -243,6 +243,23 @@ print(len(memory.read_graph()["entities"]))
 	if last := recs[len(recs)-1]; last["session"] != sid || last["tool"] != "memory.read_graph" || last["decision"] != "allowed" {
 		t.Fatalf("the cell's call's record: %v", last)
 	}
+	// A cell's loop of writes, approved once.
+	type answer struct {
+		code int
+		raw  []byte
+	}
+	done := make(chan answer, 1)
+	go func() {
+		code, _, raw := d.cell(t, sid, `{"code":"for i in range(10):\n    memory.add_observations(observations=[{'entityName': 'e1', 'contents': ['c%d' % i]}])\nlen(memory.open_nodes(names=['e1'])['entities'][0]['observations'])"}`)
+		done <- answer{code, raw}
+	}()
+	ap = d.pendingToolCall(t)
+	if code, m := decide(ap["id"].(string), `{"decision":"approve","grant":10}`); code != 200 {
+		t.Fatalf("approve the cell's loop: %d %v", code, m)
+	}
+	if got := <-done; got.code != 200 || !strings.Contains(string(got.raw), `"value":"11"`) {
+		t.Fatalf("the cell's loop: %d %s", got.code, got.raw)
+	}
 }
 
 // waitRun polls run id until it is done and returns its view.
