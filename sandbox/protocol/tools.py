@@ -110,11 +110,14 @@ def _sandcell_tools(call, json, types):
             specs = exchange({"list": True}).get("tools") or []
             groups = {}
             for spec in specs:
-                group, short, f = function(spec)
-                ns = groups.get(group)
-                if ns is None:
-                    ns = groups[group] = types.SimpleNamespace()
-                setattr(ns, short, f)
+                try:
+                    group, short, f = function(spec)
+                    ns = groups.get(group)
+                    if ns is None:
+                        ns = groups[group] = types.SimpleNamespace()
+                    setattr(ns, short, f)
+                except Exception:
+                    continue  # a name no namespace can hold: that tool alone is left out
             for group, ns in groups.items():
                 setattr(mod, group, ns)
             state["specs"] = specs

@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -342,7 +344,7 @@ print(json.loads(tool_call(json.dumps({"tool": "admins.ok", "arguments": {}}).en
 		`error | ToolError: faulty.error: it failed`, `{'after': 'error'}`,
 		`ToolLimit: the arguments are 208 bytes, more than limited allows (100)`,
 		`[{'i': 0}, {'i': 1}, {'i': 2}, 'ToolLimit: this run has made the 3 calls limited allows']`,
-		`['faulty', 'faulty', 'faulty', 'faulty', 'faulty', 'faulty', 'limited']`,
+		`['faulty', 'faulty', 'faulty', 'faulty', 'faulty', 'faulty', 'faulty', 'limited']`,
 		`ToolDenied`,
 	}
 	if len(lines) != len(want) {
@@ -614,5 +616,92 @@ func TestGuestToolsNeverReplayedAndReloaded(t *testing.T) {
 	json.Unmarshal(raw, &view)
 	if view.Result.Stdout != "['second.ok'] {'k': 3}\n" {
 		t.Fatalf("after the reload: %s", raw)
+	}
+}
+
+// What a hostile review found: a server whose listing pages without end is refused,
+// not held; one run's end does not end another's call on the same server; a run's
+// refused calls are bounded, and so are their records; a redirect does not carry
+// the token; a session cell's call does not find another cell's approval waiting.
+func TestGuestToolsUnderAttack(t *testing.T) {
+	script, _ := filepath.Abs("testdata/faulty_mcp.py")
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatalf("python3 is required: %v", err)
+	}
+	d, _ := toolsDaemon(t, map[string]config.Tool{
+		"faulty": {Command: []string{py, script}, Calls: 5},
+		"pages":  {Command: []string{py, script}, Env: map[string]string{"FAULTY_PAGES": "1"}},
+	})
+	run := func(code string, timeoutMS int, wait bool) (string, []byte) {
+		b, _ := json.Marshal(map[string]any{"code": code, "wait": wait, "limits": map[string]any{"timeout_ms": timeoutMS}})
+		_, raw := d.do(t, "POST", "/v1/runs", string(b))
+		var v struct {
+			ID string `json:"id"`
+		}
+		json.Unmarshal(raw, &v)
+		return v.ID, raw
+	}
+	_, body := d.do(t, "GET", "/v1/tools", "")
+	if !strings.Contains(string(body), `"name":"pages","roles":["runner"],"tools":[],"error":"it lists more than 512 tools"`) {
+		t.Fatalf("a listing without end: %s", body)
+	}
+	victim, _ := run("from sandcell.tools import faulty\nprint(faulty.sleepy(s=2))", 20000, false)
+	time.Sleep(500 * time.Millisecond)
+	run("from sandcell.tools import faulty\nfaulty.sleepy(s=1)", 1000, true)
+	var view struct {
+		Result struct {
+			Stdout string `json:"stdout"`
+			Stderr string `json:"stderr"`
+		} `json:"result"`
+	}
+	json.Unmarshal(d.waitRun(t, victim), &view)
+	if view.Result.Stdout != "{'s': 2}\n" {
+		t.Fatalf("another run's end ended this one's call: %q %s", view.Result.Stdout, view.Result.Stderr)
+	}
+	before := len(d.toolRecords(t))
+	_, raw := run(`
+import json
+from _sandcell import tool_call
+n = 0
+for i in range(5000):
+    a = json.loads(tool_call(json.dumps({"tool": "faulty." + "X" * 5000, "arguments": {}}).encode()))
+    n += a["error"]["class"] == "ToolLimit"
+print(n)
+`, 60000, true)
+	json.Unmarshal(raw, &view)
+	// The bound: twice the sources' calls (5 and the default 1000) and 64; one
+	// record past it.
+	if got := len(d.toolRecords(t)) - before; view.Result.Stdout != "2926\n" || got != 2*(5+1000)+64+1 {
+		t.Fatalf("5000 refused calls: %d records, %s", got, raw)
+	}
+	for _, r := range d.toolRecords(t)[before:] {
+		if len(fmt.Sprint(r["tool"])) > 300 {
+			t.Fatalf("a record holds the guest's whole name: %d bytes", len(fmt.Sprint(r["tool"])))
+		}
+	}
+}
+
+// A streamable HTTP source that redirects elsewhere: the redirect is not followed,
+// and the token goes nowhere but the configured URL.
+func TestGuestToolsTokenStaysWithItsServer(t *testing.T) {
+	var leaked atomic.Int32
+	elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "" {
+			leaked.Add(1)
+		}
+		w.WriteHeader(404)
+	}))
+	defer elsewhere.Close()
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, elsewhere.URL+"/steal", http.StatusTemporaryRedirect)
+	}))
+	defer redirect.Close()
+	token := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(token, []byte("s3cret"), 0o600)
+	d, _ := toolsDaemon(t, map[string]config.Tool{"remote": {URL: redirect.URL + "/mcp", TokenFile: token}})
+	_, body := d.do(t, "GET", "/v1/tools", "")
+	if !strings.Contains(string(body), `"name":"remote"`) || !strings.Contains(string(body), `"error":"connect:`) || leaked.Load() != 0 {
+		t.Fatalf("%d requests elsewhere carried the token: %s", leaked.Load(), body)
 	}
 }

@@ -137,7 +137,11 @@ func (s *Server) createRun(c echo.Context) error {
 		ws := acquired
 		ended = func() { s.release(ws) }
 	}
-	run, err := s.o.Service.Start(req, peer.Caller(), ended, s.guestTools(peer, "", req.Code+req.Path))
+	program := req.Code
+	if req.Path != "" {
+		program = "(the workspace's file " + req.Path + ", as it is when the run reads it)"
+	}
+	run, err := s.o.Service.Start(req, peer.Caller(), ended, s.guestTools(peer, "", program))
 	if err != nil {
 		return err // queue_full, caller_limit, stopping (problemOf)
 	}

@@ -456,6 +456,18 @@ func (a *Queue) Redeem(id string, caller identity.Caller, digest string) (Approv
 	return *ap, nil
 }
 
+// Withdraw ends approval id while it is pending (expired now): what asked for it
+// no longer waits (a run that ended). It changes nothing otherwise.
+func (a *Queue) Withdraw(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if ap, ok := a.m[id]; ok && ap.State == Pending {
+		ap.State, ap.ExpiresAt = Expired, a.now().UTC()
+		close(a.decided)
+		a.decided = make(chan struct{})
+	}
+}
+
 // Restore makes a spent approval usable again when what it was spent on never ran
 // (the queue was full, the daemon is stopping); it changes nothing otherwise.
 func (a *Queue) Restore(id string) {

@@ -19,6 +19,7 @@ package toolbroker
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -144,10 +145,10 @@ func (b *Broker) Start(ctx context.Context) {
 	}
 }
 
-// Close ends every source's session and server.
+// Close ends every source's session and server (the daemon stops).
 func (b *Broker) Close() {
 	for _, s := range b.current() {
-		s.close()
+		s.kill()
 	}
 }
 
@@ -199,6 +200,9 @@ func (b *Broker) Summary() string {
 	cur := b.current()
 	for _, name := range slices.Sorted(maps.Keys(cur)) {
 		s := cur[name]
+		if !slices.Contains(s.cfg.Roles, "runner") {
+			continue // the descriptions are every caller's: only what every runner may call
+		}
 		s.mu.Lock()
 		src := Source{Name: name}
 		for _, t := range s.tools {
@@ -210,12 +214,21 @@ func (b *Broker) Summary() string {
 	return SummaryOf(srcs)
 }
 
+// maxSummary bounds a summary (it is in two tools' descriptions): past it, the
+// rest are counted, for sandcell.tools.help() to list.
+const maxSummary = 8 << 10
+
 // SummaryOf lists the tools of srcs one line each: "- NAME.TOOL [writes]: the first
-// line of its description".
+// line of its description", at most maxSummary bytes.
 func SummaryOf(srcs []Source) string {
 	var lines []string
+	size, left := 0, 0
 	for _, src := range srcs {
 		for _, t := range src.Tools {
+			if size > maxSummary {
+				left++
+				continue
+			}
 			line := "- " + t.Name
 			if t.Writes {
 				line += " [writes]"
@@ -223,8 +236,15 @@ func SummaryOf(srcs []Source) string {
 			if d, _, _ := strings.Cut(strings.TrimSpace(t.Description), "\n"); d != "" {
 				line += ": " + d
 			}
+			if len(line) > 300 {
+				line = line[:300] + "..."
+			}
 			lines = append(lines, line)
+			size += len(line) + 1
 		}
+	}
+	if left > 0 {
+		lines = append(lines, fmt.Sprintf("- and %d more (sandcell.tools.help() lists them)", left))
 	}
 	return strings.Join(lines, "\n")
 }
@@ -252,7 +272,9 @@ type Scope struct {
 // For returns the Tools that answer the calls of one run or cell: its own limits
 // and grants, counted from zero.
 func (b *Broker) For(scope Scope) sandbox.Tools {
-	return &calls{b: b, scope: scope, used: map[string]int{}, grants: map[string]grant{}}
+	nonce := make([]byte, 8)
+	rand.Read(nonce)
+	return &calls{b: b, scope: scope, used: map[string]int{}, grants: map[string]grant{}, nonce: hex.EncodeToString(nonce)}
 }
 
 // calls is one run's (or cell's) sandbox.Tools.
@@ -263,6 +285,8 @@ type calls struct {
 	mu     sync.Mutex
 	used   map[string]int   // calls made, by source
 	asked  int              // approvals asked
+	nonce  string           // this run's or cell's own, in its approvals' digests
+	tried  int              // calls tried, whatever became of them
 	grants map[string]grant // by tool (SOURCE.TOOL): what a decision left
 }
 
@@ -295,11 +319,31 @@ func (c *calls) Call(ctx context.Context, call protocol.ToolCall, clock sandbox.
 		}
 		return protocol.ToolAnswer{Tools: specs}
 	}
-	began := time.Now()
-	rec := map[string]any{"tool": call.Tool, "arguments_sha256": digest(call.Arguments)}
-	if c.scope.RunID == "" {
-		rec["session"], rec["code_sha256"] = c.scope.Session, digest([]byte(c.scope.Program))
+	// Calls of every kind count against a bound of their own, so that a guest's
+	// refused calls cannot grow the audit log without end: past it, the run's calls
+	// are refused, and the first refusal alone is recorded.
+	c.mu.Lock()
+	c.tried++
+	tried := c.tried
+	c.mu.Unlock()
+	if bound := c.maxTries(); tried > bound {
+		answer := failure(protocol.ToolErrorLimit, fmt.Sprintf("this run has tried %d tool calls, the most it may (its calls are refused from here, and no longer recorded one by one)", bound))
+		if tried > bound+1 {
+			return answer
+		}
+		call.Tool = "(any)"
+		defer func() {
+			c.b.counts["limit"].Add(1)
+			c.record(ctx, map[string]any{"tool": call.Tool, "decision": "limit", "error": answer.Error.Message})
+		}()
+		return answer
 	}
+	began := time.Now()
+	name := call.Tool
+	if len(name) > 200 {
+		name = name[:200] + "... (sha256 " + digest([]byte(call.Tool)) + ")"
+	}
+	rec := map[string]any{"tool": name, "arguments_sha256": digest(call.Arguments)}
 	answer := c.call(ctx, call, clock, rec)
 	rec["ms"] = float64(time.Since(began).Microseconds()) / 1000
 	if n := c.b.counts[fmt.Sprint(rec["decision"])]; n != nil {
@@ -310,14 +354,33 @@ func (c *calls) Call(ctx context.Context, call protocol.ToolCall, clock sandbox.
 	} else {
 		rec["result_sha256"] = digest(answer.Result)
 	}
-	if c.b.o.Audit != nil {
-		if err := c.b.o.Audit.Record(context.WithoutCancel(ctx), store.ToolCalled, c.scope.Caller, c.scope.RunID, rec); err != nil && answer.Error == nil {
-			// A call the log cannot record is not answered as made: the guest does
-			// not learn its result (it was made: the record says so when it can).
-			return failure(protocol.ToolErrorFailed, "the audit log cannot record the call")
-		}
+	if err := c.record(ctx, rec); err != nil && answer.Error == nil {
+		// A call the log cannot record is not answered as made: the guest does
+		// not learn its result (it was made: the record says so when it can).
+		return failure(protocol.ToolErrorFailed, "the audit log cannot record the call")
 	}
 	return answer
+}
+
+// record writes the call's tool.called record.
+func (c *calls) record(ctx context.Context, rec map[string]any) error {
+	if c.b.o.Audit == nil {
+		return nil
+	}
+	if c.scope.RunID == "" {
+		rec["session"], rec["code_sha256"] = c.scope.Session, digest([]byte(c.scope.Program))
+	}
+	return c.b.o.Audit.Record(context.WithoutCancel(ctx), store.ToolCalled, c.scope.Caller, c.scope.RunID, rec)
+}
+
+// maxTries is how many calls a run (or cell) may try: its sources' calls together,
+// and as many again for calls refused before they count against a source's.
+func (c *calls) maxTries() int {
+	n := 0
+	for _, s := range c.b.current() {
+		n += s.cfg.Calls
+	}
+	return 2*n + 64
 }
 
 // call decides and makes call, setting rec's decision.
@@ -347,7 +410,7 @@ func (c *calls) call(ctx context.Context, call protocol.ToolCall, clock sandbox.
 		call.Arguments = json.RawMessage("{}")
 	}
 	var obj map[string]json.RawMessage
-	if json.Unmarshal(call.Arguments, &obj) != nil {
+	if json.Unmarshal(call.Arguments, &obj) != nil || obj == nil {
 		rec["decision"] = "failed"
 		return failure(protocol.ToolErrorFailed, "the arguments are not a JSON object")
 	}
@@ -434,7 +497,7 @@ func (c *calls) approve(ctx context.Context, call protocol.ToolCall, clock sandb
 	// Two calls alike are two approvals: the digest names this call of the run.
 	c.mu.Lock()
 	c.asked++
-	d = fmt.Sprintf("%s/%s%s/%d", d, c.scope.RunID, c.scope.Session, c.asked)
+	d = fmt.Sprintf("%s/%s%s/%s/%d", d, c.scope.RunID, c.scope.Session, c.nonce, c.asked)
 	c.mu.Unlock()
 	ap, err := q.Request(Action, c.scope.Caller, subject, d, "")
 	if err != nil {
@@ -458,6 +521,7 @@ func (c *calls) approve(ctx context.Context, call protocol.ToolCall, clock sandb
 	switch {
 	case err != nil:
 		rec["decision"] = "declined"
+		q.Withdraw(ap.ID) // nobody waits for it now
 		return failure(protocol.ToolErrorDeclined, "the run ended while the call waited for its approval"), false
 	case got.State != approvals.Approved:
 		rec["decision"] = "declined"

@@ -1,10 +1,13 @@
 """A faulty MCP server over stdio, for the tool broker's tests: its tools misbehave
-as their names say. Newline-delimited JSON-RPC, as the MCP stdio transport is."""
+as their names say ("sleepy" sleeps its argument s, in seconds). Newline-delimited
+JSON-RPC, as the MCP stdio transport is. With FAULTY_PAGES set, its tool listing
+pages without end."""
 import json
+import os
 import sys
 import time
 
-TOOLS = ["ok", "hang", "crash", "garbage", "huge", "error"]
+TOOLS = ["ok", "hang", "crash", "garbage", "huge", "error", "sleepy"]
 
 
 def send(msg):
@@ -21,6 +24,10 @@ for line in sys.stdin:
         send({"jsonrpc": "2.0", "id": rid, "result": {
             "protocolVersion": req["params"]["protocolVersion"], "capabilities": {"tools": {}},
             "serverInfo": {"name": "faulty", "version": "1"}}})
+    elif method == "tools/list" and os.environ.get("FAULTY_PAGES"):
+        page = int((req.get("params") or {}).get("cursor") or 0)
+        send({"jsonrpc": "2.0", "id": rid, "result": {"nextCursor": str(page + 1), "tools": [
+            {"name": "t%d_%d" % (page, i), "description": "d" * 1000, "inputSchema": {"type": "object"}} for i in range(50)]}})
     elif method == "tools/list":
         send({"jsonrpc": "2.0", "id": rid, "result": {"tools": [
             {"name": n, "description": "misbehaves: " + n, "inputSchema": {"type": "object"},
@@ -38,6 +45,8 @@ for line in sys.stdin:
         elif name == "huge":
             send({"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": "x" * (8 << 20)}]}})
             continue
+        elif name == "sleepy":
+            time.sleep(req["params"]["arguments"]["s"])
         elif name == "error":
             send({"jsonrpc": "2.0", "id": rid, "result": {"isError": True, "content": [{"type": "text", "text": "it failed"}]}})
             continue
