@@ -307,19 +307,7 @@ func (a *Queue) List(state State) []Approval {
 // Decide approves or denies a pending approval. Approved, it may be redeemed once
 // within Window.
 func (a *Queue) Decide(id string, by identity.Caller, approve bool) (Approval, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	ap, err := a.lookup(id)
-	if err != nil {
-		return Approval{}, err
-	}
-	if ap.State != Pending {
-		return *ap, fmt.Errorf("%w: it is %s", ErrState, ap.State)
-	}
-	if by == ap.Requester {
-		return *ap, ErrSelfApproval
-	}
-	return a.decide(ap, by, approve, false), nil
+	return a.DecideGrant(id, by, approve, 1)
 }
 
 // DecideGrant is Decide for a tool call (action "tool.call"): approved with grant
@@ -341,7 +329,7 @@ func (a *Queue) DecideGrant(id string, by identity.Caller, approve bool, n int) 
 	if by == ap.Requester {
 		return *ap, ErrSelfApproval
 	}
-	if approve {
+	if approve && n > 1 {
 		ap.Grant = n
 	}
 	return a.decide(ap, by, approve, false), nil

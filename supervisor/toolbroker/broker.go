@@ -350,7 +350,11 @@ func (c *calls) Call(ctx context.Context, call protocol.ToolCall, clock sandbox.
 		n.Add(1)
 	}
 	if answer.Error != nil {
-		rec["error"] = answer.Error.Class + ": " + answer.Error.Message
+		msg := answer.Error.Class + ": " + answer.Error.Message
+		if len(msg) > 1000 { // (a guest's name or a server's text: the record keeps its head)
+			msg = msg[:1000] + "..."
+		}
+		rec["error"] = msg
 	} else {
 		rec["result_sha256"] = digest(answer.Result)
 	}
