@@ -65,6 +65,7 @@ type Session struct {
 	// comes in.
 	calls      atomic.Pointer[toolScope]
 	toolServer *toolServer // serves the channel (nil: none)
+	endCalls   func()      // ends the running cell's calls (under mu)
 	closing    atomic.Bool
 }
 
@@ -418,6 +419,7 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	defer clock.Stop()
 	calls, endCalls := context.WithCancel(ctx)
 	defer endCalls()
+	ss.endCalls = endCalls // (a rollback ends them once the interpreter has)
 	ss.calls.Store(&toolScope{ctx: calls, tools: toolsOf(ctx), clock: clock})
 	defer ss.calls.Store(nil)
 	lim := cellLimits{clock: clock, startClock: startClock}
@@ -512,9 +514,6 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 		}
 	}
 	unwatch() // before a rollback continues the checkpoint
-	if why != "" {
-		endCalls() // a call the cell is waiting in answers now
-	}
 	rolledBack := false
 	switch {
 	case why == protocol.CPULimit && lim.sessionOver:
@@ -537,6 +536,9 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	case why != "":
 		grace := time.NewTimer(interruptGrace)
 		defer grace.Stop()
+		// A call the cell waits in returns into the interrupt (the worker stops
+		// waiting for its answer once the engine is interrupted); the call itself
+		// ends with the cell.
 		if protocol.Send(ss.p.ctl, protocol.Frame{Step: protocol.StepInterrupt, Interrupt: why}) != nil {
 			ss.p.kill()
 		}
@@ -730,6 +732,9 @@ func (ss *Session) rollback(ch <-chan received) received {
 	// The tools channel is brought back in step before the checkpoint carries
 	// on: the ended interpreter may have left a call or an answer half sent.
 	old, err := ss.forks.resume(func() {
+		if ss.endCalls != nil {
+			ss.endCalls() // a call the ended interpreter waited in
+		}
 		if ss.toolServer != nil {
 			ss.toolServer.Reset()
 		}

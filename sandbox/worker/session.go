@@ -113,6 +113,7 @@ func session(r *reply, req *protocol.Request) {
 				reason := f.Interrupt
 				interrupted.Store(&reason)
 				eng.Interrupt()
+				interruptCall() // a call the cell waits in returns, into the interrupt
 				continue
 			}
 			frames <- f
