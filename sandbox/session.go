@@ -417,7 +417,9 @@ func (ss *Session) RunStreaming(ctx context.Context, cell protocol.Request, obse
 	// that a wasm worker waiting in one hears its interrupt).
 	clock, startClock := heldDeadline(time.Duration(l.TimeoutMS) * time.Millisecond)
 	defer clock.Stop()
-	calls, endCalls := context.WithCancel(ctx)
+	// The calls end when the cell has (or a rollback ends them), not when its
+	// context does: a cell stopped in a call returns into its interrupt first.
+	calls, endCalls := context.WithCancel(context.WithoutCancel(ctx))
 	defer endCalls()
 	ss.endCalls = endCalls // (a rollback ends them once the interpreter has)
 	ss.calls.Store(&toolScope{ctx: calls, tools: toolsOf(ctx), clock: clock})

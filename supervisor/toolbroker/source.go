@@ -158,9 +158,12 @@ func (s *source) connect(ctx context.Context) (conn, error) {
 		for k, v := range s.cfg.Env {
 			cmd.Env = append(cmd.Env, k+"="+v)
 		}
-		// Its own process group, killed whole with the daemon or the source; its
+		// Its own process group, killed whole when the source ends or the daemon
+		// stops; a daemon killed closes its stdin, on which an MCP stdio server
+		// ends. (No parent-death signal: Linux sends it when the thread that
+		// started the server ends, which the Go runtime may do at any time.) Its
 		// stderr is the daemon's (the journal).
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		cmd.Stderr = os.Stderr
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
