@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 
@@ -93,6 +94,7 @@ func native(r *reply, req *protocol.Request, session bool) {
 			return
 		}
 	}
+	reserveHeap(heapSlack)
 	narrow(req, st)
 	var ok bool
 	if rep, ok = contract(req, st); !ok {
@@ -137,6 +139,23 @@ func native(r *reply, req *protocol.Request, session bool) {
 	// guest's stderr and end as a shell does for a program it cannot run.
 	fmt.Fprintf(os.Stderr, "sandcell: cannot start the native interpreter: %v\n", err)
 	os.Exit(127)
+}
+
+// heapSlack is the free memory the worker's heap holds when narrow sets the guest's
+// RLIMIT_DATA (4 MiB, one step of the heap's growth): what it allocates from there to
+// the exec (the contract's report, the exec's copies of the argument vector, where the
+// runner's source is tens of KiB, and of the environment) is far less.
+const heapSlack = 4 << 20
+
+// reserveHeap leaves n bytes free in the Go heap, mapped: RLIMIT_DATA counts every
+// private writable mapping, the worker's thread stacks and heap included, which may
+// already be past the native guest's limit (MinMemoryBytes, 32 MiB), and then any new
+// mapping fails; a heap that had to grow after narrow would end the worker ("fatal
+// error: runtime: out of memory", seen under load). The freed pages stay mapped and
+// are reused before the heap grows.
+func reserveHeap(n int) {
+	runtime.KeepAlive(make([]byte, n))
+	runtime.GC()
 }
 
 // checkpoints says a native session's interpreter keeps a checkpoint of itself (a
