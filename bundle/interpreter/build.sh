@@ -18,6 +18,10 @@ fresh=${3:-}
 . "$here/site-recipe.sh"
 cache=${SANDCELL_BUILD_CACHE:-/var/cache/sandcell-build}
 mkdir -p "$cache/src"
+# One build at a time per cache (two checkouts building at once would debootstrap
+# into the same root): a second waits here, then finds the first's results.
+exec 9>"$cache/interpreter.lock"
+flock 9
 
 # fetch URL-PREFIX LIST: each "path sha256" of LIST, fetched once from the Debian
 # archive into the cache, always checked against the recipe.

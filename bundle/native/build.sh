@@ -32,6 +32,10 @@ chroot=$(command -v chroot)
 cache=$(realpath -m "${SANDCELL_BUILD_CACHE:-/var/cache/sandcell-build}")
 debs=$cache/native-debs
 mkdir -p "$debs"
+# One build at a time per cache (two checkouts building at once would write the same
+# files): a second waits here, then finds the first's results.
+exec 9>"$cache/native.lock"
+flock 9
 tab=$(printf '\t')
 
 # The packages, fetched once into the cache from the Debian archive, always checked
