@@ -15,7 +15,7 @@ BUNDLE   := build/bundle
 export SANDCELL_BUNDLE_DIR := $(CURDIR)/$(BUNDLE)
 export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 
-.PHONY: help prereqs build interpreter interpreter-verify native native-verify bundle demo mcp-client runsc test test-short bench fuzz soak chaos limits check clean stage deb rpm lint-packages test-packages image-root image test-image
+.PHONY: help prereqs build interpreter interpreter-verify native native-verify bundle demo mcp-client runsc py-deps ts-client clients test test-short bench fuzz soak chaos limits check clean stage deb rpm lint-packages test-packages image-root image test-image
 
 # Packages: the version comes from `git describe` (a v* tag), else 0.1.0 with the
 # commit count and hash; SOURCE_DATE_EPOCH (the last commit's time) dates everything.
@@ -122,11 +122,32 @@ runsc: ## Install runsc (gVisor), which the gvisor layer's tests use
 	  if [ "$$(id -u)" != 0 ]; then echo "the tests need runsc; run: sudo apt-get install -y runsc" >&2; exit 1; fi; \
 	  echo "installing: runsc"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runsc; fi
 
-test: bundle mcp-client runsc ## Run every test with the real interpreter and real workers, then the sandbox suite again through warm workers
+# The Python client (clients/python): built and tested with Debian's python3 and
+# these packages from Debian's archive (never pip), installed when missing.
+PYTHON    := /usr/bin/python3
+PY_DEPS   := python3-httpx python3-pytest python3-pytest-asyncio python3-build python3-setuptools python3-wheel
+py-deps: ## Install the Debian packages the Python client's build and tests use
+	@need=""; for p in $(PY_DEPS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || need="$$need $$p"; done; \
+	  if [ -n "$$need" ]; then \
+	    if [ "$$(id -u)" != 0 ]; then echo "the Python client needs:$$need; run: sudo apt-get install -y$$need" >&2; exit 1; fi; \
+	    echo "installing:$$need"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; fi
+
+# The TypeScript client (clients/typescript): TypeScript and Node's types from npm, at
+# the versions its package-lock.json pins (npm ci).
+ts-client: clients/typescript/node_modules/.package-lock.json ## Install the TypeScript client's build dependencies (npm ci)
+clients/typescript/node_modules/.package-lock.json: clients/typescript/package-lock.json
+	cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+clients: py-deps ts-client ## Build the client packages into dist/clients: the Python wheel and sdist, the npm tarball
+	$(PYTHON) -m build --no-isolation --outdir dist/clients clients/python
+	cd clients/typescript && npm run build --silent && npm pack --silent --pack-destination ../../dist/clients
+
+test: bundle mcp-client runsc py-deps ts-client ## Run every test with the real interpreter and real workers, then the sandbox suite again through warm workers
 	go test -count=1 -timeout 45m ./...
 	SANDCELL_TEST_WARM=1 go test -count=1 -timeout 30m ./sandbox
 
-test-short: bundle mcp-client ## Run the tests that take seconds, not minutes
+test-short: bundle mcp-client py-deps ts-client ## Run the tests that take seconds, not minutes
 	go test -short -count=1 ./...
 
 bench: bundle mcp-client ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_WASM), epoch vs fuel, cold runs by hardening layer, then bench/: API, CLI, native python3 and bwrap side by side

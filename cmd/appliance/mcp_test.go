@@ -30,8 +30,11 @@ import (
 // MCP clients.
 type mcpDaemon struct {
 	sock, url, token string
-	setDisabled      func(bool)
-	stop             func() // SIGTERM, and wait for the end
+	// approverToken and otherToken are the secrets of an approver's token and of a
+	// second runner's.
+	approverToken, otherToken string
+	setDisabled               func(bool)
+	stop                      func() // SIGTERM, and wait for the end
 }
 
 func startMCPDaemon(t *testing.T, extra ...string) *mcpDaemon {
@@ -39,9 +42,11 @@ func startMCPDaemon(t *testing.T, extra ...string) *mcpDaemon {
 	dir := t.TempDir()
 	d := &mcpDaemon{sock: filepath.Join(dir, "s.sock")}
 	secret, tok := api.NewToken("agent", []api.Role{api.RoleRunner})
-	d.token = secret
+	approverSecret, approverTok := api.NewToken("approver", []api.Role{api.RoleApprover})
+	otherSecret, otherTok := api.NewToken("other", []api.Role{api.RoleRunner})
+	d.token, d.approverToken, d.otherToken = secret, approverSecret, otherSecret
 	var tokens bytes.Buffer
-	toml.NewEncoder(&tokens).Encode(map[string]any{"token": []api.Token{tok}})
+	toml.NewEncoder(&tokens).Encode(map[string]any{"token": []api.Token{tok, approverTok, otherTok}})
 	tokensFile := filepath.Join(dir, "tokens.toml")
 	if err := os.WriteFile(tokensFile, tokens.Bytes(), 0o600); err != nil {
 		t.Fatal(err)
