@@ -15,7 +15,7 @@ BUNDLE   := build/bundle
 export SANDCELL_BUNDLE_DIR := $(CURDIR)/$(BUNDLE)
 export SANDCELL_CACHE_DIR  := $(CURDIR)/build/cache
 
-.PHONY: help prereqs build interpreter interpreter-verify native native-verify bundle demo mcp-client runsc py-deps ts-client clients test test-short bench fuzz soak chaos limits check clean stage deb rpm lint-packages test-packages image-root image test-image
+.PHONY: help prereqs build interpreter interpreter-verify native native-verify bundle demo mcp-client runsc py-deps ts-client e2b-client clients test test-short bench fuzz soak chaos limits check clean stage deb rpm lint-packages test-packages image-root image test-image
 
 # Packages: the version comes from `git describe` (a v* tag), else 0.1.0 with the
 # commit count and hash; SOURCE_DATE_EPOCH (the last commit's time) dates everything.
@@ -139,15 +139,22 @@ clients/typescript/node_modules/.package-lock.json: clients/typescript/package-l
 	cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# E2B's own SDKs (e2b, @e2b/code-interpreter) for the E2B-compatible endpoint's test,
+# at the versions test/e2b-client/package-lock.json pins.
+e2b-client: test/e2b-client/node_modules/.package-lock.json ## Install E2B's SDK the tests use (npm ci)
+test/e2b-client/node_modules/.package-lock.json: test/e2b-client/package-lock.json
+	cd test/e2b-client && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
 clients: py-deps ts-client ## Build the client packages into dist/clients: the Python wheel and sdist, the npm tarball
 	$(PYTHON) -m build --no-isolation --outdir dist/clients clients/python
 	cd clients/typescript && npm run build --silent && npm pack --silent --pack-destination ../../dist/clients
 
-test: bundle mcp-client runsc py-deps ts-client ## Run every test with the real interpreter and real workers, then the sandbox suite again through warm workers
+test: bundle mcp-client runsc py-deps ts-client e2b-client ## Run every test with the real interpreter and real workers, then the sandbox suite again through warm workers
 	go test -count=1 -timeout 45m ./...
 	SANDCELL_TEST_WARM=1 go test -count=1 -timeout 30m ./sandbox
 
-test-short: bundle mcp-client py-deps ts-client ## Run the tests that take seconds, not minutes
+test-short: bundle mcp-client py-deps ts-client e2b-client ## Run the tests that take seconds, not minutes
 	go test -short -count=1 ./...
 
 bench: bundle mcp-client ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_WASM), epoch vs fuel, cold runs by hardening layer, then bench/: API, CLI, native python3 and bwrap side by side

@@ -71,6 +71,10 @@ func TestImportRules(t *testing.T) {
 		sup + "metrics":  {sup + "api", sup + "daemon", sup + "mcpserver"},
 		sup + "toolbroker": {sup + "runs", sup + "sessions", sup + "api", sup + "daemon", sup + "mcpserver",
 			sup + "metrics"},
+		// E2B's protocol is a client of the API, as the MCP server is: it reaches
+		// sessions and workspaces only through the API's own handler.
+		sup + "e2b": {sup + "runs", sup + "sessions", sup + "approvals", sup + "audit", sup + "store", sup + "api",
+			sup + "daemon", sup + "mcpserver", sup + "metrics", sup + "workspace", sup + "toolbroker"},
 	}
 	for pkg, banned := range never {
 		for _, dep := range imports[pkg] {

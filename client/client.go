@@ -193,6 +193,12 @@ func (c *Client) ForkSession(ctx context.Context, id string) (wire.SessionView, 
 	return v, c.do(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(id)+"/fork", nil, &v)
 }
 
+// DeleteWorkspace deletes workspace id and everything in it (DELETE
+// /v1/workspaces/{id}); a *wire.Problem workspace_busy while a run or statement uses it.
+func (c *Client) DeleteWorkspace(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/workspaces/"+url.PathEscape(id), nil, nil)
+}
+
 // CloseSession ends session id (DELETE /v1/sessions/{id}).
 func (c *Client) CloseSession(ctx context.Context, id string) error {
 	return c.do(ctx, http.MethodDelete, "/v1/sessions/"+url.PathEscape(id), nil, nil)

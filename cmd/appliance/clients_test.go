@@ -116,3 +116,27 @@ func TestTypeScriptClient(t *testing.T) {
 // a caller has at most two runs (to meet Retry-After), and a program may be given
 // GREETING in its environment.
 const clientTestConfig = "[runs]\nmax_per_caller = 2\n[sandbox]\nenv_allow = [\"GREETING\"]"
+
+// E2B's own SDK (@e2b/code-interpreter and e2b from npm, test/e2b-client) pointed at
+// the daemon by its own configuration: a sandbox created, files written and read,
+// code run with its output, results and errors, what is not offered refused clearly,
+// the sandbox killed.
+func TestE2BSDK(t *testing.T) {
+	dir, err := filepath.Abs("../../test/e2b-client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "@e2b", "code-interpreter")); err != nil {
+		t.Fatalf("E2B's SDK is not installed (make e2b-client, as make test does): %v", err)
+	}
+	d := startMCPDaemon(t, clientTestConfig)
+	base := strings.TrimSuffix(d.url, "/mcp")
+	cmd := exec.Command("node", "e2b.mjs")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "E2B_API_URL="+base+"/e2b", "E2B_SANDBOX_URL="+base+"/e2b/sandbox",
+		"E2B_API_KEY="+d.token, "SANDCELL_TEST_NATIVE=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"slices"
@@ -25,12 +26,14 @@ import (
 	"github.com/labstack/echo/v4"
 	"golang.org/x/time/rate"
 
+	"github.com/sandcell/sandcell/client"
 	"github.com/sandcell/sandcell/healthz"
 	"github.com/sandcell/sandcell/sandbox"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor/approvals"
 	"github.com/sandcell/sandcell/supervisor/audit"
+	"github.com/sandcell/sandcell/supervisor/e2b"
 	"github.com/sandcell/sandcell/supervisor/identity"
 	"github.com/sandcell/sandcell/supervisor/runs"
 	"github.com/sandcell/sandcell/supervisor/sessions"
@@ -87,6 +90,18 @@ func Statuses() map[string][]int {
 		"POST /v1/approvals/:id":      {200, 400, 401, 403, 404, 408, 409, 413, 415, 503},
 
 		"POST /v1/approvals/:id/confirm": {200, 400, 401, 403, 404, 408, 409, 413, 415, 503},
+
+		// E2B's API and a sandbox's services (supervisor/e2b): a status the calls it
+		// makes answered passes through; 502 where the API itself could not answer.
+		"POST /e2b/v2/sandboxes":    {201, 400, 401, 403, 404, 409, 429, 500, 502, 503, 507},
+		"POST /e2b/sandboxes":       {201, 400, 401, 403, 404, 409, 429, 500, 502, 503, 507},
+		"GET /e2b/sandboxes/:id":    {200, 401, 403, 404},
+		"DELETE /e2b/sandboxes/:id": {204, 401, 403, 404, 409, 500, 502},
+		"GET /e2b/sandbox/health":   {204},
+		"POST /e2b/sandbox/files":   {200, 400, 403, 404, 409, 413, 415, 500, 502, 507},
+		"GET /e2b/sandbox/files":    {200, 400, 403, 404, 409, 413, 500, 502},
+		"POST /e2b/sandbox/execute": {200, 400, 403, 404, 409, 429, 500, 502, 503},
+		"POST /e2b/sandbox/*":       {200, 404, 501},
 	}
 }
 
@@ -187,7 +202,20 @@ type Server struct {
 
 	// mcp serves /mcp; stopping withdraws its tools once Shutdown has begun.
 	mcp      *mcpHTTP
+	e2b      *e2b.Server
 	stopping atomic.Bool
+}
+
+// e2bAPIKey takes E2B's API key (X-API-KEY, which E2B's SDKs send) as the bearer
+// token of a request that carries none.
+func e2bAPIKey(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		h := c.Request().Header
+		if k := h.Get("X-API-KEY"); k != "" && h.Get("Authorization") == "" {
+			h.Set("Authorization", "Bearer "+k)
+		}
+		return next(c)
+	}
 }
 
 // healthPaths are the endpoints answered on a connection that holds a probe slot.
@@ -292,6 +320,31 @@ func New(o Options) *Server {
 	for _, method := range []string{http.MethodPost, http.MethodGet, http.MethodDelete} {
 		e.Add(method, "/mcp", s.serveMCP, runner)
 	}
+	// E2B's API and sandbox protocol, for E2B's own SDKs (supervisor/e2b): its API
+	// with the caller's token as the API key, a sandbox's services with the sandbox's
+	// access token; every call it makes comes back through this handler as the caller.
+	s.e2b = e2b.New(e2b.Options{
+		Caller: func(r *http.Request) (any, string, bool) {
+			p, ok := PeerFrom(r.Context())
+			c := p.Caller()
+			return p, fmt.Sprintf("uid %d token %q", c.UID, c.Token), ok
+		},
+		Backend: func(who any) e2b.Backend {
+			return client.NewHTTP(&http.Client{Transport: inProcess{h: s.echo, peer: who.(Peer)}})
+		},
+		Authenticated: func(r *http.Request) { authenticated(r.Context()) },
+	})
+	e2bSandbox := echo.WrapHandler(http.StripPrefix("/e2b/sandbox", s.e2b.Sandbox()))
+	e.GET("/e2b/sandbox/health", e2bSandbox)
+	e.POST("/e2b/sandbox/files", e2bSandbox)
+	e.GET("/e2b/sandbox/files", e2bSandbox)
+	e.POST("/e2b/sandbox/execute", e2bSandbox)
+	e.POST("/e2b/sandbox/*", e2bSandbox)
+	e2bAPI := echo.WrapHandler(http.StripPrefix("/e2b", s.e2b.API()))
+	e.POST("/e2b/v2/sandboxes", e2bAPI, e2bAPIKey, runner)
+	e.POST("/e2b/sandboxes", e2bAPI, e2bAPIKey, runner)
+	e.GET("/e2b/sandboxes/:id", e2bAPI, e2bAPIKey, runner)
+	e.DELETE("/e2b/sandboxes/:id", e2bAPI, e2bAPIKey, runner)
 	e.GET("/v1/approvals", s.listApprovals, s.require(RoleApprover))
 	e.GET("/v1/approvals/:id", s.getApproval, s.require(RoleRunner, RoleApprover))
 	e.POST("/v1/approvals/:id", s.decideApproval, s.require(RoleApprover))

@@ -193,7 +193,12 @@ func TestEveryCodePathIsGated(t *testing.T) {
 		"POST /v1/approvals/:id/confirm",
 		// MCP's tools call this API in process: each is checked below.
 		"POST /mcp", "GET /mcp", "DELETE /mcp",
+		// E2B's protocol calls it in process too: its sandbox is a session, its
+		// files the workspace's, its execute a cell (checked below).
+		"POST /e2b/v2/sandboxes", "POST /e2b/sandboxes", "GET /e2b/sandboxes/:id", "DELETE /e2b/sandboxes/:id",
+		"GET /e2b/sandbox/health", "POST /e2b/sandbox/files", "GET /e2b/sandbox/files", "POST /e2b/sandbox/*",
 	}
+	code["POST /e2b/sandbox/execute"] = nil
 	for _, r := range d.server.Routes() {
 		if _, ok := code[r]; !ok && !slices.Contains(noCode, r) {
 			t.Errorf("route %s: say whether it executes code (and gate it if it does)", r)
@@ -213,12 +218,30 @@ func TestEveryCodePathIsGated(t *testing.T) {
 		return n
 	}
 	for r, req := range code {
+		if req == nil {
+			continue
+		}
 		before := requested()
 		path, body := req()
 		d.held(t, path, body)
 		if requested() != before+1 {
 			t.Errorf("%s: held with no approval.requested record", r)
 		}
+	}
+	// E2B's execute: its cell is held, as its own protocol can say (403, the code).
+	resp, b := d.do(t, "POST", "/e2b/v2/sandboxes", `{}`)
+	var sb struct{ SandboxID, EnvdAccessToken string }
+	if json.Unmarshal(b, &sb); resp.StatusCode != 201 || sb.EnvdAccessToken == "" {
+		t.Fatalf("an E2B sandbox: %d %s", resp.StatusCode, b)
+	}
+	before := requested()
+	resp, b = d.do(t, "POST", "/e2b/sandbox/execute", `{"code":"x = 1"}`, "X-Access-Token", sb.EnvdAccessToken,
+		"E2b-Sandbox-Id", sb.SandboxID)
+	if resp.StatusCode != 403 || !bytes.Contains(b, []byte(wire.CodeApprovalRequired)) || requested() != before+1 {
+		t.Errorf("E2B's execute ran without approval: %d %s", resp.StatusCode, b)
+	}
+	if resp, b = d.do(t, "DELETE", "/e2b/sandboxes/"+sb.SandboxID, ""); resp.StatusCode != 204 {
+		t.Fatalf("killing the E2B sandbox: %d %s", resp.StatusCode, b)
 	}
 
 	// The MCP tools.

@@ -1,0 +1,68 @@
+package e2b
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/wire"
+)
+
+// A sandbox's paths are its workspace's: its home and /ws, never beyond.
+func TestWorkspacePath(t *testing.T) {
+	for in, want := range map[string]string{
+		"/home/user/data.csv": "data.csv", "data.csv": "data.csv", "~/a/b.txt": "a/b.txt", "/ws/x": "x",
+		"a/../b": "b", "/home/user/a/./b": "a/b",
+	} {
+		if got, err := workspacePath(in); err != nil || got != want {
+			t.Errorf("%q: %q %v, want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "/etc/passwd", "/home/user", "/home/user/../../etc/passwd", "../x", "/ws", "/home/userx/a", "/"} {
+		if got, err := workspacePath(in); err == nil {
+			t.Errorf("%q: %q, want an error", in, got)
+		}
+	}
+}
+
+// A cell's answer as the code interpreter's messages: output, the error parted from
+// stderr (a traceback, a syntax error, an exit status, a limit), displays, the value.
+func TestMessages(t *testing.T) {
+	read := func(d protocol.Display) ([]byte, error) {
+		if d.Path == "displays/bad" {
+			return nil, errors.New("gone")
+		}
+		return []byte("<b>x</b>"), nil
+	}
+	answer := func(reason protocol.Reason, code int, stdout, stderr string) wire.CellAnswer {
+		return wire.CellAnswer{State: wire.SessionPreserved, Session: wire.SessionView{Cells: 3},
+			Result: protocol.Result{Reason: reason, ExitCode: code, Stdout: []byte(stdout), Stderr: []byte(stderr)}}
+	}
+	a := answer(protocol.Exited, 1, "out\n", "warned\nTraceback (most recent call last):\n  File \"<cell>\", line 1, in <module>\nZeroDivisionError: division by zero\n")
+	a.Result.Displays = []protocol.Display{{Type: "text/html", Path: "displays/1.html"}, {Type: "image/png", Path: "displays/bad"}}
+	m := messages(a, "now", read)
+	if len(m) != 6 || m[0]["text"] != "out\n" || m[1]["text"] != "warned\n" || m[2]["html"] != "<b>x</b>" ||
+		!strings.Contains(m[3]["text"].(string), "gone") || m[4]["name"] != "ZeroDivisionError" ||
+		m[4]["value"] != "division by zero" || !strings.HasPrefix(m[4]["traceback"].(string), "Traceback") ||
+		m[5]["execution_count"] != 3 {
+		t.Fatalf("%v", m)
+	}
+	m = messages(answer(protocol.Exited, 1, "", "  File \"<cell>\", line 1\n    1 +\n       ^\nSyntaxError: invalid syntax\n"), "now", read)
+	if m[0]["name"] != "SyntaxError" || m[0]["value"] != "invalid syntax" {
+		t.Fatalf("%v", m)
+	}
+	m = messages(answer(protocol.Exited, 3, "", ""), "now", read)
+	if m[0]["name"] != "SystemExit" || m[0]["value"] != "3" {
+		t.Fatalf("%v", m)
+	}
+	m = messages(answer(protocol.Timeout, 0, "", ""), "now", read)
+	if m[0]["name"] != "TimeoutError" || !strings.Contains(m[0]["value"].(string), "preserved") {
+		t.Fatalf("%v", m)
+	}
+	v := answer(protocol.Exited, 0, "", "")
+	v.Value = "42"
+	if m = messages(v, "now", read); len(m) != 2 || m[0]["text"] != "42" || m[0]["is_main_result"] != true {
+		t.Fatalf("%v", m)
+	}
+}

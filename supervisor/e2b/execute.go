@@ -1,0 +1,160 @@
+package e2b
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sandcell/sandcell/sandbox/protocol"
+	"github.com/sandcell/sandcell/supervisor/wire"
+)
+
+type sandboxKey struct{}
+
+func withSandbox(ctx context.Context, sb *sandbox) context.Context {
+	return context.WithValue(ctx, sandboxKey{}, sb)
+}
+
+func sandboxOf(ctx context.Context) *sandbox { return ctx.Value(sandboxKey{}).(*sandbox) }
+
+// executeRequest is the code interpreter's POST /execute.
+type executeRequest struct {
+	Code      string            `json:"code"`
+	ContextID string            `json:"context_id"`
+	Language  string            `json:"language"`
+	EnvVars   map[string]string `json:"env_vars"`
+}
+
+// execute runs the request's code as a cell of the sandbox's session and answers
+// E2B's stream of messages (one JSON object a line): stdout, stderr, a result per
+// display, the main result (the last expression's value), the error, the count of
+// executions. The output comes when the cell ends.
+func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
+	sb := sandboxOf(r.Context())
+	var req executeRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 4<<20)).Decode(&req); err != nil {
+		envdError(w, http.StatusBadRequest, "the body is not an execution request: "+err.Error())
+		return
+	}
+	switch {
+	case req.Language != "" && req.Language != "python":
+		envdError(w, http.StatusBadRequest, "language "+req.Language+": a Sandcell sandbox runs Python only")
+		return
+	case req.ContextID != "" && req.ContextID != "default":
+		envdError(w, http.StatusBadRequest, "context "+req.ContextID+": a Sandcell sandbox has one context, its session")
+		return
+	case len(req.EnvVars) > 0:
+		envdError(w, http.StatusBadRequest, "env_vars: a cell takes none; give them when the sandbox is created (envs)")
+		return
+	}
+	b := s.o.Backend(sb.who)
+	sb.cells.Lock()
+	a, err := b.Cell(r.Context(), sb.id, wire.CellRequest{Code: req.Code})
+	sb.cells.Unlock()
+	if err != nil {
+		if p, ok := problemOf(err); ok && (p.Status == http.StatusNotFound || p.Status == http.StatusGone) {
+			s.forget(sb.id)
+			envdError(w, http.StatusNotFound, "the sandbox is gone: "+p.Detail)
+			return
+		}
+		backendEnvdError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	for _, m := range messages(a, now, func(d protocol.Display) ([]byte, error) {
+		data, _, err := b.ReadFile(r.Context(), sb.workspace, d.Path, protocol.MaxDisplayBytes)
+		return data, err
+	}) {
+		enc.Encode(m)
+	}
+}
+
+// messages turns a cell's answer into the code interpreter's messages. read returns
+// a display's file.
+func messages(a wire.CellAnswer, now string, read func(protocol.Display) ([]byte, error)) []map[string]any {
+	var out []map[string]any
+	res := a.Result.Joined()
+	stdout, stderr := res.Stdout, res.Stderr
+	if len(stdout) > 0 {
+		out = append(out, map[string]any{"type": "stdout", "text": string(stdout), "timestamp": now})
+	}
+	logs, errMsg := splitError(res, string(stderr), a.State)
+	if logs != "" {
+		out = append(out, map[string]any{"type": "stderr", "text": logs, "timestamp": now})
+	}
+	for _, d := range res.Displays {
+		m := map[string]any{"type": "result", "is_main_result": false}
+		data, err := read(d)
+		switch {
+		case err != nil:
+			m["text"] = fmt.Sprintf("<%s display %s: %v>", d.Type, d.Path, err)
+		case d.Type == "image/png":
+			m["png"] = base64.StdEncoding.EncodeToString(data)
+		case d.Type == "image/svg+xml":
+			m["svg"] = string(data)
+		case d.Type == "text/html":
+			m["html"] = string(data)
+		case d.Type == "application/json":
+			var v any
+			if json.Unmarshal(data, &v) == nil {
+				m["json"] = v
+			} else {
+				m["text"] = string(data)
+			}
+		default:
+			m["text"] = string(data)
+		}
+		out = append(out, m)
+	}
+	if a.Value != "" {
+		out = append(out, map[string]any{"type": "result", "text": a.Value, "is_main_result": true})
+	}
+	if errMsg != nil {
+		out = append(out, errMsg)
+	}
+	return append(out, map[string]any{"type": "number_of_executions", "execution_count": a.Session.Cells})
+}
+
+// splitError separates a cell's error from its stderr: the traceback of an uncaught
+// exception (its last line "Name: value"), or the limit that stopped the cell. It
+// returns the rest of stderr and the error message (nil: none).
+func splitError(res protocol.Result, stderr string, state wire.SessionState) (string, map[string]any) {
+	if res.Reason != protocol.Exited {
+		name := map[protocol.Reason]string{protocol.Timeout: "TimeoutError", protocol.CPULimit: "TimeoutError",
+			protocol.MemoryLimit: "MemoryError", protocol.Cancelled: "KeyboardInterrupt"}[res.Reason]
+		if name == "" {
+			name = "SandcellLimitError"
+		}
+		return stderr, map[string]any{"type": "error", "name": name,
+			"value": fmt.Sprintf("the cell was stopped (%s); the session's state: %s", res.Reason, state), "traceback": ""}
+	}
+	if res.ExitCode == 0 {
+		return stderr, nil
+	}
+	at := strings.LastIndex(stderr, "Traceback (most recent call last):\n")
+	if at < 0 {
+		// A syntax error has no traceback header: its report starts at its File line.
+		at = strings.LastIndex(stderr, "  File \"")
+	}
+	if at < 0 {
+		at = 0
+	}
+	tb := strings.TrimRight(stderr[at:], "\n")
+	if tb == "" {
+		// sys.exit(N): no report at all.
+		return stderr, map[string]any{"type": "error", "name": "SystemExit", "value": fmt.Sprint(res.ExitCode), "traceback": ""}
+	}
+	last := tb[strings.LastIndex(tb, "\n")+1:]
+	name, value, ok := strings.Cut(last, ": ")
+	if !ok {
+		name, value = strings.TrimSpace(last), ""
+	}
+	return stderr[:at], map[string]any{"type": "error", "name": name, "value": value, "traceback": tb}
+}

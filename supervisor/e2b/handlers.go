@@ -1,0 +1,334 @@
+package e2b
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/sandcell/sandcell/supervisor/wire"
+)
+
+// API is the handler of E2B's API, mounted at the prefix E2B_API_URL names (the
+// prefix stripped); the API has authenticated its caller (Options.Caller).
+func (s *Server) API() http.Handler {
+	m := http.NewServeMux()
+	m.HandleFunc("POST /v2/sandboxes", s.create)
+	m.HandleFunc("POST /sandboxes", s.create)
+	m.HandleFunc("GET /sandboxes/{id}", s.info)
+	m.HandleFunc("DELETE /sandboxes/{id}", s.kill)
+	return m
+}
+
+// Sandbox is the handler of a sandbox's own services (envd's file transfer and the
+// code interpreter), mounted at the prefix E2B_SANDBOX_URL names (stripped). Each
+// request is authenticated by its sandbox's access token.
+func (s *Server) Sandbox() http.Handler {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	// POST /files is envd's upload, GET /files its download.
+	m.HandleFunc("POST /files", s.upload)
+	m.HandleFunc("GET /files", s.download)
+	m.HandleFunc("POST /execute", s.execute)
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		connectError(w, r, "a Sandcell sandbox runs Python code (runCode) and moves files (files.write, files.read); "+
+			"it has no shell, commands, PTY, filesystem service, other languages or network: "+r.URL.Path+" is not offered")
+	})
+	return withToken(s, m)
+}
+
+// withToken admits a request carrying a sandbox's access token (GET /health too,
+// which the SDK asks without one after a failure).
+func withToken(s *Server, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		sb := s.byToken(r)
+		if sb == nil {
+			envdError(w, http.StatusNotFound, "sandbox not found: no sandbox has this access token (X-Access-Token); it was killed or has ended")
+			return
+		}
+		if s.o.Authenticated != nil {
+			s.o.Authenticated(r)
+		}
+		next.ServeHTTP(w, r.WithContext(withSandbox(r.Context(), sb)))
+	})
+}
+
+// createRequest is the body of POST /v2/sandboxes as the SDKs send it (the members
+// this package reads; the rest must be absent or their defaults).
+type createRequest struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             int               `json:"timeout"` // seconds
+	EnvVars             map[string]string `json:"envVars"`
+	Metadata            map[string]string `json:"metadata"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Secure              *bool             `json:"secure"`
+	AutoPause           *bool             `json:"autoPause"`
+	Network             json.RawMessage   `json:"network"`
+	MCP                 json.RawMessage   `json:"mcp"`
+	VolumeMounts        json.RawMessage   `json:"volumeMounts"`
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	who, key, ok := s.o.Caller(r)
+	if !ok {
+		apiError(w, http.StatusUnauthorized, "present your Sandcell token as the API key (E2B_API_KEY)")
+		return
+	}
+	var req createRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil && err != io.EOF {
+		apiError(w, http.StatusBadRequest, "the body is not a sandbox request: "+err.Error())
+		return
+	}
+	session := wire.SessionRequest{Env: req.EnvVars}
+	switch {
+	case req.TemplateID == NativeTemplate:
+		session.Backend, session.Limits.MemoryMiB = "native", NativeMemoryMiB
+	case req.TemplateID != "" && req.TemplateID != Template && req.TemplateID != "base":
+		apiError(w, http.StatusBadRequest, fmt.Sprintf("template %q: Sandcell offers %q (the wasm backend: Python 3.13 and its "+
+			"pure-Python libraries) and %q (the native backend: numpy, pandas, matplotlib, scipy, scikit-learn, where the "+
+			"operator allows it)", req.TemplateID, Template, NativeTemplate))
+		return
+	case req.AllowInternetAccess != nil && *req.AllowInternetAccess:
+		apiError(w, http.StatusBadRequest, "allow_internet_access: a Sandcell sandbox has no network")
+		return
+	case req.AutoPause != nil && *req.AutoPause:
+		apiError(w, http.StatusBadRequest, "autoPause: not offered (a session idle past the operator's idle timeout ends)")
+		return
+	case len(req.Network) > 0 && string(req.Network) != "null" || len(req.MCP) > 0 && string(req.MCP) != "null" ||
+		len(req.VolumeMounts) > 0 && string(req.VolumeMounts) != "null":
+		apiError(w, http.StatusBadRequest, "network, mcp and volumeMounts: not offered")
+		return
+	}
+	b := s.o.Backend(who)
+	ctx := r.Context()
+	s.prune(ctx, b, key)
+	ws, err := b.CreateWorkspace(ctx)
+	if err != nil {
+		backendError(w, err)
+		return
+	}
+	session.Workspace = ws.ID
+	sv, err := b.OpenSession(ctx, session)
+	if err != nil {
+		b.DeleteWorkspace(ctx, ws.ID)
+		backendError(w, err)
+		return
+	}
+	token, sum := newToken()
+	sb := &sandbox{id: sv.ID, workspace: ws.ID, who: who, key: key, tokenSum: sum, created: time.Now(), template: Template}
+	if session.Backend == "native" {
+		sb.template = NativeTemplate
+	}
+	s.mu.Lock()
+	s.sandboxes[sv.ID] = sb
+	s.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	json.NewEncoder(w).Encode(map[string]any{"sandboxID": sv.ID, "templateID": sb.template, "clientID": "sandcell",
+		"alias": sb.template, "envdVersion": EnvdVersion, "envdAccessToken": token, "domain": nil})
+}
+
+func (s *Server) info(w http.ResponseWriter, r *http.Request) {
+	_, key, ok := s.o.Caller(r)
+	sb := s.owned(key, r.PathValue("id"))
+	if !ok || sb == nil {
+		apiError(w, http.StatusNotFound, "sandbox "+r.PathValue("id")+" not found")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"sandboxID": sb.id, "templateID": sb.template, "alias": sb.template,
+		"clientID": "sandcell", "startedAt": sb.created.UTC().Format(time.RFC3339Nano), "envdVersion": EnvdVersion,
+		"state": "running", "metadata": map[string]string{}, "cpuCount": 1, "memoryMB": 0, "diskSizeMB": 0,
+		"endAt": sb.created.Add(24 * time.Hour).UTC().Format(time.RFC3339Nano)})
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
+	_, key, ok := s.o.Caller(r)
+	sb := s.owned(key, r.PathValue("id"))
+	if !ok || sb == nil {
+		apiError(w, http.StatusNotFound, "sandbox "+r.PathValue("id")+" not found")
+		return
+	}
+	b := s.o.Backend(sb.who)
+	if err := b.CloseSession(r.Context(), sb.id); err != nil {
+		if p, ok := problemOf(err); !ok || p.Status != http.StatusNotFound && p.Status != http.StatusGone {
+			backendError(w, err)
+			return
+		}
+	}
+	s.forget(sb.id)
+	if err := b.DeleteWorkspace(r.Context(), sb.workspace); err != nil {
+		if p, ok := problemOf(err); !ok || p.Status != http.StatusNotFound {
+			backendError(w, err)
+			return
+		}
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// workspacePath maps a path in the sandbox to the workspace's: the sandbox's home
+// (/home/user, E2B's working directory) and /ws (the guest's name for it) are the
+// workspace; a relative path is taken from there. Anything else does not exist in a
+// Sandcell sandbox.
+func workspacePath(p string) (string, error) {
+	if p == "" {
+		return "", fmt.Errorf("a path is required")
+	}
+	if strings.HasPrefix(p, "~/") {
+		p = "/home/user/" + p[2:]
+	}
+	if !strings.HasPrefix(p, "/") {
+		p = "/home/user/" + p
+	}
+	p = path.Clean(p)
+	for _, root := range []string{"/home/user/", "/ws/"} {
+		if rel, ok := strings.CutPrefix(p, root); ok && rel != "" {
+			return rel, nil
+		}
+	}
+	return "", fmt.Errorf("%s: a Sandcell sandbox's files are its workspace, /home/user (the code sees it as /ws, and runs in it)", p)
+}
+
+// entryInfo is envd's description of a file written.
+func entryInfo(p string) map[string]string {
+	return map[string]string{"name": path.Base(p), "type": "file", "path": "/home/user/" + p}
+}
+
+func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
+	sb := sandboxOf(r.Context())
+	b := s.o.Backend(sb.who)
+	r.Body = http.MaxBytesReader(w, r.Body, MaxFileBytes+1<<20)
+	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var written []map[string]string
+	put := func(name string, data io.Reader) bool {
+		rel, err := workspacePath(name)
+		if err != nil {
+			envdError(w, http.StatusBadRequest, err.Error())
+			return false
+		}
+		body, err := io.ReadAll(io.LimitReader(data, MaxFileBytes+1))
+		if err != nil {
+			envdError(w, http.StatusBadRequest, "reading the upload: "+err.Error())
+			return false
+		}
+		if len(body) > MaxFileBytes {
+			envdError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("a file is at most %d bytes", MaxFileBytes))
+			return false
+		}
+		if err := b.WriteFile(r.Context(), sb.workspace, rel, body); err != nil {
+			backendEnvdError(w, err)
+			return false
+		}
+		written = append(written, entryInfo(rel))
+		return true
+	}
+	if r.Header.Get("Content-Encoding") != "" {
+		envdError(w, http.StatusUnsupportedMediaType, "Content-Encoding: send the file as it is (no gzip)")
+		return
+	}
+	if mt == "multipart/form-data" {
+		mr := multipart.NewReader(r.Body, params["boundary"])
+		for {
+			part, err := mr.NextPart()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				envdError(w, http.StatusBadRequest, "the multipart body: "+err.Error())
+				return
+			}
+			name := r.URL.Query().Get("path")
+			if fn := part.FileName(); fn != "" && name == "" {
+				name = fn
+			}
+			if !put(name, part) {
+				return
+			}
+		}
+	} else if !put(r.URL.Query().Get("path"), r.Body) {
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(written)
+}
+
+func (s *Server) download(w http.ResponseWriter, r *http.Request) {
+	sb := sandboxOf(r.Context())
+	rel, err := workspacePath(r.URL.Query().Get("path"))
+	if err != nil {
+		envdError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	data, size, err := s.o.Backend(sb.who).ReadFile(r.Context(), sb.workspace, rel, MaxFileBytes+1)
+	if err != nil {
+		backendEnvdError(w, err)
+		return
+	}
+	if size > MaxFileBytes || len(data) > MaxFileBytes {
+		envdError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("%s: larger than %d bytes", rel, MaxFileBytes))
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Write(data)
+}
+
+// connectError answers a call of envd's process and filesystem services (Connect
+// RPC) as unimplemented: a unary call's error is its JSON body with status 501; a
+// streaming call's (application/connect+json) is the stream's end message, a frame
+// flagged 2 (Connect protocol, "Streaming-Response").
+func connectError(w http.ResponseWriter, r *http.Request, msg string) {
+	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/connect+") {
+		end, _ := json.Marshal(map[string]any{"error": map[string]string{"code": "unimplemented", "message": msg}})
+		frame := make([]byte, 5, 5+len(end))
+		frame[0] = 2
+		binary.BigEndian.PutUint32(frame[1:], uint32(len(end)))
+		w.Header().Set("Content-Type", "application/connect+json")
+		w.WriteHeader(http.StatusOK)
+		w.Write(append(frame, end...))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusNotImplemented)
+	json.NewEncoder(w).Encode(map[string]string{"code": "unimplemented", "message": msg})
+}
+
+// apiError answers as E2B's API does: {"code", "message"}.
+func apiError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"code": status, "message": msg})
+}
+
+// envdError answers as envd does.
+func envdError(w http.ResponseWriter, status int, msg string) {
+	apiError(w, status, msg)
+}
+
+// statusOf is the status to answer for an error of the backend (its problem's; a
+// daemon that could not answer, 502).
+func statusOf(err error) (int, string) {
+	if p, ok := problemOf(err); ok {
+		return p.Status, p.Code + ": " + p.Detail
+	}
+	return http.StatusBadGateway, err.Error()
+}
+
+func backendError(w http.ResponseWriter, err error) {
+	status, msg := statusOf(err)
+	apiError(w, status, msg)
+}
+
+func backendEnvdError(w http.ResponseWriter, err error) {
+	status, msg := statusOf(err)
+	envdError(w, status, msg)
+}

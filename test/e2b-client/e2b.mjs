@@ -1,0 +1,63 @@
+// E2B's own SDK (@e2b/code-interpreter, on e2b) against Sandcell's E2B-compatible
+// endpoint, pointed at it by its own configuration: E2B_API_URL, E2B_SANDBOX_URL and
+// E2B_API_KEY (a Sandcell runner's token). Prints "ok" at the end.
+import assert from "node:assert/strict";
+import { Sandbox } from "@e2b/code-interpreter";
+
+const sbx = await Sandbox.create();
+try {
+  // Files in, code, files out.
+  const written = await sbx.files.write("/home/user/data.csv", "region,amount\nnorth,10\nsouth,32\n");
+  assert.equal(written.path, "/home/user/data.csv");
+  const exec = await sbx.runCode(
+    "import csv\nrows = list(csv.DictReader(open('data.csv')))\ntotal = sum(int(r['amount']) for r in rows)\n" +
+    "print('rows', len(rows))\nopen('total.txt', 'w').write(str(total))\ntotal");
+  assert.equal(exec.error, undefined);
+  assert.deepEqual(exec.logs.stdout, ["rows 2\n"]);
+  assert.equal(exec.text, "42");
+  assert.equal(await sbx.files.read("/home/user/total.txt"), "42");
+  assert.equal(await sbx.files.read("total.txt"), "42");
+
+  // State is kept from one call to the next; output streams to the callbacks.
+  const seen = [];
+  const again = await sbx.runCode("import sys\nprint(total * 2)\nprint('warn', file=sys.stderr)",
+    { onStdout: (m) => seen.push(m.line), onStderr: (m) => seen.push("err:" + m.line) });
+  assert.deepEqual(again.logs.stdout, ["84\n"]);
+  assert.deepEqual(again.logs.stderr, ["warn\n"]);
+  assert.deepEqual(seen, ["84\n", "err:warn\n"]);
+
+  // An exception: name, value and traceback, as E2B gives them.
+  const failed = await sbx.runCode("def f():\n    return 1 / 0\nf()");
+  assert.equal(failed.error.name, "ZeroDivisionError");
+  assert.equal(failed.error.value, "division by zero");
+  assert.match(failed.error.traceback, /Traceback \(most recent call last\)[\s\S]*return 1 \/ 0/);
+
+  // A display is a result of its richest type.
+  const shown = await sbx.runCode("class T:\n    def _repr_html_(self):\n        return '<b>bold</b>'\ndisplay(T())");
+  assert.equal(shown.results[0].html, "<b>bold</b>");
+
+  // What a Sandcell sandbox does not have: a clear error, not a fake.
+  await assert.rejects(sbx.commands.run("ls"), (e) => /no shell/.test(e.message));
+  await assert.rejects(sbx.files.write("/etc/passwd", "x"), (e) => /workspace/.test(e.message));
+  // (The code interpreter's SDK shows only the status of a refused execution.)
+  await assert.rejects(sbx.runCode("1", { language: "js" }), (e) => /400/.test(e.message));
+} finally {
+  await sbx.kill();
+}
+// Killed: gone for the SDK too.
+await assert.rejects(sbx.runCode("1"), (e) => /not found|gone|sandbox/i.test(e.message));
+
+if (process.env.SANDCELL_TEST_NATIVE === "1") {
+  const nat = await Sandbox.create("sandcell-native");
+  try {
+    const plot = await nat.runCode("import pandas as pd\ndf = pd.DataFrame({'x': [1, 2, 3], 'y': [1, 4, 9]})\n" +
+      "df.plot(x='x', y='y')\nint(df.y.sum())");
+    assert.equal(plot.error, undefined, plot.error && plot.error.traceback);
+    assert.equal(plot.text, "14");
+    const png = plot.results.find((r) => r.png);
+    assert.ok(png && Buffer.from(png.png, "base64").subarray(0, 4).toString("latin1") === "\x89PNG");
+  } finally {
+    await nat.kill();
+  }
+}
+console.log("ok");
