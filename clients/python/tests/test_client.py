@@ -89,6 +89,21 @@ def test_workspaces_and_files(client):
         client.workspace(ws.id)
 
 
+def test_paths_stay_on_their_route(client):
+    """A path never leaves its workspace's files: '..' would reach another route."""
+    ws, other = client.create_workspace(), client.create_workspace()
+    try:
+        for bad in ("../../" + other.id, "a/../b", "./a", "", "a//b", "/abs"):
+            with pytest.raises(ValueError):
+                client.delete_file(ws.id, bad)
+        assert client.workspace(other.id).id == other.id
+        client.write_file(ws.id, "we#ird ?%.txt", b"1")
+        assert client.read_file(ws.id, "we#ird ?%.txt") == b"1"
+    finally:
+        client.delete_workspace(ws.id)
+        client.delete_workspace(other.id)
+
+
 def test_paging(client):
     ws = client.create_workspace()
     try:
@@ -188,8 +203,8 @@ def test_sql_approval(client, agent, approver):
         with pytest.raises(sandcell.Conflict) as e:
             agent.sql(ws.id, "db.sqlite", "insert into t values (?, ?)", params=[1, b"\x00\x01"], approval=ap)
         assert e.value.code == "approval_invalid"
-        rows = agent.sql(ws.id, "db.sqlite", "select a, hex(b) from t where a = :a", params={"a": 1})
-        assert rows.columns == ["a", "hex(b)"] and rows.rows == [[1, "0001"]]
+        rows = agent.sql(ws.id, "db.sqlite", "select a, hex(b), b from t where a = :a", params={"a": 1})
+        assert rows.columns == ["a", "hex(b)", "b"] and rows.rows == [[1, "0001", b"\x00\x01"]]
         with pytest.raises(sandcell.SQLError) as e:
             agent.sql(ws.id, "db.sqlite", "select * from no_such_table")
         assert e.value.sql_code

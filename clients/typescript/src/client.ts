@@ -59,9 +59,17 @@ interface Answer {
 
 const seg = (s: string) => encodeURIComponent(s);
 
-/** A workspace path's files route, each segment escaped. */
+/**
+ * A workspace path's files route, each segment escaped. A path with an empty, "." or
+ * ".." segment is refused here (a TypeError): URLs resolve those before sending, which
+ * would reach another route (another workspace, a run, a session).
+ */
 function filePath(workspace: string, path: string): string {
-  return `/v1/workspaces/${seg(workspace)}/files/` + path.split("/").map(seg).join("/");
+  const segs = path.split("/");
+  if (segs.some((p) => p === "" || p === "." || p === "..")) {
+    throw new TypeError(`workspace path ${JSON.stringify(path)}: relative, without empty, "." or ".." segments`);
+  }
+  return `/v1/workspaces/${seg(workspace)}/files/` + segs.map(seg).join("/");
 }
 
 function stdinFields(stdin: string | Uint8Array | undefined): Record<string, string> {
@@ -70,10 +78,10 @@ function stdinFields(stdin: string | Uint8Array | undefined): Record<string, str
   return { stdin: Buffer.from(stdin).toString("base64"), stdin_encoding: "base64" };
 }
 
+/** Retry-After in seconds: delta-seconds only, as the daemon sends it (else undefined: not retried). */
 function retryAfter(h: http.IncomingHttpHeaders): number | undefined {
-  const v = h["retry-after"];
-  const n = v === undefined ? NaN : Number(v);
-  return Number.isFinite(n) && n >= 0 ? n : undefined;
+  const v = String(h["retry-after"] ?? "").trim();
+  return /^[0-9]{1,6}$/.test(v) ? Number(v) : undefined;
 }
 
 function problemOf(a: Answer): Problem {
@@ -86,9 +94,16 @@ function problemOf(a: Answer): Problem {
   return { status: a.status, title: http.STATUS_CODES[a.status] ?? "", detail: a.body.subarray(0, 500).toString("utf8").trim() };
 }
 
-/** A SQL parameter as the API binds it: bytes as {"base64": ...}. */
+/** A SQL parameter as the API binds it: bytes as {"base64": ...}; a bigint as a number where exact. */
 function sqlParam(v: unknown): unknown {
-  return v instanceof Uint8Array ? { base64: Buffer.from(v).toString("base64") } : v;
+  if (v instanceof Uint8Array) return { base64: Buffer.from(v).toString("base64") };
+  if (typeof v === "bigint") {
+    if (v > BigInt(Number.MAX_SAFE_INTEGER) || v < BigInt(Number.MIN_SAFE_INTEGER)) {
+      throw new RangeError(`SQL parameter ${v}: beyond 2^53, which JSON numbers carry exactly`);
+    }
+    return Number(v);
+  }
+  return v;
 }
 
 /** Parses an event stream as the daemon writes it: event, id and one data line. */
@@ -139,7 +154,8 @@ export class Client {
   maxRetries: number;
   maxRetryWaitMs: number;
   private readonly socket: string | undefined;
-  private readonly auth: string | undefined;
+  // An ECMAScript private field: neither JSON.stringify nor util.inspect shows it.
+  readonly #auth: string | undefined;
   private readonly agent: http.Agent;
 
   constructor(options: ClientOptions = {}) {
@@ -147,7 +163,7 @@ export class Client {
     if (url) {
       this.baseURL = new URL(url);
       const token = options.token ?? process.env.SANDCELL_TOKEN;
-      this.auth = token ? `Bearer ${token}` : undefined;
+      this.#auth = token ? `Bearer ${token}` : undefined;
       this.agent = this.baseURL.protocol === "https:" ? new https.Agent({ keepAlive: true }) : new http.Agent({ keepAlive: true });
     } else {
       this.baseURL = new URL("http://sandcell");
@@ -169,9 +185,14 @@ export class Client {
     this.close();
   }
 
-  /** Sends req and resolves with the response once its headers have come. */
-  private open(req: Request, idleMs: number): Promise<http.IncomingMessage> {
-    const url = new URL(req.path, this.baseURL);
+  /**
+   * Sends req and resolves with the response once its headers have come: connecting
+   * and sending are bounded by timeoutMs, the wait for the answer by answerMs.
+   */
+  private open(req: Request, answerMs: number): Promise<http.IncomingMessage> {
+    // The base URL's path is a prefix (a proxy's); IPv6 literals lose their brackets.
+    const url = new URL(this.baseURL.pathname.replace(/\/$/, "") + req.path, this.baseURL);
+    const hostname = url.hostname.replace(/^\[(.*)\]$/, "$1");
     for (const [k, v] of Object.entries(req.query ?? {})) if (v !== undefined && v !== "") url.searchParams.set(k, String(v));
     const headers: Record<string, string> = { ...req.headers };
     let body: Uint8Array | undefined = req.body;
@@ -182,15 +203,17 @@ export class Client {
       headers["content-type"] = "application/octet-stream";
     }
     if (body !== undefined) headers["content-length"] = String(body.byteLength);
-    if (this.auth) headers.authorization = this.auth;
+    if (this.#auth) headers.authorization = this.#auth;
     const mod = url.protocol === "https:" ? https : http;
     return new Promise((resolve, reject) => {
       const r = mod.request({
         method: req.method, agent: this.agent, headers, socketPath: this.socket,
-        hostname: this.socket ? undefined : url.hostname, port: this.socket ? undefined : url.port,
+        hostname: this.socket ? undefined : hostname, port: this.socket ? undefined : url.port,
         path: url.pathname + url.search,
       }, resolve);
-      r.setTimeout(idleMs, () => r.destroy(new TimeoutError(`no answer from the daemon in ${idleMs} ms: ${req.method} ${req.path}`)));
+      const silence = (ms: number) => () => r.destroy(new TimeoutError(`the daemon was silent for ${ms} ms: ${req.method} ${req.path}`));
+      r.setTimeout(this.timeoutMs, silence(this.timeoutMs));
+      r.on("finish", () => r.setTimeout(answerMs, silence(answerMs)));
       r.on("error", (e) => reject(e instanceof TransportError ? e : new TransportError(`cannot reach the daemon: ${e.message}`, { cause: e })));
       r.end(body);
     });
@@ -214,9 +237,19 @@ export class Client {
     }
   }
 
+  /** The answer's JSON object (a TransportError where it is not one: a proxy's page, another server). */
   private async json<T>(req: Request): Promise<T> {
     const a = await this.send(req);
-    return JSON.parse(a.body.toString("utf8")) as T;
+    let doc: unknown;
+    try {
+      doc = JSON.parse(a.body.toString("utf8"));
+    } catch (e) {
+      throw new TransportError(`the daemon's answer is not JSON: ${(e as Error).message}`, { cause: e });
+    }
+    if (doc === null || typeof doc !== "object" || Array.isArray(doc)) {
+      throw new TransportError("the daemon's answer is not the API's document (a JSON object)");
+    }
+    return doc as T;
   }
 
   // Runs.
@@ -246,6 +279,7 @@ export class Client {
    * `after`), a display event per display, then the finished run, which ends it.
    */
   async *stream(id: string, options: { after?: number } = {}): AsyncGenerator<StreamEvent> {
+    let timedOut: TimeoutError | undefined;
     const headers: Record<string, string> = options.after !== undefined ? { "last-event-id": String(options.after) } : {};
     const res = await this.open({ method: "GET", path: `/v1/runs/${seg(id)}/events`, headers }, STREAM_IDLE_MS);
     if ((res.statusCode ?? 0) >= 400) {
@@ -255,6 +289,10 @@ export class Client {
     }
     const sse = new SSE();
     let rest = "";
+    res.setTimeout(STREAM_IDLE_MS, () => {
+      timedOut = new TimeoutError(`the event stream of run ${id} was silent for ${STREAM_IDLE_MS} ms`);
+      res.destroy(timedOut);
+    });
     try {
       for await (const chunk of res.setEncoding("utf8") as AsyncIterable<string>) {
         rest += chunk;
@@ -270,6 +308,7 @@ export class Client {
         }
       }
     } catch (e) {
+      if (timedOut) throw timedOut;
       throw e instanceof TransportError ? e : new TransportError(`the event stream of run ${id} broke: ${(e as Error).message}`, { cause: e });
     } finally {
       res.destroy();
@@ -346,14 +385,17 @@ export class Client {
    * named (an object), bytes bound as blobs. A write throws ApprovalRequired; once it
    * is approved, send it again with options.approval.
    */
-  sql(workspace: string, db: string, statement: string,
+  async sql(workspace: string, db: string, statement: string,
     options: { params?: unknown[] | Record<string, unknown>; maxRows?: number; approval?: string } = {}): Promise<SQLResult> {
     const body: Record<string, unknown> = { workspace, db, sql: statement };
     if (Array.isArray(options.params)) body.params = options.params.map(sqlParam);
     else if (options.params) body.params = Object.fromEntries(Object.entries(options.params).map(([k, v]) => [k, sqlParam(v)]));
     if (options.maxRows !== undefined) body.max_rows = options.maxRows;
     if (options.approval !== undefined) body.approval = options.approval;
-    return this.json({ method: "POST", path: "/v1/sql", json: body, timeoutMs: this.runTimeoutMs });
+    const res = await this.json<SQLResult>({ method: "POST", path: "/v1/sql", json: body, timeoutMs: this.runTimeoutMs });
+    // Blobs come as {"base64": ...}: bytes, as they went in.
+    res.rows = res.rows?.map((row) => row.map((v) => isBlob(v) ? new Uint8Array(Buffer.from(v.base64, "base64")) : v));
+    return res;
   }
 
   // Approvals.
@@ -458,6 +500,10 @@ export class Session {
   [Symbol.asyncDispose](): Promise<void> {
     return this.close();
   }
+}
+
+function isBlob(v: unknown): v is { base64: string } {
+  return v !== null && typeof v === "object" && Object.keys(v).length === 1 && typeof (v as { base64?: unknown }).base64 === "string";
 }
 
 function runBody(code: string | undefined, o: RunOptions, wait: boolean): Record<string, unknown> {

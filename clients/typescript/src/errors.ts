@@ -12,9 +12,10 @@ export class SandcellError extends Error {
 }
 
 /**
- * The daemon could not be reached or stopped answering (no socket, connection
- * refused or reset). The request may or may not have been carried out: read the run
- * or session back before sending it again.
+ * The exchange with the daemon failed: it could not be reached or stopped answering
+ * (no socket, connection refused or reset), or answered something that is not the
+ * API's document. The request may or may not have been carried out: read the run or
+ * session back before sending it again.
  */
 export class TransportError extends SandcellError {}
 
@@ -56,15 +57,21 @@ export class ProblemError extends SandcellError {
   }
 }
 
-/** 400 (invalid_json, unknown_field, bad_request, limit_exceeded), 405, 408, 413, 415. */
+/**
+ * 400 (invalid_json, unknown_field, bad_request, limit_exceeded), 405, 413, 415: the
+ * request is wrong; and 408 request_timeout: its body stopped arriving.
+ */
 export class BadRequest extends ProblemError {}
 /** 401 unauthorized: over TCP, no valid bearer token. */
 export class Unauthorized extends ProblemError {}
-/** 403 forbidden (and statement_refused): the caller has no role for this. */
+/**
+ * 403 forbidden: the caller has no role for this; statement_refused; approval_unavailable
+ * (it would need a person's approval, and no approver is configured).
+ */
 export class Forbidden extends ProblemError {}
 /**
- * 403 approval_required (and approval_unavailable): the request waits for a person;
- * once `approvalId` is approved, send the same request again with it.
+ * 403 approval_required: the request waits for a person; once `approvalId` is
+ * approved, send the same request again with it.
  */
 export class ApprovalRequired extends ProblemError {
   get approvalId(): string {
@@ -107,7 +114,7 @@ const byCode: Record<string, ProblemClass> = {
   forbidden: Forbidden,
   statement_refused: Forbidden,
   approval_required: ApprovalRequired,
-  approval_unavailable: ApprovalRequired,
+  approval_unavailable: Forbidden,
   not_found: NotFound,
   unsafe_file: Conflict,
   workspace_busy: Conflict,

@@ -3,7 +3,7 @@
  * names as on the wire. Members this version does not know are kept as they came.
  */
 
-/** A run's, session's or cell's limits, each at most the daemon's maximum. */
+/** A run's or a session's limits, each at most the daemon's maximum (a cell's: CellLimits). */
 export interface Limits {
   /** wall clock, milliseconds */
   timeout_ms?: number;
@@ -126,6 +126,7 @@ export interface SQLResult {
   status: string;
   /** the result's columns: names, and declared types where the table has them */
   columns?: { name: string; decl_type?: string }[];
+  /** values as JSON carries them; blobs as Uint8Array, integers beyond 2^53 as their digits */
   rows?: unknown[][];
   truncated?: boolean;
   changes?: number;
@@ -197,10 +198,13 @@ export interface SessionOptions {
   env?: Record<string, string>;
 }
 
+/** The limits a cell may lower (memory and fuel are its session's). */
+export type CellLimits = Pick<Limits, "timeout_ms" | "cpu_ms" | "max_output_bytes">;
+
 /** A cell's request. */
 export interface CellOptions {
   stdin?: string | Uint8Array;
-  limits?: Limits;
+  limits?: CellLimits;
   approval?: string;
 }
 

@@ -76,6 +76,11 @@ test("workspaces and files", async () => {
     assert.deepEqual([...(await sc.readFile(ws.id, "blob.bin"))], [0, 255]);
     await sc.deleteFile(ws.id, "data");
     await assert.rejects(sc.readFile(ws.id, "data/in put é.csv"), sandcell.NotFound);
+    // A path never leaves the workspace's files: ".." would reach another route.
+    for (const bad of ["../../" + ws.id, "a/../b", "./a", "", "a//b", "/abs"]) await assert.rejects(sc.deleteFile(ws.id, bad), TypeError);
+    assert.equal((await sc.workspace(ws.id)).id, ws.id);
+    await sc.writeFile(ws.id, "we#ird ?%.txt", "1");
+    assert.equal(Buffer.from(await sc.readFile(ws.id, "we#ird ?%.txt")).toString(), "1");
     await sc.run("import os\nos.symlink('out.txt', '/ws/link')", { workspace: ws.id });
     await assert.rejects(sc.readFile(ws.id, "link"), (e) => e instanceof sandcell.Conflict && e.code === "unsafe_file");
   } finally {
@@ -148,9 +153,9 @@ test("a SQL write approved by another person", async () => {
     assert.equal((await approver.decide(id, true)).state, "approved");
     assert.equal((await write()).changes, 1);
     await assert.rejects(write(), (e) => e instanceof sandcell.Conflict && e.code === "approval_invalid");
-    const rows = await agent.sql(ws.id, "db.sqlite", "select a, hex(b) from t where a = :a", { params: { a: 1 } });
-    assert.deepEqual(rows.columns.map((c) => c.name), ["a", "hex(b)"]);
-    assert.deepEqual(rows.rows, [[1, "0001"]]);
+    const rows = await agent.sql(ws.id, "db.sqlite", "select a, hex(b), b from t where a = :a", { params: { a: 1 } });
+    assert.deepEqual(rows.columns.map((c) => c.name), ["a", "hex(b)", "b"]);
+    assert.deepEqual(rows.rows, [[1, "0001", new Uint8Array([0, 1])]]);
     await assert.rejects(agent.sql(ws.id, "db.sqlite", "select * from nothing"), (e) => e instanceof sandcell.SQLError && e.sqlCode !== "");
   } finally {
     await agent.deleteWorkspace(ws.id);

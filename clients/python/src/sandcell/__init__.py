@@ -7,7 +7,7 @@ bearer token, blocking (``Client``) or with asyncio (``AsyncClient``).
         print(sc.run("print(6 * 7)").result.stdout)
         with sc.open_session(backend="native") as s:
             s.run("import pandas as pd; df = pd.DataFrame({'x': [1, 2]})")
-            print(s.run("df.x.sum()").value)  # 3
+            print(s.run("int(df.x.sum())").value)  # 3
 """
 
 from ._client import DEFAULT_SOCKET, AsyncClient, AsyncSession, Client, Session, StreamEvent

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import time
@@ -112,18 +113,31 @@ class _Base:
 
 
 def _transport_error(e: httpx.HTTPError) -> TransportError:
+    """The error for a failed exchange (raise it ``from None``: httpx's exception
+    holds the request, its Authorization header included)."""
     if isinstance(e, httpx.TimeoutException):
-        return Timeout(f"no answer from the daemon in time: {e!r}")
-    return TransportError(f"cannot reach the daemon: {e!r}")
+        return Timeout(f"the daemon did not answer in time: {type(e).__name__}: {e}")
+    return TransportError(f"the exchange with the daemon failed: {type(e).__name__}: {e} (it may be unreachable, "
+                          "or have closed the connection while the request was sent: a body it refused early)")
+
+
+@contextlib.contextmanager
+def _answer_shape() -> Iterator[None]:
+    """Turns an answer that is not the document the API promises (not JSON, another
+    shape) into a TransportError: a proxy's page, another server."""
+    try:
+        yield
+    except (ValueError, TypeError, AttributeError, KeyError) as e:
+        raise TransportError(f"the daemon's answer is not the API's document: {type(e).__name__}: {e}") from None
 
 
 class Client(_Base):
     """A blocking client. ``Client()`` talks to the daemon on its Unix socket
     (``socket``, else $SANDCELL_SOCKET, else /run/sandcell/sandcell.sock);
     ``Client(url="https://host:8443", token=SECRET)`` (or $SANDCELL_URL and
-    $SANDCELL_TOKEN) over TCP. ``timeout`` bounds every request (seconds: connect,
-    write, read); ``run_timeout`` the wait for a run's, a cell's or a statement's
-    answer. A 429 or 503 that carries Retry-After is sent again after that many
+    $SANDCELL_TOKEN) over TCP. ``timeout`` bounds each wait for the daemon (seconds:
+    connecting, and each silence while writing or reading; not an answer that keeps
+    coming); ``run_timeout`` the wait for a run's, a cell's or a statement's answer. A 429 or 503 that carries Retry-After is sent again after that many
     seconds, at most ``max_retries`` times and only if the wait is at most
     ``max_retry_wait``; nothing else is retried. Errors: ``ProblemError`` subclasses
     (by the answer's code), ``TransportError``/``Timeout``. Use it as a context
@@ -151,7 +165,7 @@ class Client(_Base):
             try:
                 resp = self._http.send(self._build(self._http, req))
             except httpx.HTTPError as e:
-                raise _transport_error(e) from e
+                raise _transport_error(e) from None
             wait = self._check(resp, req, attempt)
             if wait is None:
                 return resp
@@ -162,7 +176,9 @@ class Client(_Base):
         try:
             req = next(op)
             while True:
-                req = op.send(self._send(req))
+                resp = self._send(req)
+                with _answer_shape():
+                    req = op.send(resp)
         except StopIteration as done:
             return done.value
 
@@ -219,7 +235,7 @@ class Client(_Base):
                         if isinstance(ev, Run):
                             return
         except httpx.HTTPError as e:
-            raise _transport_error(e) from e
+            raise _transport_error(e) from None
         raise TransportError(f"the event stream of run {run_id} ended before its result")
 
     def run_stream(self, code: Optional[str] = None, **kw: Any) -> Iterator[StreamEvent]:
@@ -400,7 +416,7 @@ class AsyncClient(_Base):
             try:
                 resp = await self._http.send(self._build(self._http, req))
             except httpx.HTTPError as e:
-                raise _transport_error(e) from e
+                raise _transport_error(e) from None
             wait = self._check(resp, req, attempt)
             if wait is None:
                 return resp
@@ -411,7 +427,9 @@ class AsyncClient(_Base):
         try:
             req = next(op)
             while True:
-                req = op.send(await self._send(req))
+                resp = await self._send(req)
+                with _answer_shape():
+                    req = op.send(resp)
         except StopIteration as done:
             return done.value
 
@@ -457,7 +475,7 @@ class AsyncClient(_Base):
                         if isinstance(ev, Run):
                             return
         except httpx.HTTPError as e:
-            raise _transport_error(e) from e
+            raise _transport_error(e) from None
         raise TransportError(f"the event stream of run {run_id} ended before its result")
 
     async def run_stream(self, code: Optional[str] = None, **kw: Any) -> AsyncIterator[StreamEvent]:

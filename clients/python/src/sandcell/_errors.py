@@ -11,9 +11,12 @@ class SandcellError(Exception):
 
 
 class TransportError(SandcellError):
-    """The daemon could not be reached, or stopped answering (connection refused or
-    reset, a missing socket, a timeout). The request may or may not have been carried
-    out: read the run or session back before trying it again."""
+    """The exchange with the daemon failed: it could not be reached, stopped
+    answering (connection refused or reset, a missing socket, a timeout), closed the
+    connection while the request was being sent (httpx before 0.24 cannot read the
+    answer then: an upload over a quota is one), or answered something that is not
+    the API's document. The request may or may not have been carried out: read the
+    run or session back before trying it again."""
 
 
 class Timeout(TransportError):
@@ -39,8 +42,9 @@ class ProblemError(SandcellError):
 
 
 class BadRequest(ProblemError):
-    """400 (invalid_json, unknown_field, bad_request, limit_exceeded), 408, 413, 415:
-    the request itself is wrong; sending it again changes nothing."""
+    """400 (invalid_json, unknown_field, bad_request, limit_exceeded), 405, 413, 415:
+    the request itself is wrong, and sending it again changes nothing; and 408
+    request_timeout: its body stopped arriving."""
 
 
 class Unauthorized(ProblemError):
@@ -48,13 +52,15 @@ class Unauthorized(ProblemError):
 
 
 class Forbidden(ProblemError):
-    """403 forbidden: the caller has no role for this (or statement_refused)."""
+    """403 forbidden: the caller has no role for this; statement_refused; and
+    approval_unavailable (it would need a person's approval, and no approver is
+    configured)."""
 
 
 class ApprovalRequired(ProblemError):
-    """403 approval_required (and approval_unavailable): the request waits for a
-    person. ``approval_id`` names the approval; once it is approved, send the same
-    request again with ``approval=approval_id``."""
+    """403 approval_required: the request waits for a person. ``approval_id`` names
+    the approval; once it is approved, send the same request again with
+    ``approval=approval_id``."""
 
     @property
     def approval_id(self) -> str:
@@ -113,7 +119,7 @@ _BY_CODE: dict[str, type[ProblemError]] = {
     "forbidden": Forbidden,
     "statement_refused": Forbidden,
     "approval_required": ApprovalRequired,
-    "approval_unavailable": ApprovalRequired,
+    "approval_unavailable": Forbidden,
     "not_found": NotFound,
     "unsafe_file": Conflict,
     "workspace_busy": Conflict,

@@ -12,14 +12,15 @@ from typing import Any, Optional, TypeVar
 
 T = TypeVar("T")
 
-_FRACTION = re.compile(r"\.(\d{6})\d+")
+_FRACTION = re.compile(r"\.(\d+)")
 
 
 def _time(v: Any) -> Optional[_dt.datetime]:
     """An RFC 3339 time as the daemon writes it (nanoseconds, Z) as an aware datetime."""
     if not isinstance(v, str) or not v:
         return None
-    s = _FRACTION.sub(r".\1", v.replace("Z", "+00:00"))
+    # Go writes 0 to 9 digits of fraction; Python 3.10 reads 3 or 6 only.
+    s = _FRACTION.sub(lambda m: "." + (m.group(1) + "000000")[:6], v.replace("Z", "+00:00"), count=1)
     try:
         return _dt.datetime.fromisoformat(s)
     except ValueError:
@@ -78,6 +79,8 @@ class Result:
     stderr_truncated: bool
     elapsed_ms: float
     peak_memory_bytes: int
+    worker_max_rss_bytes: int
+    fuel_consumed: int
     displays: list[Display]
     diagnostics: list[str]
     enforcement: dict[str, Any]
@@ -102,6 +105,8 @@ class Result:
                    stdout_bytes=_stream(d, "stdout"), stderr_bytes=_stream(d, "stderr"),
                    stdout_truncated=bool(d.get("stdout_truncated")), stderr_truncated=bool(d.get("stderr_truncated")),
                    elapsed_ms=float(d.get("elapsed_ms") or 0), peak_memory_bytes=int(d.get("peak_memory_bytes") or 0),
+                   worker_max_rss_bytes=int(d.get("worker_max_rss_bytes") or 0),
+                   fuel_consumed=int(d.get("fuel_consumed") or 0),
                    displays=[Display.from_json(x) for x in d.get("displays") or []],
                    diagnostics=[str(x) for x in d.get("diagnostics") or []],
                    enforcement=dict(d.get("enforcement") or {}), raw=d)
@@ -165,6 +170,8 @@ class SessionInfo:
     lost: str
     forked_from: str
     memory_bytes: int
+    checkpoint_bytes: int
+    restored_at: Optional[_dt.datetime]
     enforcement: dict[str, Any]
     raw: dict[str, Any] = dataclasses.field(repr=False)
 
@@ -174,6 +181,7 @@ class SessionInfo:
                    cells=int(d.get("cells") or 0), created_at=_time(d.get("created_at")),
                    last_used_at=_time(d.get("last_used_at")), lost=str(d.get("lost") or ""),
                    forked_from=str(d.get("forked_from") or ""), memory_bytes=int(d.get("memory_bytes") or 0),
+                   checkpoint_bytes=int(d.get("checkpoint_bytes") or 0), restored_at=_time(d.get("restored_at")),
                    enforcement=dict(d.get("enforcement") or {}), raw=d)
 
 
@@ -214,6 +222,8 @@ class Workspace:
     wrote past the quota, and one page of its names (``next``: more follow)."""
 
     id: str
+    owner_uid: int
+    created_at: Optional[_dt.datetime]
     quota: dict[str, Any]
     usage: dict[str, Any]
     over_quota: bool
@@ -223,23 +233,33 @@ class Workspace:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "Workspace":
-        return cls(id=str(d.get("id", "")), quota=dict(d.get("quota") or {}), usage=dict(d.get("usage") or {}),
+        return cls(id=str(d.get("id", "")), owner_uid=int(d.get("owner_uid") or 0), created_at=_time(d.get("created_at")),
+                   quota=dict(d.get("quota") or {}), usage=dict(d.get("usage") or {}),
                    over_quota=bool(d.get("over_quota")),
                    files=[File(str(f.get("path", "")), str(f.get("type", "")), int(f.get("size") or 0))
                           for f in d.get("files") or []], next=str(d.get("next") or ""), raw=d)
 
 
+def _sql_value(v: Any) -> Any:
+    """A result's value as Python's sqlite3 gives it: a blob ({"base64": ...}) as bytes,
+    an integer beyond 2**53 (sent as its digits, a string) left as the string."""
+    if isinstance(v, dict) and list(v) == ["base64"]:
+        return base64.b64decode(v["base64"])
+    return v
+
+
 @dataclasses.dataclass(frozen=True)
 class SQLResult:
     """One SQL statement's answer: ``columns`` (their names; ``raw["columns"]`` has
-    their declared types too) and ``rows`` (a read), ``changes`` (a write), how the
-    engine classified it, and the approval it used."""
+    their declared types too) and ``rows`` (a read; blobs as bytes), ``changes`` (a
+    write), how the engine classified it, and the approval it used."""
 
     status: str
     columns: list[str]
     rows: list[list[Any]]
     truncated: bool
     changes: int
+    elapsed_ms: float
     classification: dict[str, Any]
     approval: str
     raw: dict[str, Any] = dataclasses.field(repr=False)
@@ -248,8 +268,9 @@ class SQLResult:
     def from_json(cls, d: dict[str, Any]) -> "SQLResult":
         return cls(status=str(d.get("status", "")), columns=[str(c.get("name", "")) if isinstance(c, dict) else str(c)
                                                           for c in d.get("columns") or []],
-                   rows=[list(r) for r in d.get("rows") or []], truncated=bool(d.get("truncated")),
-                   changes=int(d.get("changes") or 0), classification=dict(d.get("classification") or {}),
+                   rows=[[_sql_value(v) for v in r] for r in d.get("rows") or []], truncated=bool(d.get("truncated")),
+                   changes=int(d.get("changes") or 0), elapsed_ms=float(d.get("elapsed_ms") or 0),
+                   classification=dict(d.get("classification") or {}),
                    approval=str(d.get("approval") or ""), raw=d)
 
 
@@ -269,6 +290,7 @@ class Approval:
     created_at: Optional[_dt.datetime]
     expires_at: Optional[_dt.datetime]
     decided_by: dict[str, Any]
+    decided_at: Optional[_dt.datetime]
     grant: int
     raw: dict[str, Any] = dataclasses.field(repr=False)
 
@@ -277,4 +299,4 @@ class Approval:
         return cls(id=str(d.get("id", "")), action=str(d.get("action", "")), state=str(d.get("state", "")),
                    requester=dict(d.get("requester") or {}), subject=d.get("subject"), digest=str(d.get("digest") or ""),
                    created_at=_time(d.get("created_at")), expires_at=_time(d.get("expires_at")),
-                   decided_by=dict(d.get("decided_by") or {}), grant=int(d.get("grant") or 0), raw=d)
+                   decided_by=dict(d.get("decided_by") or {}), decided_at=_time(d.get("decided_at")), grant=int(d.get("grant") or 0), raw=d)

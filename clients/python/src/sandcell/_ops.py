@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import re
 from typing import Any, Generator, Mapping, Optional, Sequence, Union
 from urllib.parse import quote
 
@@ -38,10 +39,12 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """A run's, a session's or a cell's limits, each lowering the daemon's default
-    (and never above its maximum: 400 limit_exceeded). ``timeout_ms``: wall clock;
+    """A run's or a session's limits, each setting the daemon's default for it (and
+    never above its maximum: 400 limit_exceeded). ``timeout_ms``: wall clock;
     ``cpu_ms``: CPU time; ``memory_mib``: memory; ``max_output_bytes``: stdout and
-    stderr, each; ``fuel``: WebAssembly instructions (wasm backend)."""
+    stderr, each; ``fuel``: WebAssembly instructions (wasm backend). A cell may lower
+    its session's ``timeout_ms``, ``cpu_ms`` and ``max_output_bytes`` only: memory and
+    fuel are the session's, set when it opens."""
 
     timeout_ms: Optional[int] = None
     cpu_ms: Optional[int] = None
@@ -63,19 +66,24 @@ def limits_dict(limits: LimitsLike) -> dict[str, int]:
     return dict(limits)
 
 
-def stdin_fields(stdin: Union[str, bytes, None]) -> dict[str, str]:
+def stdin_fields(stdin: Union[str, bytes, bytearray, memoryview, None]) -> dict[str, str]:
     """stdin as the API takes it: text, or base64 for bytes."""
     if stdin is None:
         return {}
-    if isinstance(stdin, bytes):
-        return {"stdin": base64.b64encode(stdin).decode("ascii"), "stdin_encoding": "base64"}
+    if isinstance(stdin, (bytes, bytearray, memoryview)):
+        return {"stdin": base64.b64encode(bytes(stdin)).decode("ascii"), "stdin_encoding": "base64"}
     return {"stdin": stdin}
 
 
 def file_path(workspace: str, path: str) -> str:
     """The files route of a workspace path, each segment escaped (a name may hold
-    anything but NUL and '/')."""
-    return f"/v1/workspaces/{quote(workspace, safe='')}/files/" + "/".join(quote(p, safe="") for p in path.split("/"))
+    anything but NUL and '/'). A path with an empty, "." or ".." segment is refused
+    here (ValueError): HTTP clients resolve those before sending, which would reach
+    another route (another workspace, a run, a session)."""
+    segs = path.split("/")
+    if any(p in ("", ".", "..") for p in segs):
+        raise ValueError(f"workspace path {path!r}: relative, without empty, '.' or '..' segments")
+    return f"/v1/workspaces/{quote(workspace, safe='')}/files/" + "/".join(quote(p, safe="") for p in segs)
 
 
 def seg(s: str) -> str:
@@ -178,9 +186,13 @@ def sql(workspace: str, db: str, statement: str, *, params: Any, max_rows: Optio
 def _sql_params(params: Any) -> Any:
     """Parameters as the API binds them: bytes as {"base64": ...}."""
     def one(v: Any) -> Any:
-        return {"base64": base64.b64encode(v).decode("ascii")} if isinstance(v, (bytes, bytearray)) else v
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            return {"base64": base64.b64encode(bytes(v)).decode("ascii")}
+        return v
     if isinstance(params, Mapping):
         return {k: one(v) for k, v in params.items()}
+    if isinstance(params, (str, bytes)):
+        raise TypeError("params: a sequence (positional) or a mapping (named), not a string")
     return [one(v) for v in params]
 
 
@@ -265,10 +277,11 @@ def problem_document(resp: httpx.Response) -> dict[str, Any]:
             "detail": resp.content[:500].decode("utf-8", "replace").strip()}
 
 
+_DELTA_SECONDS = re.compile(r"[0-9]{1,6}")
+
+
 def retry_after(resp: httpx.Response) -> Optional[float]:
-    """Retry-After in seconds (delta-seconds only, as the daemon sends it)."""
-    v = resp.headers.get("retry-after")
-    try:
-        return max(0.0, float(v)) if v is not None else None
-    except ValueError:
-        return None
+    """Retry-After in seconds: delta-seconds only, as the daemon sends it (an
+    HTTP-date, an empty or odd value: None, and the answer is not retried)."""
+    v = (resp.headers.get("retry-after") or "").strip()
+    return float(v) if _DELTA_SECONDS.fullmatch(v) else None
