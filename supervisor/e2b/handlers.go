@@ -138,11 +138,21 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		"alias": sb.template, "envdVersion": EnvdVersion, "envdAccessToken": token, "domain": nil})
 }
 
-func (s *Server) info(w http.ResponseWriter, r *http.Request) {
+// callersSandbox returns the sandbox r names, if its caller created it; otherwise it
+// answers 404 (another caller's sandbox does not exist for this one) and returns nil.
+func (s *Server) callersSandbox(w http.ResponseWriter, r *http.Request) *sandbox {
 	_, key, ok := s.o.Caller(r)
 	sb := s.owned(key, r.PathValue("id"))
 	if !ok || sb == nil {
 		apiError(w, http.StatusNotFound, "sandbox "+r.PathValue("id")+" not found")
+		return nil
+	}
+	return sb
+}
+
+func (s *Server) info(w http.ResponseWriter, r *http.Request) {
+	sb := s.callersSandbox(w, r)
+	if sb == nil {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -153,10 +163,8 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
-	_, key, ok := s.o.Caller(r)
-	sb := s.owned(key, r.PathValue("id"))
-	if !ok || sb == nil {
-		apiError(w, http.StatusNotFound, "sandbox "+r.PathValue("id")+" not found")
+	sb := s.callersSandbox(w, r)
+	if sb == nil {
 		return
 	}
 	b := s.o.Backend(sb.who)

@@ -345,11 +345,10 @@ class Client(_Base):
         self._call(ops.close_session(session_id))
 
 
-class Session:
-    """An interpreter session of a Client: ``info`` as last seen, ``run`` a cell,
-    ``fork``, ``close`` (also at the end of a ``with`` block)."""
+class _SessionBase:
+    """What Session and AsyncSession share: the client, and the session as last seen."""
 
-    def __init__(self, client: Client, info: SessionInfo) -> None:
+    def __init__(self, client: Any, info: SessionInfo) -> None:
         self.client, self.info = client, info
 
     @property
@@ -358,7 +357,15 @@ class Session:
 
     @property
     def workspace(self) -> str:
+        """The workspace's id; empty for a session's private workspace, which no call reaches."""
         return self.info.workspace
+
+
+class Session(_SessionBase):
+    """An interpreter session of a Client: ``info`` as last seen, ``run`` a cell,
+    ``fork``, ``close`` (also at the end of a ``with`` block)."""
+
+    client: Client
 
     def __enter__(self) -> "Session":
         return self
@@ -552,19 +559,10 @@ class AsyncClient(_Base):
         await self._call(ops.close_session(session_id))
 
 
-class AsyncSession:
+class AsyncSession(_SessionBase):
     """Session, for AsyncClient: ``await s.run(code)``; ``async with``."""
 
-    def __init__(self, client: AsyncClient, info: SessionInfo) -> None:
-        self.client, self.info = client, info
-
-    @property
-    def id(self) -> str:
-        return self.info.id
-
-    @property
-    def workspace(self) -> str:
-        return self.info.workspace
+    client: AsyncClient
 
     async def __aenter__(self) -> "AsyncSession":
         return self
