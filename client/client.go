@@ -109,6 +109,28 @@ func (c *Client) ReadFile(ctx context.Context, id, path string, max int64) ([]by
 	return b, resp.ContentLength, err
 }
 
+// OpenFile returns a workspace file's content as it is read from the daemon, and its
+// size (-1 when the daemon did not say); the caller closes it.
+func (c *Client) OpenFile(ctx context.Context, id, path string) (io.ReadCloser, int64, error) {
+	resp, err := c.send(ctx, http.MethodGet, filesPath(id, path), nil, "")
+	if err != nil {
+		return nil, 0, err
+	}
+	return resp.Body, resp.ContentLength, nil
+}
+
+// PutFile writes a workspace file (created or replaced) from r, sent as it is read:
+// nothing holds the whole file. The workspace's quota bounds it (a *wire.Problem
+// quota_exceeded, and nothing written).
+func (c *Client) PutFile(ctx context.Context, id, path string, r io.Reader) error {
+	resp, err := c.sendReader(ctx, http.MethodPut, filesPath(id, path), r, "application/octet-stream")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
 // WriteFile writes data as a workspace file (created or replaced).
 func (c *Client) WriteFile(ctx context.Context, id, path string, data []byte) error {
 	resp, err := c.send(ctx, http.MethodPut, filesPath(id, path), data, "application/octet-stream")
@@ -218,6 +240,11 @@ func (c *Client) send(ctx context.Context, method, path string, body []byte, con
 	if body != nil {
 		r = bytes.NewReader(body)
 	}
+	return c.sendReader(ctx, method, path, r, contentType)
+}
+
+// sendReader is send with the body read from r as the request goes (nil: none).
+func (c *Client) sendReader(ctx context.Context, method, path string, r io.Reader, contentType string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, "http://sandcell"+path, r)
 	if err != nil {
 		return nil, err

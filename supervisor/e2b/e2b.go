@@ -29,6 +29,7 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"errors"
+	"io"
 	"net/http"
 	"sync"
 	"time"
@@ -50,9 +51,11 @@ const (
 	NativeMemoryMiB = 1024
 )
 
-// MaxFileBytes bounds one file an upload carries and a download returns (the
-// workspace's quota bounds them all).
-const MaxFileBytes = 64 << 20
+// MaxDisplayBytes bounds what one execution's answer carries of its displays'
+// files, in all (32 MiB, base64 aside): a display past it is named, not carried (read
+// its file). Files moved by /files are streamed, never held, and bounded by the
+// workspace's quota.
+const MaxDisplayBytes = 32 << 20
 
 // Backend is what a sandbox's calls go through: Sandcell's API as one caller
 // (client.Client over the API's own handler). Errors are *wire.Problem where the API
@@ -64,8 +67,8 @@ type Backend interface {
 	Sessions(ctx context.Context) ([]wire.SessionView, error)
 	Cell(ctx context.Context, id string, req wire.CellRequest) (wire.CellAnswer, error)
 	CloseSession(ctx context.Context, id string) error
-	WriteFile(ctx context.Context, id, path string, data []byte) error
-	ReadFile(ctx context.Context, id, path string, max int64) ([]byte, int64, error)
+	PutFile(ctx context.Context, id, path string, r io.Reader) error
+	OpenFile(ctx context.Context, id, path string) (io.ReadCloser, int64, error)
 }
 
 // Options wire a Server to the API.

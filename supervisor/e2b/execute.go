@@ -68,8 +68,18 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	enc := json.NewEncoder(w)
 	now := time.Now().UTC().Format(time.RFC3339Nano)
+	budget := int64(MaxDisplayBytes)
 	for _, m := range messages(a, now, func(d protocol.Display) ([]byte, error) {
-		data, _, err := b.ReadFile(r.Context(), sb.workspace, d.Path, protocol.MaxDisplayBytes)
+		if d.Bytes > budget {
+			return nil, fmt.Errorf("past what one answer carries of displays (%d MiB): read the file", MaxDisplayBytes>>20)
+		}
+		f, _, err := b.OpenFile(r.Context(), sb.workspace, d.Path)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		data, err := io.ReadAll(io.LimitReader(f, min(budget, protocol.MaxDisplayBytes)))
+		budget -= int64(len(data))
 		return data, err
 	}) {
 		enc.Encode(m)

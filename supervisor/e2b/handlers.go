@@ -215,25 +215,16 @@ func entryInfo(p string) map[string]string {
 func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r.Context())
 	b := s.o.Backend(sb.who)
-	r.Body = http.MaxBytesReader(w, r.Body, MaxFileBytes+1<<20)
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	var written []map[string]string
+	// put streams data to the workspace file name: nothing holds a whole file.
 	put := func(name string, data io.Reader) bool {
 		rel, err := workspacePath(name)
 		if err != nil {
 			envdError(w, http.StatusBadRequest, err.Error())
 			return false
 		}
-		body, err := io.ReadAll(io.LimitReader(data, MaxFileBytes+1))
-		if err != nil {
-			envdError(w, http.StatusBadRequest, "reading the upload: "+err.Error())
-			return false
-		}
-		if len(body) > MaxFileBytes {
-			envdError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("a file is at most %d bytes", MaxFileBytes))
-			return false
-		}
-		if err := b.WriteFile(r.Context(), sb.workspace, rel, body); err != nil {
+		if err := b.PutFile(r.Context(), sb.workspace, rel, data); err != nil {
 			backendEnvdError(w, err)
 			return false
 		}
@@ -277,17 +268,17 @@ func (s *Server) download(w http.ResponseWriter, r *http.Request) {
 		envdError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	data, size, err := s.o.Backend(sb.who).ReadFile(r.Context(), sb.workspace, rel, MaxFileBytes+1)
+	f, size, err := s.o.Backend(sb.who).OpenFile(r.Context(), sb.workspace, rel)
 	if err != nil {
 		backendEnvdError(w, err)
 		return
 	}
-	if size > MaxFileBytes || len(data) > MaxFileBytes {
-		envdError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("%s: larger than %d bytes", rel, MaxFileBytes))
-		return
-	}
+	defer f.Close()
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Write(data)
+	if size >= 0 {
+		w.Header().Set("Content-Length", fmt.Sprint(size))
+	}
+	io.Copy(w, f)
 }
 
 // connectError answers a call of envd's process and filesystem services (Connect

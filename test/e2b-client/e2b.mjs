@@ -18,6 +18,13 @@ try {
   assert.equal(await sbx.files.read("/home/user/total.txt"), "42");
   assert.equal(await sbx.files.read("total.txt"), "42");
 
+  // A large file both ways, streamed through the daemon.
+  const big = Buffer.alloc(24 << 20, 7);
+  await sbx.files.write("big.bin", big);
+  const back = await sbx.files.read("big.bin", { format: "bytes" });
+  assert.equal(back.length, big.length);
+  assert.ok(Buffer.from(back).equals(big));
+
   // State is kept from one call to the next; output streams to the callbacks.
   const seen = [];
   const again = await sbx.runCode("import sys\nprint(total * 2)\nprint('warn', file=sys.stderr)",
