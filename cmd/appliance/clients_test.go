@@ -134,7 +134,7 @@ func TestE2BSDK(t *testing.T) {
 	cmd := exec.Command("node", "e2b.mjs")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "E2B_API_URL="+base+"/e2b", "E2B_SANDBOX_URL="+base+"/e2b/sandbox",
-		"E2B_API_KEY="+d.token, "SANDCELL_TEST_NATIVE=1")
+		"E2B_API_KEY="+d.token, "SANDCELL_URL="+base, "SANDCELL_TEST_NATIVE=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.HasSuffix(strings.TrimSpace(string(out)), "ok") {
 		t.Fatalf("%v\n%s", err, out)

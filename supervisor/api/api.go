@@ -93,15 +93,23 @@ func Statuses() map[string][]int {
 
 		// E2B's API and a sandbox's services (supervisor/e2b): a status the calls it
 		// makes answered passes through; 502 where the API itself could not answer.
-		"POST /e2b/v2/sandboxes":    {201, 400, 401, 403, 404, 409, 429, 500, 502, 503, 507},
-		"POST /e2b/sandboxes":       {201, 400, 401, 403, 404, 409, 429, 500, 502, 503, 507},
-		"GET /e2b/sandboxes/:id":    {200, 401, 403, 404},
-		"DELETE /e2b/sandboxes/:id": {204, 401, 403, 404, 409, 500, 502},
-		"GET /e2b/sandbox/health":   {204},
-		"POST /e2b/sandbox/files":   {200, 400, 403, 404, 409, 413, 415, 500, 502, 507},
-		"GET /e2b/sandbox/files":    {200, 400, 403, 404, 409, 413, 500, 502},
-		"POST /e2b/sandbox/execute": {200, 400, 403, 404, 409, 429, 500, 502, 503},
-		"POST /e2b/sandbox/*":       {200, 404, 501},
+		"POST /e2b/v2/sandboxes":             {201, 400, 401, 403, 404, 409, 429, 500, 502, 503, 507},
+		"POST /e2b/sandboxes":                {201, 400, 401, 403, 404, 409, 429, 500, 502, 503, 507},
+		"GET /e2b/sandboxes/:id":             {200, 401, 403, 404, 502},
+		"DELETE /e2b/sandboxes/:id":          {204, 401, 403, 404, 409, 500, 502},
+		"GET /e2b/sandboxes":                 {200, 401, 403},
+		"GET /e2b/v2/sandboxes":              {200, 401, 403},
+		"POST /e2b/sandboxes/:id/connect":    {200, 401, 403, 404},
+		"POST /e2b/v2/sandboxes/:id/connect": {200, 401, 403, 404},
+		"POST /e2b/sandboxes/:id/timeout":    {204, 401, 403, 404},
+		"GET /e2b/*":                         {401, 403, 501},
+		"POST /e2b/*":                        {401, 403, 501},
+		"DELETE /e2b/*":                      {401, 403, 501},
+		"GET /e2b/sandbox/health":            {204, 502},
+		"POST /e2b/sandbox/files":            {200, 400, 403, 404, 409, 413, 415, 500, 502, 507},
+		"GET /e2b/sandbox/files":             {200, 400, 403, 404, 409, 413, 500, 502},
+		"POST /e2b/sandbox/execute":          {200, 400, 403, 404, 409, 429, 500, 502, 503},
+		"POST /e2b/sandbox/*":                {200, 404, 501},
 	}
 }
 
@@ -345,6 +353,14 @@ func New(o Options) *Server {
 	e.POST("/e2b/sandboxes", e2bAPI, e2bAPIKey, runner)
 	e.GET("/e2b/sandboxes/:id", e2bAPI, e2bAPIKey, runner)
 	e.DELETE("/e2b/sandboxes/:id", e2bAPI, e2bAPIKey, runner)
+	e.GET("/e2b/sandboxes", e2bAPI, e2bAPIKey, runner)
+	e.GET("/e2b/v2/sandboxes", e2bAPI, e2bAPIKey, runner)
+	e.POST("/e2b/sandboxes/:id/connect", e2bAPI, e2bAPIKey, runner)
+	e.POST("/e2b/v2/sandboxes/:id/connect", e2bAPI, e2bAPIKey, runner)
+	e.POST("/e2b/sandboxes/:id/timeout", e2bAPI, e2bAPIKey, runner)
+	for _, method := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
+		e.Add(method, "/e2b/*", e2bAPI, e2bAPIKey, runner) // the rest of E2B's API: not offered, in its shape
+	}
 	e.GET("/v1/approvals", s.listApprovals, s.require(RoleApprover))
 	e.GET("/v1/approvals/:id", s.getApproval, s.require(RoleRunner, RoleApprover))
 	e.POST("/v1/approvals/:id", s.decideApproval, s.require(RoleApprover))

@@ -197,6 +197,8 @@ func TestEveryCodePathIsGated(t *testing.T) {
 		// files the workspace's, its execute a cell (checked below).
 		"POST /e2b/v2/sandboxes", "POST /e2b/sandboxes", "GET /e2b/sandboxes/:id", "DELETE /e2b/sandboxes/:id",
 		"GET /e2b/sandbox/health", "POST /e2b/sandbox/files", "GET /e2b/sandbox/files", "POST /e2b/sandbox/*",
+		"GET /e2b/sandboxes", "GET /e2b/v2/sandboxes", "POST /e2b/sandboxes/:id/connect", "POST /e2b/v2/sandboxes/:id/connect",
+		"POST /e2b/sandboxes/:id/timeout", "GET /e2b/*", "POST /e2b/*", "DELETE /e2b/*",
 	}
 	code["POST /e2b/sandbox/execute"] = nil
 	for _, r := range d.server.Routes() {

@@ -98,12 +98,16 @@ type sandbox struct {
 	id, workspace string
 	who           any
 	key           string // the creator's
+	token         string // returned again by a connect
 	tokenSum      [32]byte
 	created       time.Time
 	template      string
 	// cells serialises /execute: a session runs one cell at a time, and E2B's SDK
 	// expects a second call to wait, not to fail session_busy.
 	cells sync.Mutex
+	// stop cancels the cell running (nil: none), so that a kill need not wait for it;
+	// guarded by Server.mu.
+	stop context.CancelFunc
 }
 
 // New returns a Server without sandboxes.
@@ -154,11 +158,54 @@ func (s *Server) owned(key, id string) *sandbox {
 	return nil
 }
 
-// forget drops sandbox id.
-func (s *Server) forget(id string) {
+// drop ends sandbox sb: its cell under way cancelled, its session closed, its
+// workspace deleted, and it is forgotten. What cannot be closed or deleted (already
+// gone) is not an error; anything else is returned, and the sandbox stays.
+func (s *Server) drop(ctx context.Context, sb *sandbox) error {
 	s.mu.Lock()
-	delete(s.sandboxes, id)
+	if sb.stop != nil {
+		sb.stop()
+	}
 	s.mu.Unlock()
+	sb.cells.Lock() // the cell under way has returned
+	defer sb.cells.Unlock()
+	b := s.o.Backend(sb.who)
+	if err := b.CloseSession(ctx, sb.id); err != nil && !gone(err) {
+		return err
+	}
+	s.mu.Lock()
+	delete(s.sandboxes, sb.id)
+	s.mu.Unlock()
+	if err := b.DeleteWorkspace(ctx, sb.workspace); err != nil && !gone(err) {
+		return err
+	}
+	return nil
+}
+
+// alive says whether sb's session still holds its state; where it does not (ended
+// idle, closed through the API, lost), it drops sb and says why.
+func (s *Server) alive(ctx context.Context, sb *sandbox) (bool, string) {
+	live, err := s.o.Backend(sb.who).Sessions(ctx)
+	if err != nil {
+		return true, "" // the next call says what is wrong
+	}
+	why := "its session has ended"
+	for _, v := range live {
+		if v.ID == sb.id {
+			if v.State != "lost" {
+				return true, ""
+			}
+			why = "its session was lost: " + v.Lost
+		}
+	}
+	s.drop(context.WithoutCancel(ctx), sb)
+	return false, why
+}
+
+// gone says err is the API's "no such session or workspace" (or "lost").
+func gone(err error) bool {
+	p, ok := problemOf(err)
+	return ok && (p.Status == 404 || p.Status == 410)
 }
 
 // prune drops the caller's sandboxes whose sessions are gone (ended idle, lost, closed
@@ -172,18 +219,16 @@ func (s *Server) prune(ctx context.Context, b Backend, key string) {
 	for _, v := range live {
 		exists[v.ID] = v.State != "lost"
 	}
-	var gone []*sandbox
+	var ended []*sandbox
 	s.mu.Lock()
 	for id, sb := range s.sandboxes {
 		if sb.key == key && !exists[id] {
-			delete(s.sandboxes, id)
-			gone = append(gone, sb)
+			ended = append(ended, sb)
 		}
 	}
 	s.mu.Unlock()
-	for _, sb := range gone {
-		b.CloseSession(ctx, sb.id)
-		b.DeleteWorkspace(ctx, sb.workspace)
+	for _, sb := range ended {
+		s.drop(ctx, sb)
 	}
 }
 

@@ -54,16 +54,28 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	}
 	b := s.o.Backend(sb.who)
 	sb.cells.Lock()
-	a, err := b.Cell(r.Context(), sb.id, wire.CellRequest{Code: req.Code})
+	ctx, stop := context.WithCancel(r.Context())
+	s.mu.Lock()
+	sb.stop = stop
+	s.mu.Unlock()
+	a, err := b.Cell(ctx, sb.id, wire.CellRequest{Code: req.Code})
+	s.mu.Lock()
+	sb.stop = nil
+	s.mu.Unlock()
+	stop()
 	sb.cells.Unlock()
 	if err != nil {
-		if p, ok := problemOf(err); ok && (p.Status == http.StatusNotFound || p.Status == http.StatusGone) {
-			s.forget(sb.id)
-			envdError(w, http.StatusNotFound, "the sandbox is gone: "+p.Detail)
+		if gone(err) {
+			s.drop(context.WithoutCancel(r.Context()), sb)
+			envdError(w, http.StatusNotFound, "sandbox "+sb.id+" not found: its session has ended ("+err.Error()+")")
 			return
 		}
 		backendEnvdError(w, err)
 		return
+	}
+	if a.State == wire.SessionLost {
+		// The answer says so; the sandbox ends with its state.
+		defer s.drop(context.WithoutCancel(r.Context()), sb)
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	enc := json.NewEncoder(w)
@@ -96,6 +108,10 @@ func messages(a wire.CellAnswer, now string, read func(protocol.Display) ([]byte
 		out = append(out, map[string]any{"type": "stdout", "text": string(stdout), "timestamp": now})
 	}
 	logs, errMsg := splitError(res, string(stderr), a.State)
+	if res.StdoutTruncated || res.StderrTruncated {
+		logs += fmt.Sprintf("sandcell: the cell's output was cut at its limit (stdout %d bytes, stderr %d bytes kept)\n",
+			len(stdout), len(stderr))
+	}
 	if logs != "" {
 		out = append(out, map[string]any{"type": "stderr", "text": logs, "timestamp": now})
 	}

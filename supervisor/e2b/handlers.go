@@ -23,6 +23,12 @@ func (s *Server) API() http.Handler {
 	m.HandleFunc("POST /sandboxes", s.create)
 	m.HandleFunc("GET /sandboxes/{id}", s.info)
 	m.HandleFunc("DELETE /sandboxes/{id}", s.kill)
+	m.HandleFunc("GET /sandboxes", s.list)
+	m.HandleFunc("GET /v2/sandboxes", s.list)
+	m.HandleFunc("POST /sandboxes/{id}/connect", s.connect)
+	m.HandleFunc("POST /v2/sandboxes/{id}/connect", s.connect)
+	m.HandleFunc("POST /sandboxes/{id}/timeout", s.setTimeout)
+	m.HandleFunc("/", s.notOffered)
 	return m
 }
 
@@ -43,12 +49,26 @@ func (s *Server) Sandbox() http.Handler {
 	return withToken(s, m)
 }
 
-// withToken admits a request carrying a sandbox's access token (GET /health too,
-// which the SDK asks without one after a failure).
+// withToken admits a request carrying a sandbox's access token. GET /health without
+// one is the daemon's; with one (or a sandbox's id), that sandbox's.
 func withToken(s *Server, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" && r.Header.Get("X-Access-Token") == "" && r.Header.Get("E2b-Sandbox-Id") == "" {
+			next.ServeHTTP(w, r) // the daemon's
+			return
+		}
 		if r.URL.Path == "/health" {
-			next.ServeHTTP(w, r)
+			// A sandbox's: 502 where it is not running, as E2B's isRunning reads it.
+			sb := s.byToken(r)
+			if sb == nil {
+				envdError(w, http.StatusBadGateway, "the sandbox is not running")
+				return
+			}
+			if ok, why := s.alive(r.Context(), sb); !ok {
+				envdError(w, http.StatusBadGateway, "the sandbox is not running: "+why)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
 			return
 		}
 		sb := s.byToken(r)
@@ -58,6 +78,10 @@ func withToken(s *Server, next http.Handler) http.Handler {
 		}
 		if s.o.Authenticated != nil {
 			s.o.Authenticated(r)
+		}
+		if ok, why := s.alive(r.Context(), sb); !ok {
+			envdError(w, http.StatusNotFound, "sandbox "+sb.id+" not found: "+why+" (its workspace is deleted)")
+			return
 		}
 		next.ServeHTTP(w, r.WithContext(withSandbox(r.Context(), sb)))
 	})
@@ -125,7 +149,8 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	token, sum := newToken()
-	sb := &sandbox{id: sv.ID, workspace: ws.ID, who: who, key: key, tokenSum: sum, created: time.Now(), template: Template}
+	sb := &sandbox{id: sv.ID, workspace: ws.ID, who: who, key: key, token: token, tokenSum: sum, created: time.Now(),
+		template: Template}
 	if session.Backend == "native" {
 		sb.template = NativeTemplate
 	}
@@ -155,11 +180,22 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 	if sb == nil {
 		return
 	}
+	if ok, why := s.alive(r.Context(), sb); !ok {
+		apiError(w, http.StatusNotFound, "sandbox "+sb.id+" not found: "+why)
+		return
+	}
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(map[string]any{"sandboxID": sb.id, "templateID": sb.template, "alias": sb.template,
+	json.NewEncoder(w).Encode(describe(sb))
+}
+
+// describe is E2B's description of a sandbox. It has no end time of its own: it
+// ends when killed or idle past the operator's [sessions] idle_timeout; endAt says a
+// day, and nothing enforces it.
+func describe(sb *sandbox) map[string]any {
+	return map[string]any{"sandboxID": sb.id, "templateID": sb.template, "alias": sb.template,
 		"clientID": "sandcell", "startedAt": sb.created.UTC().Format(time.RFC3339Nano), "envdVersion": EnvdVersion,
 		"state": "running", "metadata": map[string]string{}, "cpuCount": 1, "memoryMB": 0, "diskSizeMB": 0,
-		"endAt": sb.created.Add(24 * time.Hour).UTC().Format(time.RFC3339Nano)})
+		"endAt": sb.created.Add(24 * time.Hour).UTC().Format(time.RFC3339Nano)}
 }
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
@@ -167,21 +203,57 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 	if sb == nil {
 		return
 	}
-	b := s.o.Backend(sb.who)
-	if err := b.CloseSession(r.Context(), sb.id); err != nil {
-		if p, ok := problemOf(err); !ok || p.Status != http.StatusNotFound && p.Status != http.StatusGone {
-			backendError(w, err)
-			return
-		}
-	}
-	s.forget(sb.id)
-	if err := b.DeleteWorkspace(r.Context(), sb.workspace); err != nil {
-		if p, ok := problemOf(err); !ok || p.Status != http.StatusNotFound {
-			backendError(w, err)
-			return
-		}
+	if err := s.drop(r.Context(), sb); err != nil {
+		backendError(w, err)
+		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// list answers the caller's sandboxes.
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	_, key, _ := s.o.Caller(r)
+	out := []map[string]any{}
+	s.mu.Lock()
+	for _, sb := range s.sandboxes {
+		if sb.key == key {
+			out = append(out, describe(sb))
+		}
+	}
+	s.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(out)
+}
+
+// connect answers a live sandbox of the caller's as its creation did (its access
+// token again), as E2B's Sandbox.connect expects.
+func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
+	sb := s.callersSandbox(w, r)
+	if sb == nil {
+		return
+	}
+	if ok, why := s.alive(r.Context(), sb); !ok {
+		apiError(w, http.StatusNotFound, "sandbox "+sb.id+" not found: "+why)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"sandboxID": sb.id, "templateID": sb.template, "clientID": "sandcell",
+		"alias": sb.template, "envdVersion": EnvdVersion, "envdAccessToken": sb.token, "domain": nil})
+}
+
+// setTimeout accepts E2B's sandbox timeout and keeps nothing of it: a Sandcell
+// sandbox lives until it is killed or its session ends idle ([sessions]
+// idle_timeout), which the SDKs' habit of extending the timeout must not break.
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	if sb := s.callersSandbox(w, r); sb != nil {
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+// notOffered answers the rest of E2B's API in its own shape.
+func (s *Server) notOffered(w http.ResponseWriter, r *http.Request) {
+	apiError(w, http.StatusNotImplemented, r.Method+" "+r.URL.Path+": not offered by Sandcell, which creates, lists, "+
+		"connects to and kills sandboxes (templates, pause, resume, snapshots, metrics and logs are not offered)")
 }
 
 // workspacePath maps a path in the sandbox to the workspace's: the sandbox's home
@@ -216,7 +288,7 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r.Context())
 	b := s.o.Backend(sb.who)
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	var written []map[string]string
+	written := []map[string]string{}
 	// put streams data to the workspace file name: nothing holds a whole file.
 	put := func(name string, data io.Reader) bool {
 		rel, err := workspacePath(name)
@@ -247,8 +319,15 @@ func (s *Server) upload(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 			name := r.URL.Query().Get("path")
-			if fn := part.FileName(); fn != "" && name == "" {
-				name = fn
+			if name != "" && len(written) > 0 {
+				envdError(w, http.StatusBadRequest, "one path (?path=) names one file: send each file its own part, named by its filename")
+				return
+			}
+			if name == "" {
+				// The part's filename as sent (Part.FileName keeps only its last
+				// element): E2B's SDK names each file by its whole path.
+				_, p, _ := mime.ParseMediaType(part.Header.Get("Content-Disposition"))
+				name = p["filename"]
 			}
 			if !put(name, part) {
 				return

@@ -43,6 +43,19 @@ try {
   const shown = await sbx.runCode("class T:\n    def _repr_html_(self):\n        return '<b>bold</b>'\ndisplay(T())");
   assert.equal(shown.results[0].html, "<b>bold</b>");
 
+  // The SDK's lifecycle calls: a timeout accepted, the caller's sandboxes listed, a
+  // second handle connected to the same one.
+  await sbx.setTimeout(120_000);
+  const listed = await Sandbox.list().nextItems();
+  assert.ok(listed.some((x) => x.sandboxId === sbx.sandboxId));
+  const again2 = await Sandbox.connect(sbx.sandboxId);
+  assert.equal((await again2.runCode("total")).text, "42");
+
+  // Files nested, by each file's own path.
+  await sbx.files.write([{ path: "/home/user/sub/a.txt", data: "A" }, { path: "sub/b.txt", data: "B" }]);
+  assert.equal(await sbx.files.read("sub/a.txt"), "A");
+  assert.equal(await sbx.files.read("/home/user/sub/b.txt"), "B");
+
   // What a Sandcell sandbox does not have: a clear error, not a fake.
   await assert.rejects(sbx.commands.run("ls"), (e) => /no shell/.test(e.message));
   await assert.rejects(sbx.files.write("/etc/passwd", "x"), (e) => /workspace/.test(e.message));
@@ -53,6 +66,28 @@ try {
 }
 // Killed: gone for the SDK too.
 await assert.rejects(sbx.runCode("1"), (e) => /not found|gone|sandbox/i.test(e.message));
+
+// A kill while a cell runs ends the cell and the sandbox, without waiting for it.
+const busy = await Sandbox.create();
+const running = busy.runCode("import time\ntime.sleep(20)", { timeoutMs: 60_000 }).catch((e) => e);
+await new Promise((r) => setTimeout(r, 1500));
+const t0 = Date.now();
+assert.equal(await busy.kill(), true);
+assert.ok(Date.now() - t0 < 10_000, "the kill waited for the cell");
+await running;
+assert.equal(await busy.isRunning().catch(() => false), false);
+
+// A sandbox whose session ended (closed through Sandcell's own API here) is not found
+// and holds nothing: its workspace is deleted, its place among the caller's sessions
+// free again (two at most here).
+const ended = await Sandbox.create();
+const closed = await fetch(`${process.env.SANDCELL_URL}/v1/sessions/${ended.sandboxId}`,
+  { method: "DELETE", headers: { authorization: `Bearer ${process.env.E2B_API_KEY}` } });
+assert.equal(closed.status, 204);
+await assert.rejects(ended.files.read("total.txt"), (e) => /not found/i.test(e.message));
+assert.equal(await ended.isRunning(), false);
+const two = [await Sandbox.create(), await Sandbox.create()];
+await Promise.all(two.map((x) => x.kill()));
 
 if (process.env.SANDCELL_TEST_NATIVE === "1") {
   const nat = await Sandbox.create("sandcell-native");
