@@ -2,6 +2,8 @@ package e2b
 
 import (
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -64,5 +66,19 @@ func TestMessages(t *testing.T) {
 	v.Value = "42"
 	if m = messages(v, "now", read); len(m) != 2 || m[0]["text"] != "42" || m[0]["is_main_result"] != true {
 		t.Fatalf("%v", m)
+	}
+}
+
+// What a sandbox cannot have is refused at its creation, whatever its template.
+func TestCreateRefuses(t *testing.T) {
+	s := New(Options{Caller: func(*http.Request) (any, string, bool) { return nil, "k", true }})
+	for _, body := range []string{`{"templateID":"sandcell-native","allow_internet_access":true}`,
+		`{"allow_internet_access":true}`, `{"templateID":"sandcell-native","autoPause":true}`,
+		`{"network":{"allowOut":["0.0.0.0/0"]}}`, `{"templateID":"mine"}`, `not json`} {
+		w := httptest.NewRecorder()
+		s.create(w, httptest.NewRequest("POST", "/v2/sandboxes", strings.NewReader(body)))
+		if w.Code != 400 || !strings.Contains(w.Body.String(), `"message"`) {
+			t.Errorf("%s: %d %s", body, w.Code, w.Body)
+		}
 	}
 }

@@ -114,10 +114,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	session := wire.SessionRequest{Env: req.EnvVars}
-	switch {
-	case req.TemplateID == NativeTemplate:
+	if req.TemplateID == NativeTemplate {
 		session.Backend, session.Limits.MemoryMiB = "native", NativeMemoryMiB
-	case req.TemplateID != "" && req.TemplateID != Template && req.TemplateID != "base":
+	}
+	switch {
+	case req.TemplateID != "" && req.TemplateID != Template && req.TemplateID != NativeTemplate && req.TemplateID != "base":
 		apiError(w, http.StatusBadRequest, fmt.Sprintf("template %q: Sandcell offers %q (the wasm backend: Python 3.13 and its "+
 			"pure-Python libraries) and %q (the native backend: numpy, pandas, matplotlib, scipy, scikit-learn, where the "+
 			"operator allows it)", req.TemplateID, Template, NativeTemplate))
