@@ -132,11 +132,13 @@ py-deps: ## Install the Debian packages the Python client's build and tests use
 	    if [ "$$(id -u)" != 0 ]; then echo "the Python client needs:$$need; run: sudo apt-get install -y$$need" >&2; exit 1; fi; \
 	    echo "installing:$$need"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; fi
 
-# The TypeScript client (clients/typescript): TypeScript and Node's types from npm, at
-# the versions its package-lock.json pins (npm ci).
-ts-client: clients/typescript/node_modules/.package-lock.json ## Install the TypeScript client's build dependencies (npm ci)
-clients/typescript/node_modules/.package-lock.json: clients/typescript/package-lock.json
-	cd clients/typescript && npm ci --no-audit --no-fund --loglevel=error
+# The TypeScript client (clients/typescript) and the agent frameworks' providers
+# (clients/providers): one npm workspace (clients/package.json), its build and test
+# dependencies (TypeScript, Node's types, the AI SDK, Deep Agents and LangChain) at
+# the versions clients/package-lock.json pins (npm ci).
+ts-client: clients/node_modules/.package-lock.json ## Install the TypeScript client's and providers' dependencies (npm ci)
+clients/node_modules/.package-lock.json: clients/package-lock.json
+	cd clients && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
 # E2B's own SDKs (e2b, @e2b/code-interpreter) for the E2B-compatible endpoint's test,
@@ -146,9 +148,10 @@ test/e2b-client/node_modules/.package-lock.json: test/e2b-client/package-lock.js
 	cd test/e2b-client && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-clients: py-deps ts-client ## Build the client packages into dist/clients: the Python wheel and sdist, the npm tarball
+clients: py-deps ts-client ## Build the client packages into dist/clients: the Python wheel and sdist, the npm tarballs (client and providers)
 	$(PYTHON) -m build --no-isolation --outdir dist/clients clients/python
-	cd clients/typescript && npm run build --silent && npm pack --silent --pack-destination ../../dist/clients
+	cd clients && for w in typescript providers/ai-sdk providers/deepagents; do npm run build --silent -w $$w || exit 1; done
+	cd clients && npm pack --silent --workspaces --pack-destination ../dist/clients
 
 test: bundle mcp-client runsc py-deps ts-client e2b-client ## Run every test with the real interpreter and real workers, then the sandbox suite again through warm workers
 	go test -count=1 -timeout 45m ./...

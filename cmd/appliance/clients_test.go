@@ -62,18 +62,20 @@ func TestPythonClient(t *testing.T) {
 	}
 }
 
-// The TypeScript client (clients/typescript) as a user gets it: built with its pinned
-// TypeScript, packed as npm would publish it, and its tests (node --test) run against
-// a real daemon over the socket and over TCP with tokens.
+// The TypeScript client (clients/typescript) and the agent frameworks' providers
+// (clients/providers) as a user gets them: each built with the pinned TypeScript,
+// packed as npm would publish it, and its tests (node --test) run against a real
+// daemon over the socket and over TCP with tokens. The providers' tests drive each
+// framework's own agent loop with the framework's own scripted model.
 func TestTypeScriptClient(t *testing.T) {
-	dir, err := filepath.Abs("../../clients/typescript")
+	root, err := filepath.Abs("../../clients")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "typescript")); err != nil {
-		t.Fatalf("the TypeScript client's build dependencies are not installed (make ts-client, as make test does): %v", err)
+	if _, err := os.Stat(filepath.Join(root, "node_modules", "typescript")); err != nil {
+		t.Fatalf("the TypeScript packages' build dependencies are not installed (make ts-client, as make test does): %v", err)
 	}
-	npm := func(args ...string) string {
+	npm := func(t *testing.T, dir string, args ...string) string {
 		cmd := exec.Command("npm", args...)
 		cmd.Dir = dir
 		out, err := cmd.CombinedOutput()
@@ -82,33 +84,49 @@ func TestTypeScriptClient(t *testing.T) {
 		}
 		return string(out)
 	}
-	npm("run", "build", "--silent")
-	var packed []struct {
-		Name, Version string
-		Files         []struct{ Path string }
+	// The client first: the providers are built against it.
+	packages := []struct{ dir, name, test string }{
+		{"typescript", "sandcell", "test/client.test.mjs"},
+		{"providers/ai-sdk", "sandcell-ai-sdk", "test/ai-sdk.test.mjs"},
+		{"providers/deepagents", "sandcell-deepagents", "test/deepagents.test.mjs"},
 	}
-	if err := json.Unmarshal([]byte(npm("pack", "--dry-run", "--json", "--silent")), &packed); err != nil || len(packed) != 1 {
-		t.Fatalf("npm pack: %v %+v", err, packed)
-	}
-	files := map[string]bool{}
-	for _, f := range packed[0].Files {
-		files[f.Path] = true
-	}
-	for _, want := range []string{"package.json", "README.md", "LICENSE", "dist/index.js", "dist/index.d.ts", "dist/client.js"} {
-		if !files[want] {
-			t.Errorf("the package lacks %s: %v", want, files)
-		}
+	for _, p := range packages {
+		npm(t, filepath.Join(root, p.dir), "run", "build", "--silent")
 	}
 	d := startMCPDaemon(t, clientTestConfig)
-	cmd := exec.Command("node", "--test", "test/client.test.mjs")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "SANDCELL_SOCKET="+d.sock, "SANDCELL_TEST_URL="+strings.TrimSuffix(d.url, "/mcp"),
-		"SANDCELL_TEST_TOKEN="+d.token, "SANDCELL_TEST_APPROVER_TOKEN="+d.approverToken,
-		"SANDCELL_TEST_RETRY_TOKEN="+d.otherToken, "SANDCELL_TEST_NATIVE=1")
-	out, err := cmd.CombinedOutput()
-	t.Logf("node --test:\n%s", out)
-	if err != nil {
-		t.Fatalf("node --test: %v", err)
+	for _, p := range packages {
+		t.Run(p.name, func(t *testing.T) {
+			dir := filepath.Join(root, p.dir)
+			var packed []struct {
+				Name, Version string
+				Files         []struct{ Path string }
+			}
+			if err := json.Unmarshal([]byte(npm(t, dir, "pack", "--dry-run", "--json", "--silent")), &packed); err != nil || len(packed) != 1 {
+				t.Fatalf("npm pack: %v %+v", err, packed)
+			}
+			if packed[0].Name != p.name || packed[0].Version == "" {
+				t.Errorf("packed %s %s, want %s at a version", packed[0].Name, packed[0].Version, p.name)
+			}
+			files := map[string]bool{}
+			for _, f := range packed[0].Files {
+				files[f.Path] = true
+			}
+			for _, want := range []string{"package.json", "README.md", "LICENSE", "dist/index.js", "dist/index.d.ts"} {
+				if !files[want] {
+					t.Errorf("the package lacks %s: %v", want, files)
+				}
+			}
+			cmd := exec.Command("node", "--test", p.test)
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "SANDCELL_SOCKET="+d.sock, "SANDCELL_TEST_URL="+strings.TrimSuffix(d.url, "/mcp"),
+				"SANDCELL_TEST_TOKEN="+d.token, "SANDCELL_TEST_APPROVER_TOKEN="+d.approverToken,
+				"SANDCELL_TEST_RETRY_TOKEN="+d.otherToken, "SANDCELL_TEST_NATIVE=1")
+			out, err := cmd.CombinedOutput()
+			t.Logf("node --test:\n%s", out)
+			if err != nil {
+				t.Fatalf("node --test: %v", err)
+			}
+		})
 	}
 }
 
