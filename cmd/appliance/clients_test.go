@@ -94,6 +94,9 @@ func TestTypeScriptClient(t *testing.T) {
 		npm(t, filepath.Join(root, p.dir), "run", "build", "--silent")
 	}
 	d := startMCPDaemon(t, clientTestConfig)
+	// A second daemon holds code for approval, which this uid may confirm: the
+	// providers' reports of held code and their runs of it once approved.
+	held := startMCPDaemon(t, "[approvals]\nrequired = [\"run\"]\nelicitation = [\"socket\"]")
 	for _, p := range packages {
 		t.Run(p.name, func(t *testing.T) {
 			dir := filepath.Join(root, p.dir)
@@ -120,7 +123,7 @@ func TestTypeScriptClient(t *testing.T) {
 			cmd.Dir = dir
 			cmd.Env = append(os.Environ(), "SANDCELL_SOCKET="+d.sock, "SANDCELL_TEST_URL="+strings.TrimSuffix(d.url, "/mcp"),
 				"SANDCELL_TEST_TOKEN="+d.token, "SANDCELL_TEST_APPROVER_TOKEN="+d.approverToken,
-				"SANDCELL_TEST_RETRY_TOKEN="+d.otherToken, "SANDCELL_TEST_NATIVE=1")
+				"SANDCELL_TEST_RETRY_TOKEN="+d.otherToken, "SANDCELL_TEST_NATIVE=1", "SANDCELL_TEST_APPROVALS_SOCKET="+held.sock)
 			out, err := cmd.CombinedOutput()
 			t.Logf("node --test:\n%s", out)
 			if err != nil {

@@ -5,7 +5,7 @@
 import * as http from "node:http";
 import * as https from "node:https";
 
-import { ProblemError, type Problem, TimeoutError, TransportError, problemError } from "./errors.js";
+import { FileTooLarge, ProblemError, type Problem, TimeoutError, TransportError, problemError } from "./errors.js";
 import type {
   Approval, CellAnswer, CellOptions, FileEntry, Run, RunOptions, SessionInfo, SessionOptions, SQLResult,
   StreamEvent, Workspace,
@@ -49,6 +49,8 @@ interface Request {
   /** a 429 or 503 with Retry-After may be sent again (the daemon did not act on it) */
   retry?: boolean;
   headers?: Record<string, string>;
+  /** a successful answer's body past this many bytes is not read: FileTooLarge */
+  maxBytes?: number;
 }
 
 interface Answer {
@@ -224,7 +226,13 @@ export class Client {
     for (let attempt = 0; ; attempt++) {
       const idle = req.timeoutMs ?? this.timeoutMs;
       const res = await this.open(req, idle);
-      const body = await readAll(res, idle);
+      const ok = (res.statusCode ?? 0) < 400;
+      const size = Number(res.headers["content-length"] ?? NaN);
+      if (ok && req.maxBytes !== undefined && size > req.maxBytes) {
+        res.destroy();
+        throw new FileTooLarge(size, req.maxBytes);
+      }
+      const body = await readAll(res, idle, ok ? req.maxBytes : undefined);
       const a: Answer = { status: res.statusCode ?? 0, headers: res.headers, body };
       if (a.status < 400) return a;
       const wait = retryAfter(a.headers);
@@ -368,9 +376,12 @@ export class Client {
     await this.send({ method: "PUT", path: filePath(id, path), body });
   }
 
-  /** A regular file's bytes (Conflict unsafe_file for a link, FIFO or directory). */
-  async readFile(id: string, path: string): Promise<Uint8Array> {
-    return new Uint8Array((await this.send({ method: "GET", path: filePath(id, path) })).body);
+  /**
+   * A regular file's bytes (Conflict unsafe_file for a link, FIFO or directory);
+   * FileTooLarge, before reading it, for a file over options.maxBytes.
+   */
+  async readFile(id: string, path: string, options: { maxBytes?: number } = {}): Promise<Uint8Array> {
+    return new Uint8Array((await this.send({ method: "GET", path: filePath(id, path), maxBytes: options.maxBytes })).body);
   }
 
   /** Removes a file, link or directory with its contents. */
@@ -519,13 +530,18 @@ function decision(approve: boolean, grant?: number): Record<string, unknown> {
 }
 
 /** Reads a response whole, each silence bounded by idleMs. */
-function readAll(res: http.IncomingMessage, idleMs: number): Promise<Buffer> {
+function readAll(res: http.IncomingMessage, idleMs: number, maxBytes?: number): Promise<Buffer> {
   return new Promise((resolve, reject) => {
     const chunks: Buffer[] = [];
+    let size = 0;
     res.setTimeout(idleMs, () => res.destroy(new TimeoutError(`the daemon stopped answering for ${idleMs} ms`)));
-    res.on("data", (c: Buffer) => chunks.push(c));
+    res.on("data", (c: Buffer) => {
+      size += c.length;
+      if (maxBytes !== undefined && size > maxBytes) res.destroy(new FileTooLarge(size, maxBytes));
+      else chunks.push(c);
+    });
     res.on("end", () => resolve(Buffer.concat(chunks)));
-    res.on("error", (e) => reject(e instanceof TransportError ? e : new TransportError(`the answer broke off: ${e.message}`, { cause: e })));
+    res.on("error", (e) => reject(e instanceof TransportError || e instanceof FileTooLarge ? e : new TransportError(`the answer broke off: ${e.message}`, { cause: e })));
     res.on("aborted", () => reject(new TransportError("the answer broke off")));
   });
 }

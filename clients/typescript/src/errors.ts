@@ -22,6 +22,13 @@ export class TransportError extends SandcellError {}
 /** No answer within the timeout (the request's, or the run's for a run's answer). */
 export class TimeoutError extends TransportError {}
 
+/** A file over the size the caller would read (readFile's maxBytes); `size` is at least what was seen. */
+export class FileTooLarge extends SandcellError {
+  constructor(readonly size: number, readonly maxBytes: number) {
+    super(`the file has ${size} bytes or more, over the ${maxBytes} this read takes`);
+  }
+}
+
 /** A problem+json document, as the daemon sends it. */
 export interface Problem {
   type?: string;

@@ -13,5 +13,5 @@
 export { Client, Session, DEFAULT_SOCKET, type ClientOptions } from "./client.js";
 export * from "./errors.js";
 export * from "./types.js";
-export { RUN_PYTHON_DESCRIPTION, NO_SHELL, runForAgent, cellReport, workspacePath, statPath, listDirectory, openAgentSession,
+export { AgentSession, describeSandbox, runPythonDescription, NO_SHELL, cellReport, workspacePath, statPath, listDirectory,
   type CellReport, type AgentSessionOptions } from "./agent.js";

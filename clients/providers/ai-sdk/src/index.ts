@@ -22,8 +22,8 @@
 import { tool, type Experimental_SandboxSession, type Experimental_SandboxFileStat,
   type Experimental_SandboxDirectoryEntry } from "ai";
 import { z } from "zod";
-import { Client, NotFound, ProblemError, RUN_PYTHON_DESCRIPTION, NO_SHELL, runForAgent, workspacePath, statPath,
-  listDirectory, openAgentSession, type Session, type AgentSessionOptions, type CellReport } from "sandcell";
+import { AgentSession, Client, FileTooLarge, NotFound, ProblemError, NO_SHELL, runPythonDescription, workspacePath,
+  statPath, listDirectory, type Session, type AgentSessionOptions, type CellReport } from "sandcell";
 
 type SandboxSession = Experimental_SandboxSession;
 type Options<K extends keyof SandboxSession> = SandboxSession[K] extends (o: infer O) => unknown ? O : never;
@@ -40,9 +40,10 @@ export class ShellNotOffered extends Error {
 export interface SandcellSandboxOptions extends AgentSessionOptions {
   /** the daemon's client; by default one from the environment (SANDCELL_SOCKET, or SANDCELL_URL and SANDCELL_TOKEN) */
   client?: Client;
-  /** a cell's report to the model is cut at this many characters (default 20,000) */
-  maxOutputChars?: number;
 }
+
+/** The read_file tool's bounds: a file over maxBytes is not read, an answer over maxChars is cut. */
+const READ_TOOL = { maxBytes: 1 << 20, maxChars: 100_000 };
 
 /**
  * An interpreter session and its workspace as an AI SDK sandbox. Paths are relative
@@ -52,40 +53,71 @@ export interface SandcellSandboxOptions extends AgentSessionOptions {
 export class SandcellSandbox implements SandboxSession {
   readonly description: string;
 
-  private constructor(readonly client: Client, readonly session: Session,
-    private readonly release: () => Promise<void>, private readonly maxOutputChars?: number) {
-    this.description =
-      "You work in a Sandcell sandbox: Python 3 in a persistent interpreter session (the run_python tool), " +
-      "with one directory, /ws (the workspace), where your files are and where Python starts. " +
-      "There is no shell, no subprocess and no network. Paths are relative to /ws.";
+  private constructor(readonly client: Client, private readonly agent: AgentSession) {
+    this.description = `You work in a Sandcell sandbox: ${agent.describe()}`;
   }
 
-  /** Opens a session (a new workspace unless options.workspace names one), or wraps options.session. */
+  /** Opens a session (on a new workspace unless options.workspace names one), or wraps options.session. */
   static async create(options: SandcellSandboxOptions = {}): Promise<SandcellSandbox> {
-    const { client: given, maxOutputChars, ...open } = options;
+    const { client: given, ...open } = options;
     const client = given ?? new Client();
-    const { session, close } = await openAgentSession(client, open);
-    return new SandcellSandbox(client, session, close, maxOutputChars);
+    return new SandcellSandbox(client, await AgentSession.open(client, open, "/ws"));
+  }
+
+  /** the session cells run in now (a lost one is replaced) */
+  get session(): Session {
+    return this.agent.session;
   }
 
   /** the session's id */
   get id(): string {
-    return this.session.id;
+    return this.agent.session.id;
   }
 
   /** the workspace's id */
   get workspace(): string {
-    return this.session.workspace;
+    return this.agent.workspace;
   }
 
-  /** Runs Python as the session's next cell; the report is what a model reads. */
+  /** run_python's description for this sandbox's backend. */
+  get runPythonDescription(): string {
+    return this.agent.runPythonDescription();
+  }
+
+  /**
+   * Runs Python as the session's next cell (after any asked before it); the report is
+   * what a model reads, and is never an exception.
+   */
   runPython(code: string): Promise<CellReport> {
-    return runForAgent(this.session, code, { maxChars: this.maxOutputChars });
+    return this.agent.run(code);
   }
 
-  /** Closes the session it opened, and deletes the workspace it made unless kept. */
+  /** Closes the session(s) it opened, and deletes the workspace it made unless kept. */
   close(): Promise<void> {
-    return this.release();
+    return this.agent.close();
+  }
+
+  /**
+   * A text file for a model: at most READ_TOOL.maxBytes read, lines startLine to
+   * endLine, cut at READ_TOOL.maxChars; what cannot be shown as text is said.
+   */
+  async readForModel(path: string, startLine?: number, endLine?: number): Promise<{ content: string } | { error: string }> {
+    let bytes: Uint8Array;
+    try {
+      bytes = await this.client.readFile(this.workspace, this.path(path), { maxBytes: READ_TOOL.maxBytes });
+    } catch (e) {
+      if (e instanceof NotFound) return { error: `${path}: no such file` };
+      if (e instanceof FileTooLarge) return { error: `${path}: ${e.size} bytes or more, over the ${READ_TOOL.maxBytes} this tool reads; read parts of it with run_python` };
+      if (e instanceof ProblemError || e instanceof Error) return { error: `${path}: ${e.message}` };
+      throw e;
+    }
+    let text: string;
+    try {
+      text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+    } catch {
+      return { error: `${path}: binary (${bytes.byteLength} bytes), not text; look at it with run_python` };
+    }
+    return { content: cutText(lineRange(text, startLine, endLine), READ_TOOL.maxChars) };
   }
 
   private path(p: string): string {
@@ -110,10 +142,7 @@ export class SandcellSandbox implements SandboxSession {
   readonly readTextFile = async ({ path, encoding = "utf-8", startLine, endLine, abortSignal }: Options<"readTextFile">): Promise<string | null> => {
     const bytes = await this.readBinaryFile({ path, abortSignal });
     if (bytes === null) return null;
-    const text = new TextDecoder(encoding).decode(bytes);
-    if (startLine === undefined && endLine === undefined) return text;
-    const lines = text.split("\n");
-    return lines.slice(Math.max(0, (startLine ?? 1) - 1), endLine ?? lines.length).join("\n");
+    return lineRange(new TextDecoder(encoding).decode(bytes), startLine, endLine);
   };
 
   readonly writeBinaryFile = async ({ path, content }: Options<"writeBinaryFile">): Promise<void> => {
@@ -189,8 +218,8 @@ export function sandcellTools(sandbox?: SandcellSandbox) {
   };
   return {
     run_python: tool({
-      description: RUN_PYTHON_DESCRIPTION,
-      inputSchema: z.object({ code: z.string().describe("Python 3 source to run as the session's next cell") }),
+      description: sandbox?.runPythonDescription ?? runPythonDescription(),
+      inputSchema: z.object({ code: z.string().describe("Python source to run as the session's next cell") }),
       execute: async ({ code }, { experimental_sandbox }) => {
         const s = current(experimental_sandbox);
         if (!(s instanceof SandcellSandbox)) throw new Error("run_python needs a SandcellSandbox as experimental_sandbox");
@@ -199,15 +228,17 @@ export function sandcellTools(sandbox?: SandcellSandbox) {
       toModelOutput: ({ output }) => ({ type: "text", value: output.text }),
     }),
     read_file: tool({
-      description: "Read a text file of the workspace (/ws), optionally lines startLine to endLine (1-based, inclusive).",
+      description: `Read a text file of the workspace (/ws), optionally lines startLine to endLine (1-based, inclusive); files over ${READ_TOOL.maxBytes} bytes and binary files are refused (use run_python).`,
       inputSchema: z.object({
         path: z.string().describe("path relative to /ws"),
         startLine: z.number().int().positive().optional(),
         endLine: z.number().int().positive().optional(),
       }),
-      execute: async (input, { experimental_sandbox }) => {
-        const text = await current(experimental_sandbox).readTextFile(input);
-        return text === null ? { error: `${input.path}: no such file` } : { content: text };
+      execute: async ({ path, startLine, endLine }, { experimental_sandbox }) => {
+        const s = current(experimental_sandbox);
+        if (s instanceof SandcellSandbox) return s.readForModel(path, startLine, endLine);
+        const text = await s.readTextFile({ path, startLine, endLine });
+        return text === null ? { error: `${path}: no such file` } : { content: cutText(text, READ_TOOL.maxChars) };
       },
     }),
     write_file: tool({
@@ -227,6 +258,18 @@ export function sandcellTools(sandbox?: SandcellSandbox) {
       },
     }),
   };
+}
+
+// lineRange is lines startLine to endLine (1-based, inclusive) of text, or all of it.
+function lineRange(text: string, startLine?: number, endLine?: number): string {
+  if (startLine === undefined && endLine === undefined) return text;
+  const lines = text.split("\n");
+  return lines.slice(Math.max(0, (startLine ?? 1) - 1), endLine ?? lines.length).join("\n");
+}
+
+// cutText keeps text within max characters, saying how much is left out.
+function cutText(text: string, max: number): string {
+  return text.length <= max ? text : `${text.slice(0, max)}\n[cut: ${text.length - max} more characters; read a line range]`;
 }
 
 export { ProblemError };

@@ -130,3 +130,94 @@ test("the sandbox's files, as the AI SDK's interface defines them", async () => 
     await sandbox.close();
   }
 });
+
+test("one step's parallel run_python calls run one after the other, in order", async () => {
+  const sandbox = await SandcellSandbox.create();
+  try {
+    const model = scripted([
+      { ...call("p1", "run_python", { code: "import time\ntime.sleep(1)\nx = 20" }),
+        content: [
+          { type: "tool-call", toolCallId: "p1", toolName: "run_python", input: JSON.stringify({ code: "import time\ntime.sleep(1)\nx = 20" }) },
+          { type: "tool-call", toolCallId: "p2", toolName: "run_python", input: JSON.stringify({ code: "x + 22" }) },
+        ] },
+      say("done"),
+    ]);
+    const result = await generateText({ model, tools: sandcellTools(sandbox), experimental_sandbox: sandbox, prompt: "go", stopWhen: isStepCount(3) });
+    const out = Object.fromEntries(result.steps[0].toolResults.map((r) => [r.toolCallId, r.output]));
+    assert.equal(out.p1.ok, true, out.p1.text);
+    assert.equal(out.p2.ok, true, out.p2.text);
+    assert.match(out.p2.text, /value: 42/);
+  } finally {
+    await sandbox.close();
+  }
+});
+
+test("what a model reads of a cell: the traceback survives a flood, exit status, a lost session replaced", async () => {
+  const sandbox = await SandcellSandbox.create({ maxOutputChars: 5_000 });
+  try {
+    assert.match(sandbox.description, /standard library only/);
+    assert.match(sandbox.description, /no shell/);
+    const flood = await sandbox.runPython("print('x' * 30000)\n1/0");
+    assert.equal(flood.ok, false);
+    assert.ok(flood.text.length < 6_000, `${flood.text.length} characters`);
+    assert.match(flood.text, /characters cut/);
+    assert.match(flood.text, /ZeroDivisionError/);
+    const exit = await sandbox.runPython("raise SystemExit(3)");
+    assert.equal(exit.ok, false);
+    assert.match(exit.text, /exit status 3/);
+    await sandbox.runPython("kept = 1\nopen('kept.txt', 'w').write('still here')");
+    // The session ends behind the sandbox's back: the next cell runs in a new one, and says so.
+    const first = sandbox.id;
+    await sandbox.client.closeSession(first);
+    const again = await sandbox.runPython("print(open('kept.txt').read())\n'kept' in globals()");
+    assert.notEqual(sandbox.id, first);
+    assert.match(again.text, /ran in a new one/);
+    assert.match(again.text, /still here/);
+    assert.match(again.text, /value: False/);
+  } finally {
+    await sandbox.close();
+  }
+});
+
+test("the read_file tool: names taken as given, binary and large files refused, not sent", async () => {
+  const sandbox = await SandcellSandbox.create();
+  try {
+    await sandbox.runPython("open('report', 'w').write('plain')\nopen('report ', 'w').write('spaced')\nopen('img.bin', 'wb').write(bytes(range(256)))\nopen('big.txt', 'w').write('y' * (1 << 21))");
+    assert.equal(await sandbox.readTextFile({ path: "report " }), "spaced");
+    const { read_file } = sandcellTools(sandbox);
+    const exec = (input) => read_file.execute(input, { toolCallId: "t", messages: [], experimental_sandbox: sandbox });
+    assert.deepEqual(await exec({ path: "report" }), { content: "plain" });
+    assert.match((await exec({ path: "img.bin" })).error, /binary \(256 bytes\)/);
+    assert.match((await exec({ path: "big.txt" })).error, /over the 1048576 this tool reads/);
+    assert.match((await exec({ path: "none" })).error, /no such file/);
+  } finally {
+    await sandbox.close();
+  }
+});
+
+test("code held for a person's approval runs when the model asks again after it is approved", async (t) => {
+  const socket = process.env.SANDCELL_TEST_APPROVALS_SOCKET;
+  if (!socket) throw new Error("SANDCELL_TEST_APPROVALS_SOCKET is not set: make test starts a daemon that holds code for approval");
+  const client = new Client({ socket });
+  const sandbox = await SandcellSandbox.create({ client });
+  try {
+    const code = "print('ran', 6 * 7)";
+    const held = await sandbox.runPython(code);
+    assert.equal(held.ok, false);
+    assert.ok(held.approval, held.text);
+    assert.match(held.text, /waits for a person's approval/);
+    assert.match((await sandbox.runPython(code)).text, /waits for a person's approval/, "still pending");
+    await client.confirm(held.approval, true);
+    const ran = await sandbox.runPython(code);
+    assert.equal(ran.ok, true, ran.text);
+    assert.match(ran.text, /ran 42/);
+    // Declined: said, and not run.
+    const other = await sandbox.runPython("print('never')");
+    await client.confirm(other.approval, false);
+    const refused = await sandbox.runPython("print('never')");
+    assert.equal(refused.ok, false);
+    assert.doesNotMatch(refused.text, /stdout/);
+  } finally {
+    await sandbox.close();
+  }
+});

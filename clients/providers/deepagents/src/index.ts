@@ -23,17 +23,15 @@ import { applyGrepMaxCount, normalizeReadPagination, type BackendProtocolV2, typ
   type GrepResult, type LsResult, type ReadRawResult, type ReadResult, type WriteResult } from "deepagents";
 import picomatch from "picomatch";
 import { z } from "zod";
-import { Client, Conflict, NotFound, ProblemError, RUN_PYTHON_DESCRIPTION, runForAgent, workspacePath,
-  listDirectory, openAgentSession, type FileEntry, type Session, type AgentSessionOptions, type CellReport } from "sandcell";
+import { AgentSession, Client, Conflict, FileTooLarge, NotFound, ProblemError, workspacePath, listDirectory,
+  type FileEntry, type Session, type AgentSessionOptions, type CellReport } from "sandcell";
 
 /** How a {@link SandcellBackend} is made. */
 export interface SandcellBackendOptions extends AgentSessionOptions {
   /** the daemon's client; by default one from the environment (SANDCELL_SOCKET, or SANDCELL_URL and SANDCELL_TOKEN) */
   client?: Client;
-  /** a cell's report to the model is cut at this many characters (default 20,000) */
-  maxOutputChars?: number;
-  /** grep skips files larger than this many bytes (default 4 MiB), saying so */
-  maxGrepFileBytes?: number;
+  /** read, readRaw, edit and grep leave files over this many bytes (default 16 MiB) to run_python, saying so */
+  maxFileBytes?: number;
 }
 
 // Types Deep Agents' read tool shows as text (text/*, JSON, SVG); other UTF-8 files are text/plain.
@@ -41,14 +39,14 @@ const TEXT_TYPES: Record<string, string> = {
   md: "text/markdown", csv: "text/csv", tsv: "text/tab-separated-values", json: "application/json", py: "text/x-python",
   html: "text/html", xml: "text/xml", yaml: "text/yaml", yml: "text/yaml", svg: "image/svg+xml", js: "text/javascript",
 };
-const BINARY_TYPES: Record<string, string> = {
+// Binary types a model can be shown (images, PDF); any other binary file is described, not sent.
+const SHOWN_TYPES: Record<string, string> = {
   png: "image/png", jpg: "image/jpeg", jpeg: "image/jpeg", gif: "image/gif", webp: "image/webp", pdf: "application/pdf",
-  parquet: "application/vnd.apache.parquet", sqlite: "application/vnd.sqlite3", db: "application/vnd.sqlite3", zip: "application/zip",
 };
 
 function mimeOf(path: string, bytes: Uint8Array): { mimeType: string; text?: string } {
   const ext = path.slice(path.lastIndexOf(".") + 1).toLowerCase();
-  if (BINARY_TYPES[ext]) return { mimeType: BINARY_TYPES[ext] };
+  if (SHOWN_TYPES[ext]) return { mimeType: SHOWN_TYPES[ext] };
   try {
     return { mimeType: TEXT_TYPES[ext] ?? "text/plain", text: new TextDecoder("utf-8", { fatal: true }).decode(bytes) };
   } catch {
@@ -64,30 +62,36 @@ const message = (e: unknown): string => (e instanceof Error ? e.message : String
  * paths mean the same in both).
  */
 export class SandcellBackend implements BackendProtocolV2 {
-  private constructor(readonly client: Client, readonly session: Session,
-    private readonly release: () => Promise<void>, private readonly options: SandcellBackendOptions) {}
+  private constructor(readonly client: Client, private readonly agent: AgentSession, private readonly maxFileBytes: number) {}
 
-  /** Opens a session (a new workspace unless options.workspace names one), or wraps options.session. */
+  /** Opens a session (on a new workspace unless options.workspace names one), or wraps options.session. */
   static async create(options: SandcellBackendOptions = {}): Promise<SandcellBackend> {
-    const { client: given, maxOutputChars: _m, maxGrepFileBytes: _g, ...open } = options;
+    const { client: given, maxFileBytes, ...open } = options;
     const client = given ?? new Client();
-    const { session, close } = await openAgentSession(client, open);
-    return new SandcellBackend(client, session, close, options);
+    return new SandcellBackend(client, await AgentSession.open(client, open, "/"), maxFileBytes ?? 16 << 20);
+  }
+
+  /** the session cells run in now (a lost one is replaced) */
+  get session(): Session {
+    return this.agent.session;
   }
 
   /** the session's id */
   get id(): string {
-    return this.session.id;
+    return this.agent.session.id;
   }
 
   /** the workspace's id */
   get workspace(): string {
-    return this.session.workspace;
+    return this.agent.workspace;
   }
 
-  /** Runs Python as the session's next cell; the report is what a model reads. */
+  /**
+   * Runs Python as the session's next cell (after any asked before it); the report is
+   * what a model reads, and is never an exception.
+   */
   runPython(code: string): Promise<CellReport> {
-    return runForAgent(this.session, code, { maxChars: this.options.maxOutputChars });
+    return this.agent.run(code);
   }
 
   /** The agent's tools beyond Deep Agents' own file tools: run_python. */
@@ -95,15 +99,15 @@ export class SandcellBackend implements BackendProtocolV2 {
     return [
       tool(async ({ code }: { code: string }) => (await this.runPython(code)).text, {
         name: "run_python",
-        description: `${RUN_PYTHON_DESCRIPTION} The file tools' / is /ws in Python.`,
-        schema: z.object({ code: z.string().describe("Python 3 source to run as the session's next cell") }),
+        description: this.agent.runPythonDescription(),
+        schema: z.object({ code: z.string().describe("Python source to run as the session's next cell") }),
       }),
     ];
   }
 
-  /** Closes the session it opened, and deletes the workspace it made unless kept. */
+  /** Closes the session(s) it opened, and deletes the workspace it made unless kept. */
   close(): Promise<void> {
-    return this.release();
+    return this.agent.close();
   }
 
   private info(e: FileEntry): FileInfo {
@@ -112,9 +116,10 @@ export class SandcellBackend implements BackendProtocolV2 {
 
   private async bytes(filePath: string): Promise<{ bytes: Uint8Array } | { error: string }> {
     try {
-      return { bytes: await this.client.readFile(this.workspace, workspacePath(filePath, "/")) };
+      return { bytes: await this.client.readFile(this.workspace, workspacePath(filePath, "/"), { maxBytes: this.maxFileBytes }) };
     } catch (e) {
       if (e instanceof NotFound) return { error: `File '${filePath}' not found` };
+      if (e instanceof FileTooLarge) return { error: `'${filePath}' has ${e.size} bytes or more, over the ${this.maxFileBytes} the file tools read: work on it with run_python` };
       if (e instanceof Conflict) return { error: `'${filePath}' is not a regular file (${e.message})` };
       return { error: `Error reading file '${filePath}': ${message(e)}` };
     }
@@ -134,8 +139,11 @@ export class SandcellBackend implements BackendProtocolV2 {
     const got = await this.bytes(filePath);
     if ("error" in got) return got;
     const { mimeType, text } = mimeOf(filePath, got.bytes);
+    if (text === undefined && mimeType === "application/octet-stream") {
+      return { error: `'${filePath}' is binary (${got.bytes.byteLength} bytes), not text: look at it with run_python` };
+    }
     if (text === undefined) return { content: got.bytes, mimeType };
-    if (text === "") return { content: "System reminder: File exists but has empty contents", mimeType };
+    if (text.trim() === "") return { content: "System reminder: File exists but has empty contents", mimeType };
     const page = normalizeReadPagination(offset, limit);
     const lines = text.split("\n");
     const totalLines = lines[lines.length - 1] === "" ? lines.length - 1 : lines.length;
@@ -169,7 +177,11 @@ export class SandcellBackend implements BackendProtocolV2 {
     if ("error" in got) return got;
     const { text } = mimeOf(filePath, got.bytes);
     if (text === undefined) return { error: `'${filePath}' is not UTF-8 text; edit it with run_python` };
-    if (oldString === "") return { error: "old_string is empty" };
+    if (oldString === "") {
+      if (text !== "") return { error: "old_string is empty: give the text to replace" };
+      const written = await this.write(filePath, newString);
+      return written.error ? written : { path: filePath, filesUpdate: null, occurrences: 1 };
+    }
     const occurrences = text.split(oldString).length - 1;
     if (occurrences === 0) return { error: `String not found in file '${filePath}'` };
     if (occurrences > 1 && !replaceAll) {
@@ -189,16 +201,21 @@ export class SandcellBackend implements BackendProtocolV2 {
   async grep(pattern: string, path?: string | null, glob?: string | null, maxCount?: number | null): Promise<GrepResult> {
     try {
       const base = workspacePath(path ?? "/", "/");
-      const match = glob ? picomatch(glob, { dot: true, basename: !glob.includes("/") }) : () => true;
-      const cap = this.options.maxGrepFileBytes ?? 4 << 20;
+      const pat = glob?.replace(/^\/+/, "");
+      const match = pat ? picomatch(pat, { dot: true, basename: !pat.includes("/") }) : () => true;
       const matches: GrepMatch[] = [];
-      const skipped: string[] = [];
+      let truncated = false;
       for (const f of await this.filesUnder(base)) {
         if (f.type !== "file") continue;
         const rel = base === "" || f.path === base ? f.path : f.path.slice(base.length + 1);
         if (!match(rel)) continue;
-        if (f.size > cap) {
-          skipped.push(`/${f.path}`);
+        if (maxCount && matches.length >= maxCount) {
+          truncated = true;
+          break;
+        }
+        if (f.size > this.maxFileBytes) {
+          // Not searched (run_python can): the matches found elsewhere stand, flagged incomplete.
+          truncated = true;
           continue;
         }
         const got = await this.bytes(`/${f.path}`);
@@ -208,13 +225,9 @@ export class SandcellBackend implements BackendProtocolV2 {
         text.split("\n").forEach((line, i) => {
           if (line.includes(pattern)) matches.push({ path: `/${f.path}`, line: i + 1, text: line });
         });
-        if (maxCount && matches.length >= maxCount) break;
       }
       const result = applyGrepMaxCount({ result: { matches }, maxCount });
-      if (skipped.length) {
-        result.truncated = true;
-        result.error = `not searched (larger than ${cap} bytes; search them with run_python): ${skipped.join(", ")}`;
-      }
+      if (truncated) result.truncated = true;
       return result;
     } catch (e) {
       return { error: `Error searching '${path ?? "/"}': ${message(e)}` };
@@ -227,7 +240,8 @@ export class SandcellBackend implements BackendProtocolV2 {
       const match = picomatch(pattern.replace(/^\/+/, ""), { dot: true });
       const files = (await this.filesUnder(base))
         .filter((f) => f.type === "file" && match(base === "" ? f.path : f.path.slice(base.length + 1)))
-        .map((f) => this.info(f));
+        .map((f) => this.info(f))
+        .sort((a, b) => a.path.localeCompare(b.path));
       return { files };
     } catch (e) {
       return { error: `Error matching '${pattern}': ${message(e)}` };

@@ -111,3 +111,50 @@ test("the backend's answers, as Deep Agents' protocol defines them", async () =>
     await backend.close();
   }
 });
+
+test("a deep agent's parallel and failing run_python calls never end its run", async () => {
+  const backend = await SandcellBackend.create();
+  try {
+    const model = fakeModel()
+      .respondWithTools([
+        { name: "run_python", id: "a", args: { code: "import time\ntime.sleep(1)\nx = 20" } },
+        { name: "run_python", id: "b", args: { code: "x + 22" } },
+      ])
+      .respond(new AIMessage("half"))
+      .respondWithTools([{ name: "run_python", id: "c", args: { code: "'x' in globals()" } }])
+      .respondWithTools([{ name: "read_file", id: "d", args: { file_path: "/ws/blob.bin" } }])
+      .respond(new AIMessage("done"));
+    await backend.uploadFiles([["/blob.bin", new Uint8Array([0, 159, 146, 150, 255])]]);
+    const agent = createDeepAgent({ model, backend, tools: backend.tools() });
+    const half = await agent.invoke({ messages: [{ role: "user", content: "go" }] }, { recursionLimit: 20 });
+    // The session ends behind the agent's back (an idle timeout, a restart).
+    await backend.client.closeSession(backend.id);
+    const result = await agent.invoke({ messages: [...half.messages, { role: "user", content: "more" }] }, { recursionLimit: 20 });
+    assert.equal(result.messages.at(-1).content, "done");
+    const out = { ...toolMessages(half), ...toolMessages(result) };
+    assert.doesNotMatch(out.a, /Sandcell did not run/, out.a);
+    assert.match(out.b, /value: 42/);
+    assert.match(out.c, /ran in a new one/);
+    assert.match(out.c, /value: False/);
+    assert.match(out.d, /binary \(5 bytes\)/, "the /ws/ prefix names the workspace's root; a binary file is described, not sent");
+  } finally {
+    await backend.close();
+  }
+});
+
+test("grep past a file it does not read keeps what it found, flagged incomplete", async () => {
+  const backend = await SandcellBackend.create({ maxFileBytes: 1000 });
+  try {
+    await backend.write("/big.csv", "TODO\n".repeat(400));
+    await backend.write("/notes.md", "a\nTODO: this\n");
+    const g = await backend.grep("TODO", "/", null);
+    assert.deepEqual(g.matches, [{ path: "/notes.md", line: 2, text: "TODO: this" }]);
+    assert.equal(g.truncated, true);
+    assert.equal(g.error, undefined);
+    assert.match((await backend.read("/big.csv")).error, /run_python/);
+    const capped = await backend.grep("a", "/", "/*.md", 1);
+    assert.equal(capped.matches.length, 1);
+  } finally {
+    await backend.close();
+  }
+});
