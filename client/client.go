@@ -3,8 +3,10 @@
 package client
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -198,6 +200,107 @@ func (c *Client) Cell(ctx context.Context, id string, req wire.CellRequest) (wir
 	}
 	var a wire.CellAnswer
 	return a, c.do(ctx, http.MethodPost, "/v1/sessions/"+url.PathEscape(id)+"/cells", body, &a)
+}
+
+// CellStream is Cell with the output given to out as the worker produces it (the
+// cells endpoint's server-sent events): out(stream, data), stream "stdout" or
+// "stderr", in order, on the calling goroutine (a slow out slows the stream, which
+// the daemon may then end: the answer holds the whole output either way). A failure
+// after the output began is the *wire.Problem the stream ends with.
+func (c *Client) CellStream(ctx context.Context, id string, req wire.CellRequest, out func(stream string, data []byte)) (wire.CellAnswer, error) {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return wire.CellAnswer{}, err
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://sandcell/v1/sessions/"+url.PathEscape(id)+"/cells", bytes.NewReader(body))
+	if err != nil {
+		return wire.CellAnswer{}, err
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	hr.Header.Set("Accept", "text/event-stream")
+	resp, err := c.http.Do(hr)
+	if err != nil {
+		return wire.CellAnswer{}, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 400 {
+		b, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		if err != nil {
+			return wire.CellAnswer{}, err
+		}
+		return wire.CellAnswer{}, problem(resp, b)
+	}
+	var a wire.CellAnswer
+	if ct, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";"); ct != "text/event-stream" {
+		// A daemon that answers whole (no output came before the answer).
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return a, err
+		}
+		return a, json.Unmarshal(b, &a)
+	}
+	r := bufio.NewReaderSize(resp.Body, 64<<10)
+	var event string
+	var data []byte
+	for {
+		line, err := readLine(r, maxEventBytes)
+		if err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF // the stream ends with its answer
+			}
+			return a, fmt.Errorf("sandcell daemon: the cell's event stream: %w", err)
+		}
+		switch {
+		case len(line) == 0: // an event's end
+			switch event {
+			case "stdout", "stderr":
+				var chunk struct{ Data, Encoding string }
+				if err := json.Unmarshal(data, &chunk); err != nil {
+					return a, fmt.Errorf("sandcell daemon: a %s event: %w", event, err)
+				}
+				b := []byte(chunk.Data)
+				if chunk.Encoding == "base64" {
+					if b, err = base64.StdEncoding.DecodeString(chunk.Data); err != nil {
+						return a, fmt.Errorf("sandcell daemon: a %s event: %w", event, err)
+					}
+				}
+				out(event, b)
+			case "answer":
+				return a, json.Unmarshal(data, &a)
+			case "error":
+				return a, problem(resp, data)
+			}
+			event, data = "", nil
+		case bytes.HasPrefix(line, []byte("event: ")):
+			event = string(line[len("event: "):])
+		case bytes.HasPrefix(line, []byte("data: ")):
+			data = append(data, line[len("data: "):]...)
+		}
+	}
+}
+
+// maxEventBytes bounds one line of a cell's event stream: the answer's line holds
+// the whole result (its output up to the cell's output limit, JSON-escaped).
+const maxEventBytes = 256 << 20
+
+// readLine reads one line without its end, of at most max bytes.
+func readLine(r *bufio.Reader, max int) ([]byte, error) {
+	var line []byte
+	for {
+		part, err := r.ReadSlice('\n')
+		if len(line)+len(part) > max {
+			return nil, fmt.Errorf("a line of more than %d bytes", max)
+		}
+		line = append(line, part...)
+		switch err {
+		case nil:
+			return bytes.TrimRight(line, "\r\n"), nil
+		case bufio.ErrBufferFull:
+			continue
+		default:
+			return nil, err
+		}
+	}
 }
 
 // Sessions lists the caller's sessions (GET /v1/sessions).

@@ -65,7 +65,9 @@ type Backend interface {
 	DeleteWorkspace(ctx context.Context, id string) error
 	OpenSession(ctx context.Context, req wire.SessionRequest) (wire.SessionView, error)
 	Sessions(ctx context.Context) ([]wire.SessionView, error)
-	Cell(ctx context.Context, id string, req wire.CellRequest) (wire.CellAnswer, error)
+	// CellStream runs a cell, giving out its output as it comes (stream "stdout" or
+	// "stderr"); the answer holds the whole output too.
+	CellStream(ctx context.Context, id string, req wire.CellRequest, out func(stream string, data []byte)) (wire.CellAnswer, error)
 	CloseSession(ctx context.Context, id string) error
 	PutFile(ctx context.Context, id, path string, r io.Reader) error
 	OpenFile(ctx context.Context, id, path string) (io.ReadCloser, int64, error)

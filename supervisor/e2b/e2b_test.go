@@ -1,9 +1,11 @@
 package e2b
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -43,28 +45,28 @@ func TestMessages(t *testing.T) {
 	}
 	a := answer(protocol.Exited, 1, "out\n", "warned\nTraceback (most recent call last):\n  File \"<cell>\", line 1, in <module>\nZeroDivisionError: division by zero\n")
 	a.Result.Displays = []protocol.Display{{Type: "text/html", Path: "displays/1.html"}, {Type: "image/png", Path: "displays/bad"}}
-	m := messages(a, "now", read)
+	m := messages(a, "now", 0, read)
 	if len(m) != 6 || m[0]["text"] != "out\n" || m[1]["text"] != "warned\n" || m[2]["html"] != "<b>x</b>" ||
 		!strings.Contains(m[3]["text"].(string), "gone") || m[4]["name"] != "ZeroDivisionError" ||
 		m[4]["value"] != "division by zero" || !strings.HasPrefix(m[4]["traceback"].(string), "Traceback") ||
 		m[5]["execution_count"] != 3 {
 		t.Fatalf("%v", m)
 	}
-	m = messages(answer(protocol.Exited, 1, "", "  File \"<cell>\", line 1\n    1 +\n       ^\nSyntaxError: invalid syntax\n"), "now", read)
+	m = messages(answer(protocol.Exited, 1, "", "  File \"<cell>\", line 1\n    1 +\n       ^\nSyntaxError: invalid syntax\n"), "now", 0, read)
 	if m[0]["name"] != "SyntaxError" || m[0]["value"] != "invalid syntax" {
 		t.Fatalf("%v", m)
 	}
-	m = messages(answer(protocol.Exited, 3, "", ""), "now", read)
+	m = messages(answer(protocol.Exited, 3, "", ""), "now", 0, read)
 	if m[0]["name"] != "SystemExit" || m[0]["value"] != "3" {
 		t.Fatalf("%v", m)
 	}
-	m = messages(answer(protocol.Timeout, 0, "", ""), "now", read)
+	m = messages(answer(protocol.Timeout, 0, "", ""), "now", 0, read)
 	if m[0]["name"] != "TimeoutError" || !strings.Contains(m[0]["value"].(string), "preserved") {
 		t.Fatalf("%v", m)
 	}
 	v := answer(protocol.Exited, 0, "", "")
 	v.Value = "42"
-	if m = messages(v, "now", read); len(m) != 2 || m[0]["text"] != "42" || m[0]["is_main_result"] != true {
+	if m = messages(v, "now", 0, read); len(m) != 2 || m[0]["text"] != "42" || m[0]["is_main_result"] != true {
 		t.Fatalf("%v", m)
 	}
 }
@@ -80,5 +82,39 @@ func TestCreateRefuses(t *testing.T) {
 		if w.Code != 400 || !strings.Contains(w.Body.String(), `"message"`) {
 			t.Errorf("%s: %d %s", body, w.Code, w.Body)
 		}
+	}
+}
+
+// Stdout goes out as it comes, in whole characters: a chunk ending inside a UTF-8
+// sequence keeps its last bytes for the next; what was written is counted, so the
+// answer's messages carry only the rest.
+func TestLiveStdout(t *testing.T) {
+	rec := httptest.NewRecorder()
+	l := &liveStdout{w: rec}
+	l.output("stderr", []byte("not streamed"))
+	if l.started {
+		t.Fatal("stderr started the stream")
+	}
+	l.output("stdout", []byte("a\xc3"))
+	l.output("stdout", []byte("\xa9b"))
+	l.output("stdout", []byte("\xe2\x82"))
+	if l.sent != 4 {
+		t.Fatalf("sent %d bytes, want 4 (a, é, b)", l.sent)
+	}
+	var texts []string
+	for _, line := range strings.Split(strings.TrimSpace(rec.Body.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatal(err)
+		}
+		texts = append(texts, m["text"].(string))
+	}
+	if want := []string{"a", "éb"}; !slices.Equal(texts, want) {
+		t.Fatalf("messages %q, want %q", texts, want)
+	}
+	full := wire.CellAnswer{Result: protocol.Result{Reason: protocol.Exited, Stdout: []byte("aéb€")}}
+	m := messages(full, "now", l.sent, func(protocol.Display) ([]byte, error) { return nil, nil })
+	if m[0]["type"] != "stdout" || m[0]["text"] != "€" {
+		t.Fatalf("the answer's stdout message %v, want the rest: €", m[0])
 	}
 }

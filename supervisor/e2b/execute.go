@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor/wire"
@@ -31,9 +32,10 @@ type executeRequest struct {
 }
 
 // execute runs the request's code as a cell of the sandbox's session and answers
-// E2B's stream of messages (one JSON object a line): stdout, stderr, a result per
-// display, the main result (the last expression's value), the error, the count of
-// executions. The output comes when the cell ends.
+// E2B's stream of messages (one JSON object a line): stdout as the cell prints it,
+// then, when it ends, stderr, a result per display, the main result (the last
+// expression's value), the error, the count of executions. (stderr comes at the end,
+// apart from the traceback E2B reports as the error, which is known only then.)
 func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r.Context())
 	var req executeRequest
@@ -58,12 +60,21 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	sb.stop = stop
 	s.mu.Unlock()
-	a, err := b.Cell(ctx, sb.id, wire.CellRequest{Code: req.Code})
+	live := &liveStdout{w: w}
+	a, err := b.CellStream(ctx, sb.id, wire.CellRequest{Code: req.Code}, live.output)
 	s.mu.Lock()
 	sb.stop = nil
 	s.mu.Unlock()
 	stop()
 	sb.cells.Unlock()
+	if err != nil && live.started {
+		// Past the status line: the failure is the stream's last message.
+		if gone(err) {
+			s.drop(context.WithoutCancel(r.Context()), sb)
+		}
+		live.write(map[string]any{"type": "error", "name": "SandcellError", "value": err.Error(), "traceback": ""})
+		return
+	}
 	if err != nil {
 		if gone(err) {
 			s.drop(context.WithoutCancel(r.Context()), sb)
@@ -77,11 +88,10 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		// The answer says so; the sandbox ends with its state.
 		defer s.drop(context.WithoutCancel(r.Context()), sb)
 	}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	enc := json.NewEncoder(w)
+	live.start()
 	now := time.Now().UTC().Format(time.RFC3339Nano)
 	budget := int64(MaxDisplayBytes)
-	for _, m := range messages(a, now, func(d protocol.Display) ([]byte, error) {
+	for _, m := range messages(a, now, live.sent, func(d protocol.Display) ([]byte, error) {
 		if d.Bytes > budget {
 			return nil, fmt.Errorf("past what one answer carries of displays (%d MiB): read the file", MaxDisplayBytes>>20)
 		}
@@ -94,18 +104,80 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 		budget -= int64(len(data))
 		return data, err
 	}) {
-		enc.Encode(m)
+		live.write(m)
 	}
 }
 
-// messages turns a cell's answer into the code interpreter's messages. read returns
-// a display's file.
-func messages(a wire.CellAnswer, now string, read func(protocol.Display) ([]byte, error)) []map[string]any {
+// liveWait bounds each write of an execution's messages: a client that stops reading
+// loses its stream rather than holding the cell's output, and so the cell.
+const liveWait = 2 * time.Second
+
+// liveStdout writes an execution's messages: stdout as it comes, whole characters
+// only (a chunk's last bytes of an incomplete UTF-8 sequence wait for the next), then
+// the messages of the answer. sent counts the stdout bytes written.
+type liveStdout struct {
+	w       http.ResponseWriter
+	started bool
+	gone    bool
+	sent    int
+	pending []byte // stdout not yet written: an incomplete character
+}
+
+func (l *liveStdout) start() {
+	if !l.started {
+		l.started = true
+		l.w.Header().Set("Content-Type", "application/x-ndjson")
+		l.w.WriteHeader(http.StatusOK)
+	}
+}
+
+// output is the cell's observer: stdout goes out as a message at once.
+func (l *liveStdout) output(stream string, data []byte) {
+	if stream != "stdout" || l.gone {
+		return
+	}
+	l.pending = append(l.pending, data...)
+	n := len(l.pending)
+	for i := 1; i <= min(n, utf8.UTFMax); i++ { // hold back an incomplete last character
+		if utf8.RuneStart(l.pending[n-i]) {
+			if !utf8.FullRune(l.pending[n-i:]) {
+				n -= i
+			}
+			break
+		}
+	}
+	if n == 0 {
+		return
+	}
+	l.start()
+	if l.write(map[string]any{"type": "stdout", "text": string(l.pending[:n]), "timestamp": time.Now().UTC().Format(time.RFC3339Nano)}) {
+		l.sent += n
+	}
+	l.pending = append(l.pending[:0], l.pending[n:]...)
+}
+
+// write sends one message, flushed; false once the client stopped reading.
+func (l *liveStdout) write(m map[string]any) bool {
+	if l.gone {
+		return false
+	}
+	rc := http.NewResponseController(l.w)
+	rc.SetWriteDeadline(time.Now().Add(liveWait))
+	if json.NewEncoder(l.w).Encode(m) != nil || rc.Flush() != nil {
+		l.gone = true
+		return false
+	}
+	return true
+}
+
+// messages turns a cell's answer into the code interpreter's messages, stdout's from
+// byte sent on (what was not written as it came). read returns a display's file.
+func messages(a wire.CellAnswer, now string, sent int, read func(protocol.Display) ([]byte, error)) []map[string]any {
 	var out []map[string]any
 	res := a.Result.Joined()
 	stdout, stderr := res.Stdout, res.Stderr
-	if len(stdout) > 0 {
-		out = append(out, map[string]any{"type": "stdout", "text": string(stdout), "timestamp": now})
+	if len(stdout) > sent {
+		out = append(out, map[string]any{"type": "stdout", "text": string(stdout[sent:]), "timestamp": now})
 	}
 	logs, errMsg := splitError(res, string(stderr), a.State)
 	if res.StdoutTruncated || res.StderrTruncated {

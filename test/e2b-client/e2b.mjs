@@ -33,6 +33,16 @@ try {
   assert.deepEqual(again.logs.stderr, ["warn\n"]);
   assert.deepEqual(seen, ["84\n", "err:warn\n"]);
 
+  // stdout comes as the cell prints it, not at its end; characters are never split.
+  const times = [];
+  const live = await sbx.runCode("import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('é' * 40000)",
+    { onStdout: (m) => times.push([m.line, Date.now()]) });
+  const ended = Date.now();
+  assert.equal(times[0][0], "first\n");
+  assert.ok(ended - times[0][1] >= 1500, `the first line came ${ended - times[0][1]} ms before the end`);
+  assert.equal(live.logs.stdout.join(""), "first\n" + "é".repeat(40000) + "\n");
+  assert.ok(!live.logs.stdout.join("").includes("\ufffd"));
+
   // An exception: name, value and traceback, as E2B gives them.
   const failed = await sbx.runCode("def f():\n    return 1 / 0\nf()");
   assert.equal(failed.error.name, "ZeroDivisionError");
