@@ -27,6 +27,9 @@ async def test_async_session_and_files(socket_path):
             async with await c.open_session(workspace=ws.id) as s:
                 a = await s.run("n = int(open('/ws/n.txt').read())\nn * 2")
                 assert a.value == "42" and s.info.cells == 1
+                evs = [ev async for ev in s.run_stream("print('half', n)\nn")]
+                assert b"".join(e.data for e in evs if isinstance(e, sandcell.Output)) == b"half 21\n"
+                assert isinstance(evs[-1], sandcell.CellAnswer) and evs[-1].value == "21" and s.info.cells == 2
                 f = await s.fork()
                 try:
                     assert (await f.run("n")).value == "21"

@@ -269,3 +269,18 @@ def test_native_plot(client, native):
         data = client.read_file(s.workspace, png[0].path)
         assert data.startswith(b"\x89PNG") and len(data) == png[0].bytes
     client.delete_workspace(ws.id)
+
+
+def test_cell_stream(client):
+    with client.open_session() as s:
+        seen = []
+        for ev in s.run_stream("import time\nprint('a', flush=True)\ntime.sleep(1.5)\nprint('b')\n6 * 7"):
+            seen.append((ev, time.monotonic()))
+        first, at = seen[0]
+        assert isinstance(first, sandcell.Output) and first.stream == "stdout" and first.data == b"a\n"
+        last, end = seen[-1]
+        assert isinstance(last, sandcell.CellAnswer) and last.value == "42" and last.result.stdout == "a\nb\n"
+        assert end - at >= 1.0, f"the first output came {end - at:.2f} s before the answer"
+        assert s.info.cells == 1
+    with pytest.raises(sandcell.NotFound):
+        list(client.run_cell_stream("01NOSUCHSESSION", "1"))

@@ -5,10 +5,10 @@
 import * as http from "node:http";
 import * as https from "node:https";
 
-import { FileTooLarge, ProblemError, type Problem, TimeoutError, TransportError, problemError } from "./errors.js";
+import { FileTooLarge, ProblemError, SandcellError, type Problem, TimeoutError, TransportError, problemError } from "./errors.js";
 import type {
-  Approval, CellAnswer, CellOptions, FileEntry, Run, RunOptions, SessionInfo, SessionOptions, SQLResult,
-  StreamEvent, Workspace,
+  Approval, CellAnswer, CellOptions, CellStreamEvent, ErrorEvent, FileEntry, Run, RunOptions, SessionInfo, SessionOptions,
+  SQLResult, StreamEvent, Workspace,
 } from "./types.js";
 
 /** Where the packaged daemon listens (socket.path of its configuration). */
@@ -96,6 +96,14 @@ function problemOf(a: Answer): Problem {
   return { status: a.status, title: http.STATUS_CODES[a.status] ?? "", detail: a.body.subarray(0, 500).toString("utf8").trim() };
 }
 
+/** A cell's request body. */
+function cellBody(code: string, options: CellOptions): Record<string, unknown> {
+  const body: Record<string, unknown> = { code, ...stdinFields(options.stdin) };
+  if (options.limits) body.limits = options.limits;
+  if (options.approval !== undefined) body.approval = options.approval;
+  return body;
+}
+
 /** A SQL parameter as the API binds it: bytes as {"base64": ...}; a bigint as a number where exact. */
 function sqlParam(v: unknown): unknown {
   if (v instanceof Uint8Array) return { base64: Buffer.from(v).toString("base64") };
@@ -114,7 +122,7 @@ class SSE {
   private id: number | undefined;
   private data: string[] = [];
 
-  line(line: string): StreamEvent | undefined {
+  line(line: string): StreamEvent | CellStreamEvent | ErrorEvent | undefined {
     if (line === "") {
       const ev = this.event, data = this.data.join("\n"), id = this.id;
       this.event = ""; this.data = []; this.id = undefined;
@@ -132,7 +140,7 @@ class SSE {
   }
 }
 
-function toEvent(name: string, data: string, id: number | undefined): StreamEvent | undefined {
+function toEvent(name: string, data: string, id: number | undefined): StreamEvent | CellStreamEvent | ErrorEvent | undefined {
   const doc = JSON.parse(data);
   if (name === "stdout" || name === "stderr") {
     const raw = String(doc.data ?? "");
@@ -141,6 +149,8 @@ function toEvent(name: string, data: string, id: number | undefined): StreamEven
   }
   if (name === "display") return { kind: "display", display: doc };
   if (name === "result") return { kind: "result", run: doc };
+  if (name === "answer") return { kind: "answer", answer: doc };
+  if (name === "error") return { kind: "error", problem: doc };
   return undefined; // an event a later daemon sends that this version does not know
 }
 
@@ -287,18 +297,32 @@ export class Client {
    * `after`), a display event per display, then the finished run, which ends it.
    */
   async *stream(id: string, options: { after?: number } = {}): AsyncGenerator<StreamEvent> {
-    let timedOut: TimeoutError | undefined;
     const headers: Record<string, string> = options.after !== undefined ? { "last-event-id": String(options.after) } : {};
     const res = await this.open({ method: "GET", path: `/v1/runs/${seg(id)}/events`, headers }, STREAM_IDLE_MS);
+    for await (const ev of this.events(res, `the event stream of run ${id}`, STREAM_IDLE_MS)) {
+      if (ev.kind === "answer" || ev.kind === "error") continue; // not a run's
+      yield ev;
+      if (ev.kind === "result") return;
+    }
+    throw new TransportError(`the event stream of run ${id} ended before its result`);
+  }
+
+  /**
+   * The events of an answer that is an event stream (a problem document where the
+   * daemon refused), as they come; what names the stream in errors; a stream silent
+   * for idleMs is a TimeoutError.
+   */
+  private async *events(res: http.IncomingMessage, what: string, idleMs: number): AsyncGenerator<StreamEvent | CellStreamEvent | ErrorEvent> {
     if ((res.statusCode ?? 0) >= 400) {
       const body = await readAll(res, this.timeoutMs);
       const a = { status: res.statusCode ?? 0, headers: res.headers, body };
       throw problemError(a.status, problemOf(a), retryAfter(a.headers));
     }
+    let timedOut: TimeoutError | undefined;
     const sse = new SSE();
     let rest = "";
-    res.setTimeout(STREAM_IDLE_MS, () => {
-      timedOut = new TimeoutError(`the event stream of run ${id} was silent for ${STREAM_IDLE_MS} ms`);
+    res.setTimeout(idleMs, () => {
+      timedOut = new TimeoutError(`${what} was silent for ${idleMs} ms`);
       res.destroy(timedOut);
     });
     try {
@@ -309,20 +333,17 @@ export class Client {
           const line = rest.slice(0, i).replace(/\r$/, "");
           rest = rest.slice(i + 1);
           const ev = sse.line(line);
-          if (ev) {
-            yield ev;
-            if (ev.kind === "result") return;
-          }
+          if (ev) yield ev;
         }
       }
     } catch (e) {
       if (timedOut) throw timedOut;
-      throw e instanceof TransportError ? e : new TransportError(`the event stream of run ${id} broke: ${(e as Error).message}`, { cause: e });
+      throw e instanceof SandcellError ? e : new TransportError(`${what} broke: ${(e as Error).message}`, { cause: e });
     } finally {
       res.destroy();
     }
-    throw new TransportError(`the event stream of run ${id} ended before its result`);
   }
+
 
   /** Starts a run and streams its events. */
   async *runStream(code: string | undefined, options: RunOptions = {}): AsyncGenerator<StreamEvent> {
@@ -454,11 +475,31 @@ export class Client {
 
   /** Runs a cell in the session (resumed first if paused). */
   runCell(id: string, code: string, options: CellOptions = {}): Promise<CellAnswer> {
-    const body: Record<string, unknown> = { code, ...stdinFields(options.stdin) };
-    if (options.limits) body.limits = options.limits;
-    if (options.approval !== undefined) body.approval = options.approval;
-    return this.json({ method: "POST", path: `/v1/sessions/${seg(id)}/cells`, json: body, timeoutMs: this.runTimeoutMs });
+    return this.json({ method: "POST", path: `/v1/sessions/${seg(id)}/cells`, json: cellBody(code, options), timeoutMs: this.runTimeoutMs });
   }
+
+  /**
+   * Runs a cell, yielding its output as the worker produces it, then its answer (the
+   * last event; its result holds the whole output too). A failure after the output
+   * began is thrown as the problem the stream ends with. The stream may be silent
+   * while the cell computes, for up to the client's runTimeoutMs.
+   */
+  async *runCellStream(id: string, code: string, options: CellOptions = {}): AsyncGenerator<CellStreamEvent> {
+    const res = await this.open({ method: "POST", path: `/v1/sessions/${seg(id)}/cells`, json: cellBody(code, options),
+      headers: { accept: "text/event-stream" } }, this.runTimeoutMs);
+    if ((res.statusCode ?? 0) < 400 && !String(res.headers["content-type"] ?? "").startsWith("text/event-stream")) {
+      // Answered whole: no output came before the answer.
+      yield { kind: "answer", answer: JSON.parse((await readAll(res, this.runTimeoutMs)).toString("utf8")) as CellAnswer };
+      return;
+    }
+    for await (const ev of this.events(res, `the event stream of a cell of session ${id}`, this.runTimeoutMs)) {
+      if (ev.kind === "error") throw problemError(Number(ev.problem.status ?? 500), ev.problem);
+      if (ev.kind === "output" || ev.kind === "answer") yield ev;
+      if (ev.kind === "answer") return;
+    }
+    throw new TransportError(`the event stream of a cell of session ${id} ended before its answer`);
+  }
+
 
   /** A new session from the session's state (wasm backend). */
   async forkSession(id: string): Promise<Session> {
@@ -488,6 +529,14 @@ export class Session {
     const a = await this.client.runCell(this.id, code, options);
     this.info = a.session;
     return a;
+  }
+
+  /** Runs a cell, yielding its output as it comes, then its answer (see Client.runCellStream). */
+  async *runStream(code: string, options: CellOptions = {}): AsyncGenerator<CellStreamEvent> {
+    for await (const ev of this.client.runCellStream(this.id, code, options)) {
+      if (ev.kind === "answer") this.info = ev.answer.session;
+      yield ev;
+    }
   }
 
   fork(): Promise<Session> {

@@ -174,6 +174,21 @@ export interface ResultEvent {
 
 export type StreamEvent = OutputEvent | DisplayEvent | ResultEvent;
 
+/** A cell's answer, its stream's last event. */
+export interface AnswerEvent {
+  kind: "answer";
+  answer: CellAnswer;
+}
+
+/** What a cell's stream yields: its output as it comes, then its answer. */
+export type CellStreamEvent = OutputEvent | AnswerEvent;
+
+/** A stream's failure after its output began: the problem it ends with. */
+export interface ErrorEvent {
+  kind: "error";
+  problem: Record<string, unknown> & { status?: number; code?: string };
+}
+
 /** A run's request (POST /v1/runs). */
 export interface RunOptions {
   /** a .py file of the workspace to run instead of code */

@@ -218,3 +218,27 @@ test("a native session's plot", { skip: process.env.SANDCELL_TEST_NATIVE !== "1"
     sc.close();
   }
 });
+
+test("a cell's output as it comes, then its answer", async () => {
+  const sc = client();
+  const s = await sc.openSession();
+  try {
+    const seen = [];
+    for await (const ev of s.runStream("import time\nprint('a', flush=True)\ntime.sleep(1.5)\nprint('b')\n6 * 7")) seen.push([ev, Date.now()]);
+    const [first, at] = seen[0];
+    assert.equal(first.kind, "output");
+    assert.equal(Buffer.from(first.data).toString(), "a\n");
+    const [last, end] = seen.at(-1);
+    assert.equal(last.kind, "answer");
+    assert.equal(last.answer.value, "42");
+    assert.equal(last.answer.result.stdout, "a\nb\n");
+    assert.ok(end - at >= 1000, `the first output came ${end - at} ms before the answer`);
+    assert.equal(s.info.cells, 1);
+    await assert.rejects(async () => {
+      for await (const _ of sc.runCellStream("01NOSUCHSESSION", "1")); // eslint-disable-line no-empty
+    }, (e) => e instanceof sandcell.NotFound);
+  } finally {
+    await s.close();
+    sc.close();
+  }
+});

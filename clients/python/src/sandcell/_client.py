@@ -46,7 +46,7 @@ class _SSE:
     def __init__(self) -> None:
         self.event, self.id, self.data = "", None, []
 
-    def line(self, line: str) -> Optional[StreamEvent]:
+    def line(self, line: str) -> Union[StreamEvent, CellAnswer, None]:
         # httpx before 0.24 keeps each line's ending; later versions drop it.
         line = line.rstrip("\r\n")
         if line == "":
@@ -66,7 +66,7 @@ class _SSE:
         return None
 
 
-def _event(name: str, data: str, eid: Optional[int]) -> Optional[StreamEvent]:
+def _event(name: str, data: str, eid: Optional[int]) -> Union[StreamEvent, CellAnswer, None]:
     try:
         doc = json.loads(data)
     except ValueError as e:
@@ -79,6 +79,12 @@ def _event(name: str, data: str, eid: Optional[int]) -> Optional[StreamEvent]:
         return Display.from_json(doc)
     if name == "result":
         return Run.from_json(doc)
+    if name == "answer":
+        with _answer_shape():
+            return CellAnswer.from_json(doc)
+    if name == "error":
+        # A cell's failure after its output began: the problem its stream ends with.
+        raise problem_error(int(doc.get("status") or 500), doc, None)
     return None  # an event a later daemon sends that this version does not know
 
 
@@ -336,6 +342,36 @@ class Client(_Base):
         return self._call(ops.run_cell(session_id, code, stdin=stdin, limits=limits, approval=approval,
                                        run_timeout=self.run_timeout))
 
+    def run_cell_stream(self, session_id: str, code: str, *, stdin: Union[str, bytes, None] = None,
+                        limits: LimitsLike = None, approval: Optional[str] = None) -> Iterator[Union[Output, CellAnswer]]:
+        """Run a cell, yielding its Output pieces as the worker produces them, then its
+        CellAnswer (the last item; its result holds the whole output too). A failure
+        after the output began is raised as the problem the stream ends with. The
+        stream may be silent while the cell computes, up to ``run_timeout``."""
+        body = ops.cell_body(code, stdin=stdin, limits=limits, approval=approval)
+        timeout = httpx.Timeout(self.timeout, read=self.run_timeout)
+        try:
+            with self._http.stream("POST", f"/v1/sessions/{ops.seg(session_id)}/cells", json=body,
+                                   headers={"Accept": "text/event-stream"}, timeout=timeout) as resp:
+                if resp.status_code >= 400:
+                    resp.read()
+                    self._check(resp, ops.Request("POST", "", retry=False), 0)
+                if not resp.headers.get("content-type", "").startswith("text/event-stream"):
+                    resp.read()  # answered whole: no output came before the answer
+                    with _answer_shape():
+                        yield CellAnswer.from_json(resp.json())
+                    return
+                sse = _SSE()
+                for line in resp.iter_lines():
+                    ev = sse.line(line)
+                    if isinstance(ev, (Output, CellAnswer)):
+                        yield ev
+                        if isinstance(ev, CellAnswer):
+                            return
+        except httpx.HTTPError as e:
+            raise _transport_error(e) from None
+        raise TransportError(f"the event stream of a cell of session {session_id} ended before its answer")
+
     def fork_session(self, session_id: str) -> "Session":
         """A new session from the session's state (wasm backend)."""
         return Session(self, self._call(ops.fork_session(session_id, run_timeout=self.run_timeout)))
@@ -379,6 +415,14 @@ class Session(_SessionBase):
         answer = self.client.run_cell(self.id, code, stdin=stdin, limits=limits, approval=approval)
         self.info = answer.session
         return answer
+
+    def run_stream(self, code: str, **kw: Any) -> Iterator[Union[Output, CellAnswer]]:
+        """Run a cell, yielding its output as it comes, then its answer (see
+        Client.run_cell_stream)."""
+        for ev in self.client.run_cell_stream(self.id, code, **kw):
+            if isinstance(ev, CellAnswer):
+                self.info = ev.session
+            yield ev
 
     def fork(self) -> "Session":
         return self.client.fork_session(self.id)
@@ -552,6 +596,34 @@ class AsyncClient(_Base):
         return await self._call(ops.run_cell(session_id, code, stdin=stdin, limits=limits, approval=approval,
                                              run_timeout=self.run_timeout))
 
+    async def run_cell_stream(self, session_id: str, code: str, *, stdin: Union[str, bytes, None] = None,
+                              limits: LimitsLike = None,
+                              approval: Optional[str] = None) -> AsyncIterator[Union[Output, CellAnswer]]:
+        """See Client.run_cell_stream."""
+        body = ops.cell_body(code, stdin=stdin, limits=limits, approval=approval)
+        timeout = httpx.Timeout(self.timeout, read=self.run_timeout)
+        try:
+            async with self._http.stream("POST", f"/v1/sessions/{ops.seg(session_id)}/cells", json=body,
+                                         headers={"Accept": "text/event-stream"}, timeout=timeout) as resp:
+                if resp.status_code >= 400:
+                    await resp.aread()
+                    self._check(resp, ops.Request("POST", "", retry=False), 0)
+                if not resp.headers.get("content-type", "").startswith("text/event-stream"):
+                    await resp.aread()
+                    with _answer_shape():
+                        yield CellAnswer.from_json(resp.json())
+                    return
+                sse = _SSE()
+                async for line in resp.aiter_lines():
+                    ev = sse.line(line)
+                    if isinstance(ev, (Output, CellAnswer)):
+                        yield ev
+                        if isinstance(ev, CellAnswer):
+                            return
+        except httpx.HTTPError as e:
+            raise _transport_error(e) from None
+        raise TransportError(f"the event stream of a cell of session {session_id} ended before its answer")
+
     async def fork_session(self, session_id: str) -> "AsyncSession":
         return AsyncSession(self, await self._call(ops.fork_session(session_id, run_timeout=self.run_timeout)))
 
@@ -575,6 +647,13 @@ class AsyncSession(_SessionBase):
         answer = await self.client.run_cell(self.id, code, stdin=stdin, limits=limits, approval=approval)
         self.info = answer.session
         return answer
+
+    async def run_stream(self, code: str, **kw: Any) -> AsyncIterator[Union[Output, CellAnswer]]:
+        """See Session.run_stream."""
+        async for ev in self.client.run_cell_stream(self.id, code, **kw):
+            if isinstance(ev, CellAnswer):
+                self.info = ev.session
+            yield ev
 
     async def fork(self) -> "AsyncSession":
         return await self.client.fork_session(self.id)

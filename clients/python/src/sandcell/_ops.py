@@ -241,15 +241,22 @@ def get_session(session: str) -> Op:
     return SessionInfo.from_json(resp.json())
 
 
-def run_cell(session: str, code: str, *, stdin: Union[str, bytes, None], limits: LimitsLike,
-             approval: Optional[str], run_timeout: float) -> Op:
-    limits = limits_dict(limits)
+def cell_body(code: str, *, stdin: Union[str, bytes, None], limits: LimitsLike,
+              approval: Optional[str]) -> dict[str, Any]:
+    """A cell's request body."""
+    lim = limits_dict(limits)
     body: dict[str, Any] = {"code": code}
     body.update(stdin_fields(stdin))
-    if limits:
-        body["limits"] = limits
+    if lim:
+        body["limits"] = lim
     if approval is not None:
         body["approval"] = approval
+    return body
+
+
+def run_cell(session: str, code: str, *, stdin: Union[str, bytes, None], limits: LimitsLike,
+             approval: Optional[str], run_timeout: float) -> Op:
+    body = cell_body(code, stdin=stdin, limits=limits, approval=approval)
     resp = yield Request("POST", f"/v1/sessions/{seg(session)}/cells", json=body,
                          timeout=run_timeout)
     return CellAnswer.from_json(resp.json())
