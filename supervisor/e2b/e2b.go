@@ -29,6 +29,7 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -49,6 +50,15 @@ const (
 	Template        = "code-interpreter-v1"
 	NativeTemplate  = "sandcell-native"
 	NativeMemoryMiB = 1024
+)
+
+// DefaultTimeout is a sandbox's life when its creation names none (E2B's default),
+// and MaxTimeout the longest one may be given (E2B's longest, a day): past it, with
+// no call of setTimeout, the sandbox is killed as by the API. (Its session also ends
+// idle past the operator's [sessions] idle_timeout, whichever comes first.)
+const (
+	DefaultTimeout = 300 * time.Second
+	MaxTimeout     = 24 * time.Hour
 )
 
 // MaxDisplayBytes bounds what one execution's answer carries of its displays'
@@ -104,6 +114,10 @@ type sandbox struct {
 	tokenSum      [32]byte
 	created       time.Time
 	template      string
+	// end is when the sandbox is killed unless its timeout is set again, by expiry;
+	// both guarded by Server.mu.
+	end    time.Time
+	expiry *time.Timer
 	// cells serialises /execute: a session runs one cell at a time, and E2B's SDK
 	// expects a second call to wait, not to fail session_busy.
 	cells sync.Mutex
@@ -168,6 +182,9 @@ func (s *Server) drop(ctx context.Context, sb *sandbox) error {
 	if sb.stop != nil {
 		sb.stop()
 	}
+	if sb.expiry != nil {
+		sb.expiry.Stop()
+	}
 	s.mu.Unlock()
 	sb.cells.Lock() // the cell under way has returned
 	defer sb.cells.Unlock()
@@ -182,6 +199,30 @@ func (s *Server) drop(ctx context.Context, sb *sandbox) error {
 		return err
 	}
 	return nil
+}
+
+// expireIn sets sb to be killed after d (from now), replacing the time set before.
+func (s *Server) expireIn(sb *sandbox, d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb.end = time.Now().Add(d)
+	if sb.expiry == nil {
+		sb.expiry = time.AfterFunc(d, func() { s.drop(context.Background(), sb) })
+		return
+	}
+	sb.expiry.Reset(d)
+}
+
+// timeout is E2B's timeout in seconds as a duration: DefaultTimeout for 0, an error
+// past MaxTimeout or below 0.
+func timeout(seconds int) (time.Duration, error) {
+	switch {
+	case seconds == 0:
+		return DefaultTimeout, nil
+	case seconds < 0 || time.Duration(seconds)*time.Second > MaxTimeout:
+		return 0, fmt.Errorf("timeout %d s: a sandbox lives from 1 s to %d s", seconds, int(MaxTimeout.Seconds()))
+	}
+	return time.Duration(seconds) * time.Second, nil
 }
 
 // alive says whether sb's session still holds its state; where it does not (ended

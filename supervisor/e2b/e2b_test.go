@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor/wire"
@@ -116,5 +117,19 @@ func TestLiveStdout(t *testing.T) {
 	m := messages(full, "now", l.sent, func(protocol.Display) ([]byte, error) { return nil, nil })
 	if m[0]["type"] != "stdout" || m[0]["text"] != "€" {
 		t.Fatalf("the answer's stdout message %v, want the rest: €", m[0])
+	}
+}
+
+// A sandbox's timeout: E2B's default for none, a day at most, never negative.
+func TestTimeout(t *testing.T) {
+	for in, want := range map[int]time.Duration{0: DefaultTimeout, 1: time.Second, 86400: MaxTimeout} {
+		if got, err := timeout(in); err != nil || got != want {
+			t.Errorf("timeout(%d) = %v, %v; want %v", in, got, err, want)
+		}
+	}
+	for _, in := range []int{-1, 86401} {
+		if _, err := timeout(in); err == nil {
+			t.Errorf("timeout(%d) accepted", in)
+		}
 	}
 }

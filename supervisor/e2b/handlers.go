@@ -113,6 +113,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusBadRequest, "the body is not a sandbox request: "+err.Error())
 		return
 	}
+	life, err := timeout(req.Timeout)
+	if err != nil {
+		apiError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	session := wire.SessionRequest{Env: req.EnvVars}
 	if req.TemplateID == NativeTemplate {
 		session.Backend, session.Limits.MemoryMiB = "native", NativeMemoryMiB
@@ -158,6 +163,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	s.sandboxes[sv.ID] = sb
 	s.mu.Unlock()
+	s.expireIn(sb, life)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusCreated)
 	json.NewEncoder(w).Encode(map[string]any{"sandboxID": sv.ID, "templateID": sb.template, "clientID": "sandcell",
@@ -185,18 +191,20 @@ func (s *Server) info(w http.ResponseWriter, r *http.Request) {
 		apiError(w, http.StatusNotFound, "sandbox "+sb.id+" not found: "+why)
 		return
 	}
+	s.mu.Lock()
+	d := describe(sb)
+	s.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(describe(sb))
+	json.NewEncoder(w).Encode(d)
 }
 
-// describe is E2B's description of a sandbox. It has no end time of its own: it
-// ends when killed or idle past the operator's [sessions] idle_timeout; endAt says a
-// day, and nothing enforces it.
+// describe is E2B's description of a sandbox: endAt is when it is killed unless its
+// timeout is set again (its session may end sooner, idle); s.mu is held.
 func describe(sb *sandbox) map[string]any {
 	return map[string]any{"sandboxID": sb.id, "templateID": sb.template, "alias": sb.template,
 		"clientID": "sandcell", "startedAt": sb.created.UTC().Format(time.RFC3339Nano), "envdVersion": EnvdVersion,
 		"state": "running", "metadata": map[string]string{}, "cpuCount": 1, "memoryMB": 0, "diskSizeMB": 0,
-		"endAt": sb.created.Add(24 * time.Hour).UTC().Format(time.RFC3339Nano)}
+		"endAt": sb.end.UTC().Format(time.RFC3339Nano)}
 }
 
 func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
@@ -242,13 +250,30 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 		"alias": sb.template, "envdVersion": EnvdVersion, "envdAccessToken": sb.token, "domain": nil})
 }
 
-// setTimeout accepts E2B's sandbox timeout and keeps nothing of it: a Sandcell
-// sandbox lives until it is killed or its session ends idle ([sessions]
-// idle_timeout), which the SDKs' habit of extending the timeout must not break.
+// setTimeout sets when the sandbox is killed: its body's timeout (seconds) from now.
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
-	if sb := s.callersSandbox(w, r); sb != nil {
-		w.WriteHeader(http.StatusNoContent)
+	sb := s.callersSandbox(w, r)
+	if sb == nil {
+		return
 	}
+	var req struct {
+		Timeout *int `json:"timeout"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&req); err != nil || req.Timeout == nil {
+		apiError(w, http.StatusBadRequest, "the body is not a timeout: {\"timeout\": seconds}")
+		return
+	}
+	life, err := timeout(*req.Timeout)
+	if err != nil || *req.Timeout == 0 {
+		apiError(w, http.StatusBadRequest, fmt.Sprintf("timeout %d s: a sandbox lives from 1 s to %d s", *req.Timeout, int(MaxTimeout.Seconds())))
+		return
+	}
+	if ok, why := s.alive(r.Context(), sb); !ok {
+		apiError(w, http.StatusNotFound, "sandbox "+sb.id+" not found: "+why)
+		return
+	}
+	s.expireIn(sb, life)
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // notOffered answers the rest of E2B's API in its own shape.

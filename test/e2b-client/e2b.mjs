@@ -4,7 +4,7 @@
 import assert from "node:assert/strict";
 import { Sandbox } from "@e2b/code-interpreter";
 
-const sbx = await Sandbox.create();
+const sbx = await Sandbox.create({ timeoutMs: 3_600_000 });
 try {
   // Files in, code, files out.
   const written = await sbx.files.write("/home/user/data.csv", "region,amount\nnorth,10\nsouth,32\n");
@@ -53,9 +53,11 @@ try {
   const shown = await sbx.runCode("class T:\n    def _repr_html_(self):\n        return '<b>bold</b>'\ndisplay(T())");
   assert.equal(shown.results[0].html, "<b>bold</b>");
 
-  // The SDK's lifecycle calls: a timeout accepted, the caller's sandboxes listed, a
+  // The SDK's lifecycle calls: a timeout set again, the caller's sandboxes listed, a
   // second handle connected to the same one.
-  await sbx.setTimeout(120_000);
+  await sbx.setTimeout(3_000_000);
+  const endAt = (await sbx.getInfo()).endAt.getTime();
+  assert.ok(endAt > Date.now() + 2_900_000 && endAt < Date.now() + 3_100_000, `endAt ${new Date(endAt)}`);
   const listed = await Sandbox.list().nextItems();
   assert.ok(listed.some((x) => x.sandboxId === sbx.sandboxId));
   const again2 = await Sandbox.connect(sbx.sandboxId);
@@ -86,6 +88,20 @@ assert.equal(await busy.kill(), true);
 assert.ok(Date.now() - t0 < 10_000, "the kill waited for the cell");
 await running;
 assert.equal(await busy.isRunning().catch(() => false), false);
+
+// A sandbox lives until its timeout, which setTimeout sets again from now; then it is
+// killed, as by the API.
+const brief = await Sandbox.create({ timeoutMs: 3_000 });
+await brief.setTimeout(60_000);
+await new Promise((r) => setTimeout(r, 4_000));
+assert.equal(await brief.isRunning(), true, "setTimeout did not extend the sandbox's life");
+await brief.setTimeout(1_000);
+for (const t0 = Date.now(); await brief.isRunning().catch(() => false) && Date.now() - t0 < 30_000;) {
+  await new Promise((r) => setTimeout(r, 500));
+}
+assert.equal(await brief.isRunning().catch(() => false), false, "the sandbox outlived its timeout");
+await assert.rejects(brief.runCode("1"), (e) => /not found|gone|sandbox/i.test(e.message));
+await assert.rejects(Sandbox.create({ timeoutMs: 2 * 86_400_000 }), (e) => /86400/.test(e.message));
 
 // A sandbox whose session ended (closed through Sandcell's own API here) is not found
 // and holds nothing: its workspace is deleted, its place among the caller's sessions
