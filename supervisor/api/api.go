@@ -101,7 +101,7 @@ func Statuses() map[string][]int {
 		"GET /e2b/v2/sandboxes":              {200, 401, 403},
 		"POST /e2b/sandboxes/:id/connect":    {200, 401, 403, 404},
 		"POST /e2b/v2/sandboxes/:id/connect": {200, 401, 403, 404},
-		"POST /e2b/sandboxes/:id/timeout":    {204, 401, 403, 404},
+		"POST /e2b/sandboxes/:id/timeout":    {204, 400, 401, 403, 404},
 		"GET /e2b/*":                         {401, 403, 501},
 		"POST /e2b/*":                        {401, 403, 501},
 		"DELETE /e2b/*":                      {401, 403, 501},
