@@ -271,10 +271,23 @@ func (c *Client) CellStream(ctx context.Context, id string, req wire.CellRequest
 				return a, problem(resp, data)
 			}
 			event, data = "", nil
-		case bytes.HasPrefix(line, []byte("event: ")):
-			event = string(line[len("event: "):])
-		case bytes.HasPrefix(line, []byte("data: ")):
-			data = append(data, line[len("data: "):]...)
+		default: // a field: "name: value" (the space optional), data lines joined by "\n"
+			name, value, _ := bytes.Cut(line, []byte(":"))
+			value = bytes.TrimPrefix(value, []byte(" "))
+			switch string(name) {
+			case "event":
+				event = string(value)
+			case "data":
+				if data == nil {
+					data = []byte{}
+				} else {
+					data = append(data, '\n')
+				}
+				if len(data)+len(value) > maxEventBytes {
+					return a, fmt.Errorf("sandcell daemon: the cell's event stream: an event of more than %d bytes", maxEventBytes)
+				}
+				data = append(data, value...)
+			}
 		}
 	}
 }

@@ -86,38 +86,73 @@ func TestCreateRefuses(t *testing.T) {
 	}
 }
 
-// Stdout goes out as it comes, in whole characters: a chunk ending inside a UTF-8
-// sequence keeps its last bytes for the next; what was written is counted, so the
-// answer's messages carry only the rest.
+// Stdout goes out as it comes, in whole characters and ASCII lines: a chunk ending
+// inside a UTF-8 sequence keeps its last bytes for the next; what was queued is
+// counted, so the answer's messages carry only the rest; past the queue's bound,
+// stdout stops streaming and the rest comes with the answer.
 func TestLiveStdout(t *testing.T) {
 	rec := httptest.NewRecorder()
-	l := &liveStdout{w: rec}
+	l := newLiveStdout(rec)
 	l.output("stderr", []byte("not streamed"))
-	if l.started {
-		t.Fatal("stderr started the stream")
-	}
 	l.output("stdout", []byte("a\xc3"))
-	l.output("stdout", []byte("\xa9b"))
+	l.output("stdout", []byte("\xa9b😀"))
 	l.output("stdout", []byte("\xe2\x82"))
-	if l.sent != 4 {
-		t.Fatalf("sent %d bytes, want 4 (a, é, b)", l.sent)
+	if !l.finish() {
+		t.Fatal("the stream did not start")
+	}
+	if l.sent != 8 {
+		t.Fatalf("sent %d bytes, want 8 (a, é, b, 😀)", l.sent)
 	}
 	var texts []string
 	for _, line := range strings.Split(strings.TrimSpace(rec.Body.String()), "\n") {
+		for _, c := range []byte(line) {
+			if c >= 0x80 {
+				t.Fatalf("a line that is not ASCII: %q", line)
+			}
+		}
 		var m map[string]any
 		if err := json.Unmarshal([]byte(line), &m); err != nil {
 			t.Fatal(err)
 		}
 		texts = append(texts, m["text"].(string))
 	}
-	if want := []string{"a", "éb"}; !slices.Equal(texts, want) {
+	if want := []string{"a", "éb😀"}; !slices.Equal(texts, want) {
 		t.Fatalf("messages %q, want %q", texts, want)
 	}
-	full := wire.CellAnswer{Result: protocol.Result{Reason: protocol.Exited, Stdout: []byte("aéb€")}}
+	full := wire.CellAnswer{Result: protocol.Result{Reason: protocol.Exited, Stdout: []byte("aéb😀€")}}
 	m := messages(full, "now", l.sent, func(protocol.Display) ([]byte, error) { return nil, nil })
 	if m[0]["type"] != "stdout" || m[0]["text"] != "€" {
 		t.Fatalf("the answer's stdout message %v, want the rest: €", m[0])
 	}
+
+	// Nothing printed: nothing started, the status is still the handler's to choose.
+	if quiet := newLiveStdout(httptest.NewRecorder()); quiet.finish() {
+		t.Fatal("a stream with no stdout started")
+	}
+
+	// A client slower than the cell: the queue is bounded, the cell never waits.
+	slow := &blockingWriter{ResponseRecorder: httptest.NewRecorder(), release: make(chan struct{})}
+	l = newLiveStdout(slow)
+	chunk := []byte(strings.Repeat("x", 64<<10))
+	for range 64 { // 4 MiB, four times the queue
+		l.output("stdout", chunk)
+	}
+	if !l.overflow || l.sent >= 4<<20 {
+		t.Fatalf("overflow %v after %d bytes queued", l.overflow, l.sent)
+	}
+	close(slow.release)
+	l.finish()
+}
+
+// blockingWriter is a client that reads nothing until release is closed.
+type blockingWriter struct {
+	*httptest.ResponseRecorder
+	release chan struct{}
+}
+
+func (w *blockingWriter) Write(b []byte) (int, error) {
+	<-w.release
+	return w.ResponseRecorder.Write(b)
 }
 
 // A sandbox's timeout: E2B's default for none, a day at most, never negative.

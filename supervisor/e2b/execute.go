@@ -8,7 +8,9 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/sandcell/sandcell/sandbox/protocol"
@@ -60,19 +62,20 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	sb.stop = stop
 	s.mu.Unlock()
-	live := &liveStdout{w: w}
+	live := newLiveStdout(w)
 	a, err := b.CellStream(ctx, sb.id, wire.CellRequest{Code: req.Code}, live.output)
 	s.mu.Lock()
 	sb.stop = nil
 	s.mu.Unlock()
 	stop()
 	sb.cells.Unlock()
-	if err != nil && live.started {
-		// Past the status line: the failure is the stream's last message.
+	if started := live.finish(); err != nil && started {
+		// Past the status line: the failure is the stream's last message (the call
+		// cannot fail any more; the execution's error says what happened).
+		live.write(map[string]any{"type": "error", "name": "SandboxError", "value": "the execution ended: " + err.Error(), "traceback": ""})
 		if gone(err) {
 			s.drop(context.WithoutCancel(r.Context()), sb)
 		}
-		live.write(map[string]any{"type": "error", "name": "SandcellError", "value": err.Error(), "traceback": ""})
 		return
 	}
 	if err != nil {
@@ -108,32 +111,62 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// liveWait bounds each write of an execution's messages: a client that stops reading
-// loses its stream rather than holding the cell's output, and so the cell.
-const liveWait = 2 * time.Second
+// liveQueue bounds the stdout an execution holds for a client that reads slower
+// than the cell prints: past it, stdout stops streaming and the rest comes with the
+// answer's messages. The cell never waits for the client.
+const liveQueue = 1 << 20
 
 // liveStdout writes an execution's messages: stdout as it comes, whole characters
-// only (a chunk's last bytes of an incomplete UTF-8 sequence wait for the next), then
-// the messages of the answer. sent counts the stdout bytes written.
+// only (a chunk's last bytes of an incomplete UTF-8 sequence wait for the next), from
+// a goroutine of its own fed by the cell's observer through a bounded queue; then,
+// once finish has joined that goroutine, the answer's messages. Every line is ASCII
+// (JSON's \u escapes), so a client that decodes each network read on its own never
+// sees a character split.
 type liveStdout struct {
-	w       http.ResponseWriter
-	started bool
-	gone    bool
-	sent    int
-	pending []byte // stdout not yet written: an incomplete character
+	w    http.ResponseWriter
+	mu   sync.Mutex
+	wake chan struct{} // a line was queued, or the queue closed
+	done chan struct{} // the writer has returned
+	// Guarded by mu:
+	queue    [][]byte
+	queued   int
+	closed   bool
+	overflow bool // stdout stopped streaming
+	failed   bool // a write failed: the client is gone
+	writing  bool // the writer goroutine was started
+	started  bool // the status line is out
+	sent     int  // the stdout bytes queued as messages
+	pending  []byte
 }
 
+func newLiveStdout(w http.ResponseWriter) *liveStdout {
+	return &liveStdout{w: w, wake: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// start sends the status and headers, once; only the goroutine writing (the writer,
+// then the handler once finish has joined it) calls it.
 func (l *liveStdout) start() {
-	if !l.started {
-		l.started = true
-		l.w.Header().Set("Content-Type", "application/x-ndjson")
-		l.w.WriteHeader(http.StatusOK)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.started {
+		return
 	}
+	l.started = true
+	h := l.w.Header()
+	h.Set("Content-Type", "application/x-ndjson")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no")
+	l.w.WriteHeader(http.StatusOK)
 }
 
-// output is the cell's observer: stdout goes out as a message at once.
+// output is the cell's observer: stdout is queued as a message at once.
 func (l *liveStdout) output(stream string, data []byte) {
-	if stream != "stdout" || l.gone {
+	if stream != "stdout" {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.overflow || l.failed || l.closed {
 		return
 	}
 	l.pending = append(l.pending, data...)
@@ -149,25 +182,114 @@ func (l *liveStdout) output(stream string, data []byte) {
 	if n == 0 {
 		return
 	}
-	l.start()
-	if l.write(map[string]any{"type": "stdout", "text": string(l.pending[:n]), "timestamp": time.Now().UTC().Format(time.RFC3339Nano)}) {
-		l.sent += n
+	line := ndjson(map[string]any{"type": "stdout", "text": string(l.pending[:n]), "timestamp": time.Now().UTC().Format(time.RFC3339Nano)})
+	if l.queued+len(line) > liveQueue {
+		l.overflow = true
+		return
 	}
+	if !l.writing {
+		l.writing = true
+		go l.writer()
+	}
+	l.queue = append(l.queue, line)
+	l.queued += len(line)
+	l.sent += n
 	l.pending = append(l.pending[:0], l.pending[n:]...)
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
 }
 
-// write sends one message, flushed; false once the client stopped reading.
+// writer writes the queued lines until the queue is closed and empty.
+func (l *liveStdout) writer() {
+	defer close(l.done)
+	l.start()
+	rc := http.NewResponseController(l.w)
+	for {
+		l.mu.Lock()
+		lines, closed := l.queue, l.closed
+		l.queue, l.queued = nil, 0
+		l.mu.Unlock()
+		for _, line := range lines {
+			if _, err := l.w.Write(line); err != nil {
+				l.mu.Lock()
+				l.failed = true
+				l.mu.Unlock()
+				return
+			}
+		}
+		if len(lines) > 0 && rc.Flush() != nil {
+			l.mu.Lock()
+			l.failed = true
+			l.mu.Unlock()
+			return
+		}
+		if closed && len(lines) == 0 {
+			return
+		}
+		if !closed {
+			<-l.wake
+		}
+	}
+}
+
+// finish stops the queue and waits for the writer to have written it; it reports
+// whether the status line is out.
+func (l *liveStdout) finish() bool {
+	l.mu.Lock()
+	l.closed = true
+	writing := l.writing
+	l.mu.Unlock()
+	if writing {
+		select {
+		case l.wake <- struct{}{}:
+		default:
+		}
+		<-l.done
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.started
+}
+
+// write sends one message, flushed, after finish; false once the client is gone.
 func (l *liveStdout) write(m map[string]any) bool {
-	if l.gone {
+	l.mu.Lock()
+	failed := l.failed
+	l.mu.Unlock()
+	if failed {
 		return false
 	}
-	rc := http.NewResponseController(l.w)
-	rc.SetWriteDeadline(time.Now().Add(liveWait))
-	if json.NewEncoder(l.w).Encode(m) != nil || rc.Flush() != nil {
-		l.gone = true
+	if _, err := l.w.Write(ndjson(m)); err != nil || http.NewResponseController(l.w).Flush() != nil {
+		l.mu.Lock()
+		l.failed = true
+		l.mu.Unlock()
 		return false
 	}
 	return true
+}
+
+// ndjson is m as one line of JSON in ASCII: every other character as its \u escape
+// (a pair of them past U+FFFF). Outside its strings JSON is ASCII already.
+func ndjson(m map[string]any) []byte {
+	b, _ := json.Marshal(m)
+	out := make([]byte, 0, len(b)+1)
+	for i := 0; i < len(b); {
+		if b[i] < utf8.RuneSelf {
+			out = append(out, b[i])
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRune(b[i:])
+		i += size
+		if r1, r2 := utf16.EncodeRune(r); r1 != utf8.RuneError {
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		} else {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+	}
+	return append(out, '\n')
 }
 
 // messages turns a cell's answer into the code interpreter's messages, stdout's from
