@@ -61,6 +61,11 @@ func TestMessages(t *testing.T) {
 	if m[0]["name"] != "SystemExit" || m[0]["value"] != "3" {
 		t.Fatalf("%v", m)
 	}
+	// An end with no report: stderr is the program's, not an exception's name.
+	m = messages(answer(protocol.Exited, 137, "", "e\n"), "now", 0, read)
+	if m[0]["type"] != "stderr" || m[0]["text"] != "e\n" || m[1]["name"] != "SystemExit" || m[1]["value"] != "137" {
+		t.Fatalf("%v", m)
+	}
 	m = messages(answer(protocol.Timeout, 0, "", ""), "now", 0, read)
 	if m[0]["name"] != "TimeoutError" || !strings.Contains(m[0]["value"].(string), "preserved") {
 		t.Fatalf("%v", m)

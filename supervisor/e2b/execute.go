@@ -363,12 +363,12 @@ func splitError(res protocol.Result, stderr string, state wire.SessionState) (st
 		// A syntax error has no traceback header: its report starts at its File line.
 		at = strings.LastIndex(stderr, "  File \"")
 	}
-	if at < 0 {
-		at = 0
+	tb := ""
+	if at >= 0 {
+		tb = strings.TrimRight(stderr[at:], "\n")
 	}
-	tb := strings.TrimRight(stderr[at:], "\n")
 	if tb == "" {
-		// sys.exit(N): no report at all.
+		// sys.exit(N), or an end with no report (stderr is the program's own, kept).
 		return stderr, map[string]any{"type": "error", "name": "SystemExit", "value": fmt.Sprint(res.ExitCode), "traceback": ""}
 	}
 	last := tb[strings.LastIndex(tb, "\n")+1:]
