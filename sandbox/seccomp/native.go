@@ -34,7 +34,8 @@ const mapSharedAny = 0x1
 // call, pivot_root, chroot, unshare, setns, module and kexec loading, memfd_create
 // (an executable mapping of memory the guest wrote), socket(2) (no network: the
 // guest has socketpair(2) of AF_UNIX only), setrlimit (limits only go down, and
-// only the worker sets them), personality, and clone with a namespace flag.
+// only the worker sets them; RLIMIT_DATA, whose soft and hard limits are one, is
+// the exception: the worker sets it at the exec), personality, and clone with a namespace flag.
 //
 // No new executable memory (W^X for the guest): mmap with PROT_EXEC is allowed only
 // for a file (not MAP_ANONYMOUS), and mprotect/pkey_mprotect never with PROT_EXEC.
@@ -54,8 +55,12 @@ func NativeRules(processes bool) specs.LinuxSeccomp {
 		// glibc's start-up does in every new program.
 		allow("execve", "execveat", "arch_prctl", "set_tid_address", "set_robust_list",
 			"get_robust_list", "rseq", "getrlimit"),
-		// Reading limits only: prlimit64 with no new limit, for this process.
+		// Reading limits, for this process: prlimit64 with no new limit. Setting
+		// one only for RLIMIT_DATA (and no old limit asked): the worker's last step
+		// before the exec sets the guest's memory limit, soft and hard alike, so
+		// the guest may lower it and never raise it (see worker.execGuest).
 		allowIf(append(args(0, ^uint64(0), 0), args(2, ^uint64(0), 0)...), "prlimit64"),
+		allowIf(append(append(args(0, ^uint64(0), 0), args(1, ^uint64(0), unix.RLIMIT_DATA)...), args(3, ^uint64(0), 0)...), "prlimit64"),
 
 		// Memory: the heap, anonymous mappings, the dynamic loader's mappings of
 		// the root's libraries. No new executable memory (see above).

@@ -214,7 +214,8 @@ func (st *hardened) lockCaps() {
 // narrow confines the process to req, in this order, verifying each layer:
 //
 //  0. a warm worker mounts the run's workspace (attach) and detaches req.Roots
-//  1. rlimits       (setrlimit(2): CORE 0, NOFILE, FSIZE, CPU; NPROC in a userns)
+//  1. rlimits       (setrlimit(2): CORE 0, NOFILE, FSIZE, CPU, DATA; NPROC in a
+//     userns; the native backend's DATA at its exec, see execGuest)
 //  2. capabilities  (libcap: every set emptied on every thread, secure bits locked)
 //  3. Landlock      (go-landlock at the kernel's ABI: the library read-only, the
 //     workspace read-write, TCP bind/connect denied, abstract sockets and signals
@@ -337,6 +338,20 @@ func setRlimits(h protocol.Hardening, st *hardened, fail func(string, error)) {
 		if r.name != "CORE" && r.soft == 0 {
 			continue
 		}
+		if r.name == "DATA" && st.native {
+			// Set by execGuest, the last step before the exec: the worker's own
+			// mappings may already be past the guest's limit (see execGuest). What
+			// would refuse it there is checked here.
+			var l unix.Rlimit
+			if err := unix.Getrlimit(r.resource, &l); err != nil {
+				errs = append(errs, fmt.Sprintf("%s: %v", r.name, err))
+			} else if l.Max < r.hard {
+				errs = append(errs, fmt.Sprintf("%s: the inherited hard limit (%d) is below %d", r.name, l.Max, r.hard))
+			} else {
+				st.enf.Rlimits[r.name] = r.soft
+			}
+			continue
+		}
 		if r.name == "NPROC" && !userns {
 			continue // RLIMIT_NPROC counts per user: it would count every process of the parent's user, the daemon's own included
 		}
@@ -346,6 +361,9 @@ func setRlimits(h protocol.Hardening, st *hardened, fail func(string, error)) {
 	}
 	for _, r := range set {
 		var l unix.Rlimit
+		if r.name == "DATA" && st.native {
+			continue
+		}
 		if unix.Getrlimit(r.resource, &l) == nil && l.Cur != unix.RLIM_INFINITY {
 			st.enf.Rlimits[r.name] = l.Cur
 		}

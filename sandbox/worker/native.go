@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"unsafe"
 
 	"github.com/landlock-lsm/go-landlock/landlock"
 	llsys "github.com/landlock-lsm/go-landlock/landlock/syscall"
@@ -94,7 +95,6 @@ func native(r *reply, req *protocol.Request, session bool) {
 			return
 		}
 	}
-	reserveHeap(heapSlack)
 	narrow(req, st)
 	var ok bool
 	if rep, ok = contract(req, st); !ok {
@@ -134,28 +134,68 @@ func native(r *reply, req *protocol.Request, session bool) {
 			os.Exit(127)
 		}
 	}
-	err = unix.Exec(nativePython, args, protocol.NativeEnv(req.Env))
-	// The contract is sent: what follows is read as the guest's. Say it on the
-	// guest's stderr and end as a shell does for a program it cannot run.
-	fmt.Fprintf(os.Stderr, "sandcell: cannot start the native interpreter: %v\n", err)
-	os.Exit(127)
+	execGuest(nativePython, args, protocol.NativeEnv(req.Env), req.Hardening.Rlimits.DATA)
 }
 
-// heapSlack is the free memory the worker's heap holds when narrow sets the guest's
-// RLIMIT_DATA (4 MiB, one step of the heap's growth): what it allocates from there to
-// the exec (the contract's report, the exec's copies of the argument vector, where the
-// runner's source is tens of KiB, and of the environment) is far less.
-const heapSlack = 4 << 20
+// execGuest sets RLIMIT_DATA to data (soft and hard; 0 leaves it as inherited) and
+// replaces the worker with path (execve(2)); it returns never. The contract is sent
+// by then, so a failure is said on the guest's stderr and the worker ends as a shell
+// does for a program it cannot run (127): no guest code runs without the limit.
+//
+// The limit is the last step, with nothing of the Go runtime's between it and the
+// exec (both raw system calls, on this thread, with the vectors built beforehand):
+// RLIMIT_DATA counts every private writable mapping, the worker's heap and its
+// threads' stacks (8 MiB each) included, which may already be past the guest's
+// limit (policy's least is 32 MiB). Set any earlier, a thread the runtime starts
+// or a page of its metadata fails the worker ("pthread_create failed", "runtime:
+// cannot allocate memory": seen under load). The native seccomp filter lets the
+// process set RLIMIT_DATA on itself, and nothing else (seccomp.NativeRules).
+func execGuest(path string, args, env []string, data uint64) {
+	argv0, err := unix.BytePtrFromString(path)
+	var argv, envv []*byte
+	if err == nil {
+		argv, err = cStrings(args)
+	}
+	if err == nil {
+		envv, err = cStrings(env)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sandcell: cannot start the native interpreter: %v\n", err)
+		os.Exit(127)
+	}
+	runtime.LockOSThread()
+	step := "set the memory limit (RLIMIT_DATA)"
+	lim := unix.Rlimit{Cur: data, Max: data}
+	var e unix.Errno
+	if data > 0 {
+		_, _, e = unix.RawSyscall6(unix.SYS_PRLIMIT64, 0, unix.RLIMIT_DATA, uintptr(unsafe.Pointer(&lim)), 0, 0, 0)
+	}
+	if e == 0 {
+		step = "start the native interpreter"
+		_, _, e = unix.RawSyscall(unix.SYS_EXECVE, uintptr(unsafe.Pointer(argv0)),
+			uintptr(unsafe.Pointer(&argv[0])), uintptr(unsafe.Pointer(&envv[0])))
+	}
+	runtime.KeepAlive(argv0)
+	runtime.KeepAlive(argv)
+	runtime.KeepAlive(envv)
+	// With the limit set, nothing may allocate: the parts are written as they are.
+	for _, s := range []string{"sandcell: cannot ", step, ": ", e.Error(), "\n"} {
+		unix.Write(2, unsafe.Slice(unsafe.StringData(s), len(s)))
+	}
+	unix.Exit(127)
+}
 
-// reserveHeap leaves n bytes free in the Go heap, mapped: RLIMIT_DATA counts every
-// private writable mapping, the worker's thread stacks and heap included, which may
-// already be past the native guest's limit (MinMemoryBytes, 32 MiB), and then any new
-// mapping fails; a heap that had to grow after narrow would end the worker ("fatal
-// error: runtime: out of memory", seen under load). The freed pages stay mapped and
-// are reused before the heap grows.
-func reserveHeap(n int) {
-	runtime.KeepAlive(make([]byte, n))
-	runtime.GC()
+// cStrings is ss as execve(2)'s NUL-terminated vector of NUL-terminated strings.
+func cStrings(ss []string) ([]*byte, error) {
+	v := make([]*byte, len(ss)+1)
+	for i, s := range ss {
+		p, err := unix.BytePtrFromString(s)
+		if err != nil {
+			return nil, err
+		}
+		v[i] = p
+	}
+	return v, nil
 }
 
 // checkpoints says a native session's interpreter keeps a checkpoint of itself (a
