@@ -7,6 +7,9 @@
 // and python3 under bubblewrap --unshare-all; each figure also as a ratio to native
 // python3. Then a CPU-bound program, native against the sandbox.
 //
+// Then (python.go) the guest's speed: benchmark bodies of the standard library's
+// kinds timed inside CPython 3.13 with no sandbox and inside each backend, as ratios.
+//
 // Then a second table (native.go): the native backend, on start-up, `import pandas`,
 // a groupby, a merge, pd.read_csv of a 100 MB file and a matplotlib figure, under the
 // native root's own python3 with no sandbox (chrooted, as root), Sandcell's native
@@ -78,11 +81,16 @@ func main() {
 	mainTable := flag.Bool("main", true, "measure the first table (print(6*7) by system) and the CPU-bound program")
 	nativeOn := flag.Bool("native", true, "measure the native backend's table")
 	toolsOn := flag.Bool("tools", true, "measure a guest's tool call's round trip (code mode)")
+	pythonOn := flag.Bool("guest", true, "measure the guest's speed table (bench/python's bodies against CPython 3.13)")
+	pythonRounds := flag.Int("guest-rounds", 2, "runs per column of each body of the guest's speed table")
+	pythonRepeats := flag.Int("guest-repeats", 5, "timed calls of a body's bench() in each run (the least is kept)")
+	pythonOnly := flag.String("guest-only", "", "the bodies of the guest's speed table to run (comma-separated names; default all)")
 	nativeN := flag.Int("native-n", 5, "runs per system of each heavy program of the native table (all but start-up)")
 	nativeStartupN := flag.Int("native-startup-n", 20, "runs per system of the native table's start-up program")
 	flag.Parse()
 	o := options{n: *n, dur: *dur, bin: *bin, python: *python, bundleDir: *bundleDir, main: *mainTable, tools: *toolsOn,
-		native: *nativeOn, nativeN: *nativeN, nativeStartupN: *nativeStartupN}
+		native: *nativeOn, nativeN: *nativeN, nativeStartupN: *nativeStartupN,
+		guest: *pythonOn, guestRounds: *pythonRounds, guestRepeats: *pythonRepeats, guestOnly: *pythonOnly}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -111,6 +119,10 @@ type options struct {
 	bin, python, bundleDir  string
 	main, native, tools     bool
 	nativeN, nativeStartupN int
+	// The guest's speed table (python.go).
+	guest                     bool
+	guestRounds, guestRepeats int
+	guestOnly                 string
 }
 
 // defaultBundleDir is where `sandcell` finds its bundle when run from bin/ of a
@@ -165,6 +177,11 @@ func run(o options) error {
 		system{name: "sandcell API, cold worker per run", run: cold.run, daemon: cold})
 	if o.main {
 		if err := mainTable(systems, warm, n, dur, bin, python); err != nil {
+			return err
+		}
+	}
+	if o.guest {
+		if err := pythonTable(o.bundleDir, warm, dir, o.guestRounds, o.guestRepeats, o.guestOnly); err != nil {
 			return err
 		}
 	}

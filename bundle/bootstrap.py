@@ -324,10 +324,20 @@ def _sandcell_init():
         if root and st.st_ino == root[0]:
             raise failure(errno.EACCES, path)
 
-    checks = {"open": on_open, "os.mkdir": on_mkdir, "os.rmdir": on_remove, "os.remove": on_remove,
-              "os.rename": on_rename, "os.link": on_link, "os.symlink": on_symlink, "os.utime": on_utime}
-    checking = []
+    def on_connect(*_):
+        pass  # allowed: guard notes that the run opened a database
 
+    checks = {"open": on_open, "os.mkdir": on_mkdir, "os.rmdir": on_remove, "os.remove": on_remove,
+              "os.rename": on_rename, "os.link": on_link, "os.symlink": on_symlink, "os.utime": on_utime,
+              "sqlite3.connect": on_connect}
+    checking = []
+    # Whether the run opened a file or a database: only then can a file object or a
+    # connection the program left open outlive __main__ (see end()).
+    opened = []
+
+    # The one audit hook: every audited event of the program's calls it (id() in
+    # copy.deepcopy, sys._getframe in logging, ...), so it returns at once for the
+    # events it does not check, and a second hook would double that cost.
     def guard(event, args):
         check = checks.get(event)
         if check is None or checking:
@@ -337,6 +347,8 @@ def _sandcell_init():
             check(*args)
         finally:
             checking.pop()
+        if not opened and (event == "open" or event == "sqlite3.connect"):
+            opened.append(event)
 
     sys.addaudithook(guard)
 
@@ -495,15 +507,6 @@ def _sandcell_init():
     random.seed(0)
     del builtins, warm
 
-    # Whether the run opened a file or a database: only then can a file object or a
-    # connection the program left open outlive __main__ (see end()).
-    opened = []
-
-    def audit(event, args):
-        if not opened and (event == "open" or event == "sqlite3.connect"):
-            opened.append(event)
-
-    sys.addaudithook(audit)
     # What end() calls, held here: a program may replace any of them.
     run_exitfuncs, collect, get_objects = atexit._run_exitfuncs, gc.collect, gc.get_objects
     layers = (io.TextIOBase, (io.BufferedIOBase, sqlite3.Connection), io.RawIOBase)
