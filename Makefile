@@ -160,7 +160,7 @@ test: bundle mcp-client runsc py-deps ts-client e2b-client ## Run every test wit
 test-short: bundle mcp-client py-deps ts-client e2b-client ## Run the tests that take seconds, not minutes
 	go test -short -count=1 ./...
 
-bench: bundle mcp-client ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_WASM), epoch vs fuel, cold runs by hardening layer, then bench/: API, CLI, native python3 and bwrap side by side
+bench: bundle mcp-client ## Benchmarks: interpreter vs native (and npm, with SANDCELL_NPM_WASM), epoch vs fuel, cold runs by hardening layer, then bench/: API, CLI, native python3 and bwrap side by side, the guest's speed against CPython 3.13 (root)
 	go test -run '^$$' -bench . -benchtime 10x -count 1 ./sandbox/engine
 	go test -run '^$$' -bench 'BenchmarkColdRun|BenchmarkWarmRun|BenchmarkSession|BenchmarkNativeSession' -benchtime 20x -count 1 ./sandbox
 	go run ./bench -sandcell $(BIN)

@@ -56,7 +56,7 @@ def _sandcell_init():
     # SQLite's lock tables (bundle/interpreter/sandcell.c), forgotten when the
     # interpreter is restored: its memory holds them as they were; and SQLite's
     # generator, reset in a fork.
-    from _sandcell import forget_locks, reseed_sqlite
+    from _sandcell import audit_hook, forget_locks, reseed_sqlite
 
     # -S skips site, which is what defines exit() and quit(); scripts use them.
     builtins.exit = builtins.quit = sys.exit
@@ -335,13 +335,14 @@ def _sandcell_init():
     # connection the program left open outlive __main__ (see end()).
     opened = []
 
-    # The one audit hook: every audited event of the program's calls it (id() in
-    # copy.deepcopy, sys._getframe in logging, ...), so it returns at once for the
-    # events it does not check, and a second hook would double that cost.
+    # The audit hook of the events in checks, called from C for those alone
+    # (_sandcell.audit_hook): a hook of Python's (sys.addaudithook) would be called
+    # for every audited event of the program (id() in copy.deepcopy, sys._getframe
+    # in logging, ...).
     def guard(event, args):
-        check = checks.get(event)
-        if check is None or checking:
+        if checking:
             return
+        check = checks[event]
         checking.append(event)
         try:
             check(*args)
@@ -350,7 +351,7 @@ def _sandcell_init():
         if not opened and (event == "open" or event == "sqlite3.connect"):
             opened.append(event)
 
-    sys.addaudithook(guard)
+    audit_hook(guard, tuple(checks))
 
     # shutil.disk_usage, which CPython defines only where os.statvfs exists (WASI has
     # none): what the worker says of the run's storage in the program's header (see

@@ -83,12 +83,12 @@ type Interpreter struct {
 }
 
 // Pinned is the interpreter this build accepts: CPython 3.13.5 for wasm32-wasip1 at
-// -O2 with zlib, bz2, lzma and sqlite3, built reproducibly by
+// -O3 with zlib, bz2, lzma and sqlite3, built reproducibly by
 // bundle/interpreter/build.sh from the sources listed (its recipe.sh pins them).
 func Pinned() Interpreter {
 	return Interpreter{
 		Version: "3.13.5",
-		Build:   "clang 19.1.7 -O2 -DNDEBUG, wasi-libc 0.0~git20241209.574b88d-2, wasm32-wasip1, Debian trixie",
+		Build:   "clang 19.1.7 -O3 -DNDEBUG, wasi-libc 0.0~git20241209.574b88d-2, wasm32-wasip1, Debian trixie",
 		Wasm: Artifact{
 			Name:   "python.wasm",
 			Size:   wasmSize,

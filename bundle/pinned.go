@@ -4,10 +4,10 @@ package bundle
 // them exactly (`make interpreter-verify` checks); change them only together with the
 // recipe.
 const (
-	wasmSize     = 11047644
-	wasmSHA256   = "12479624f2dbac0325f5796a991c94e78023960f8a100ef2d97fb1dd3bd092af"
-	stdlibSize   = 10634439
-	stdlibSHA256 = "fcf8a3fe23e2774733f7ff177e8697c1b26dc7a1537bc605109c3141d641711d"
+	wasmSize     = 11314479
+	wasmSHA256   = "7dbe0692f00e831a6d2e882dd87e9a0e719768de12387fd621d964008778eb5b"
+	stdlibSize   = 10633846
+	stdlibSHA256 = "09387ef00791e0a726d9418ae7c12f943e31a5d6bfa5235e43243e82e559cdae"
 	siteSize     = 41945013
 	siteSHA256   = "1607f3dbf064d1258f3a801c99594a0f06370634ab955c9412e60228e0165f0a"
 	// The digest of site.zip unpacked (Interpreter.SiteTree).

@@ -3,10 +3,15 @@ package sandbox_test
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io/fs"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -570,5 +575,89 @@ func TestSessionTmp(t *testing.T) {
 	}
 	if res := cell(t, b, "import os; print(os.listdir('/tmp'))", nil); string(res.Stdout) != "[]\n" {
 		t.Fatalf("another session's /tmp: %q %q", res.Stdout, res.Stderr)
+	}
+}
+
+// A listing of a directory of thousands of names, of every length to the longest a
+// name may have, is the host's: os.listdir (twice), os.scandir's kinds, os.walk and
+// glob. The interpreter
+// reads a directory with a buffer of its own that grows (bundle/interpreter/
+// sandcell.c), so entries are cut at the buffer's end and read again, and a listing
+// takes a few reads of the directory instead of one per 4 KiB of names (which made
+// a listing of 2,000 names take seconds).
+func TestDirectoryListing(t *testing.T) {
+	t.Parallel()
+	// Each list is printed as the SHA-256 of its lines, sorted (the whole would pass
+	// the output limit).
+	res, ws := run(t, `import hashlib, json, os, pathlib
+def digest(lines):
+    return [len(lines), hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()]
+with os.scandir("/ws/d") as it:
+    kinds = [e.name + ":" + ("d" if e.is_dir(follow_symlinks=False) else "f") for e in it]
+walked = [os.path.relpath(os.path.join(top, n), "/ws") for top, dirs, files in os.walk("/ws") for n in dirs + files]
+print(json.dumps({"names": digest(os.listdir("/ws/d")), "again": digest(os.listdir("/ws/d")), "kinds": digest(kinds),
+                  "walked": digest(walked), "glob": digest([p.name for p in pathlib.Path("/ws/d").glob("*")]),
+                  "empty": os.listdir("/ws/empty")}))
+`, func(r *protocol.Request) {
+		d := filepath.Join(r.Workspace, "d")
+		if err := os.MkdirAll(filepath.Join(r.Workspace, "empty"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3000 {
+			name := fmt.Sprintf("%04d", i) + strings.Repeat("x", i%252)
+			if i%100 == 0 {
+				if err := os.Mkdir(filepath.Join(d, name), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			if err := os.WriteFile(filepath.Join(d, name), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+	wantExit(t, res, 0)
+	var got struct {
+		Names, Again, Kinds, Walked, Glob []any
+		Empty                             []string
+	}
+	if err := json.Unmarshal(res.Stdout, &got); err != nil {
+		t.Fatalf("%v: %s %s", err, res.Stdout, res.Stderr)
+	}
+	digest := func(lines []string) []any {
+		slices.Sort(lines)
+		sum := sha256.Sum256([]byte(strings.Join(lines, "\n")))
+		return []any{float64(len(lines)), hex.EncodeToString(sum[:])}
+	}
+	entries, err := os.ReadDir(filepath.Join(ws, "d"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names, kinds []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+		kinds = append(kinds, e.Name()+":"+map[bool]string{true: "d", false: "f"}[e.IsDir()])
+	}
+	var walked []string
+	filepath.WalkDir(ws, func(p string, _ fs.DirEntry, err error) error {
+		if p != ws {
+			rel, _ := filepath.Rel(ws, p)
+			walked = append(walked, rel)
+		}
+		return err
+	})
+	want := digest(names)
+	switch {
+	case len(names) != 3000 || !slices.Equal(got.Names, want) || !slices.Equal(got.Again, want):
+		t.Fatalf("os.listdir: %v and %v, want %v", got.Names, got.Again, want)
+	case !slices.Equal(got.Kinds, digest(kinds)):
+		t.Fatalf("os.scandir's kinds: %v, want %v", got.Kinds, digest(kinds))
+	case !slices.Equal(got.Walked, digest(walked)):
+		t.Fatalf("os.walk: %v, want %v", got.Walked, digest(walked))
+	case !slices.Equal(got.Glob, want) || len(got.Empty) != 0:
+		t.Fatalf("glob %v, empty directory %q", got.Glob, got.Empty)
 	}
 }

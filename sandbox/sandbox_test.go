@@ -1044,6 +1044,11 @@ func TestEndOfProgramSurvivesTheProgram(t *testing.T) {
 		`import sys; print("before"); sys.exit(114)`:                     {"before\n", 114},
 		`raise KeyboardInterrupt`:                                        {"", 130},
 		"import sys\nopen('/ws/f', 'w')\nsys.addaudithook(lambda e, a: e == 'gc.get_objects' and sys.exit(0x1ff))\nprint('kept', end='')": {"kept", 0},
+		// The bootstrap's own hook is set once, in C; a program's hooks still see
+		// every event, the ones the bootstrap checks included.
+		"import _sandcell, sys\nseen = set()\nsys.addaudithook(lambda e, a, seen=seen: seen.add(e))\nid(1); open('/ws/g', 'w').close()\n" +
+			"try:\n    _sandcell.audit_hook(print, ('open',))\nexcept RuntimeError as e:\n    print(e, sorted(seen & {'builtins.id', 'open'}), end='')": {
+			"audit_hook: the hook is set ['builtins.id', 'open']", 0},
 	} {
 		res, _ := run(t, code, nil)
 		if res.Reason != protocol.Exited || res.ExitCode != want.exit || string(res.Stdout) != want.stdout {
