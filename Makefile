@@ -276,8 +276,10 @@ $(PODMAN_DIR)/storage.conf:
 # Containerfile). The binary is static (glibc and libseccomp linked in, with Go's own
 # user and DNS code: -tags osusergo,netgo), so the image needs no shared libraries;
 # the linker's warnings name glibc functions only wasmtime code we never call uses.
-# The bundle ships the plain engine's .cwasm zstd-compressed (unpacked into the state
-# volume at start); the fuel-metered one is compiled there on first start.
+# The bundle ships the epochless engine's .cwasm, the one runs use, zstd-compressed
+# (unpacked into the state volume at start); the plain one (sessions) and the
+# fuel-metered one are compiled there on first start (each another 9 MB compressed
+# would take the archive past its 150 MB bound).
 image-root: bundle ## Stage the image's files in dist/image (static binary, bundle, licences, /etc)
 	rm -rf dist/image
 	mkdir -p $(IMAGE_ROOT)/usr/bin $(IMAGE_ROOT)/etc/sandcell $(IMAGE_ROOT)/usr/share/licenses/sandcell dist/image/state
@@ -286,7 +288,7 @@ image-root: bundle ## Stage the image's files in dist/image (static binary, bund
 	    -o $${p#*:} ./cmd/$${p%%:*} 2>&1 | \
 	    { grep -vE 'statically linked applications|^/usr/bin/ld: .*in function|^# github.com/sandcell/sandcell/cmd/[a-z-]+$$' || true; }; done
 	$(IMAGE_ROOT)/usr/bin/sandcell bundle install --dir $(IMAGE_ROOT)/usr/lib/sandcell build/interpreter
-	$(IMAGE_ROOT)/usr/bin/sandcell bundle precompile --dir $(IMAGE_ROOT)/usr/lib/sandcell --variant plain
+	$(IMAGE_ROOT)/usr/bin/sandcell bundle precompile --dir $(IMAGE_ROOT)/usr/lib/sandcell --variant epochless
 	zstd -19 -T0 -q --rm $(IMAGE_ROOT)/usr/lib/sandcell/python-*.cwasm
 	$(IMAGE_ROOT)/usr/bin/sandcell bundle verify --dir $(IMAGE_ROOT)/usr/lib/sandcell --all=false
 	install -m 0644 packaging/image/passwd packaging/image/group $(IMAGE_ROOT)/etc/

@@ -160,7 +160,7 @@ func pythonTable(bundleDir string, warm *daemon, dir string, rounds, repeats int
 
 	fmt.Printf("\nThe guest's speed: each body's bench() in ms (the least of %d timings after one untimed call, over %d runs per column,\n"+
 		"  round robin), as a ratio to CPython 3.13: the native root's /usr/bin/python3.13 -I, chrooted, no sandbox (Debian's build).\n"+
-		"  wasm, native: POST /v1/runs to the warm daemon with that backend. Bodies: bench/python/*.py. Load %s before, %s after, %.0f s.\n",
+		"  wasm (runs: the epochless engine), native: POST /v1/runs to the warm daemon with that backend. Bodies: bench/python/*.py. Load %s before, %s after, %.0f s.\n",
 		repeats, rounds, loadBefore, loadavg(), time.Since(began).Seconds())
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "body\t")

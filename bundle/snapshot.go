@@ -104,7 +104,7 @@ func (b *Bundle) SnapshotWasm(c Compiler, seed uint32) ([]byte, error) {
 }
 
 // lastSnapshot keeps the most recent snapshot made in this process: the .cwasm files
-// of both engine configurations (fuel metering on and off) compile the same snapshot,
+// of every engine variant compile the same snapshot,
 // which takes seconds to make.
 var lastSnapshot struct {
 	sync.Mutex

@@ -179,10 +179,10 @@ func poolKey(req *protocol.Request) string {
 	h.HostNamespaces = nil
 	h.SharedNetwork = false // the spawner's decision, from the rest
 	b, _ := json.Marshal(struct {
-		Module, Lib  string
-		Memory, Fuel int64
-		Hardening    protocol.Hardening
-	}{req.ModulePath, req.LibDir, req.Limits.MemoryBytes, int64(req.Limits.Fuel), h})
+		Module, Epochless, Lib string
+		Memory, Fuel           int64
+		Hardening              protocol.Hardening
+	}{req.ModulePath, req.EpochlessModulePath, req.LibDir, req.Limits.MemoryBytes, int64(req.Limits.Fuel), h})
 	return string(b)
 }
 
@@ -375,7 +375,8 @@ func (pl *pool) start() (idleWorker, error) {
 	if err != nil {
 		return idleWorker{}, err
 	}
-	module, err := pl.s.sealedModule(t.ModulePath)
+	path, _ := t.RunModule()
+	module, err := pl.s.sealedModule(path)
 	if err != nil {
 		return idleWorker{}, fmt.Errorf("module: %w", err)
 	}

@@ -496,7 +496,8 @@ func (s *Spawner) runWasm(ctx context.Context, req protocol.Request, wsDir *os.F
 	if err != nil {
 		return protocol.Result{}, fmt.Errorf("%w: %v (code, stdin and arguments together)", ErrBadRequest, err)
 	}
-	module, err := s.sealedModule(req.ModulePath)
+	path, _ := req.RunModule()
+	module, err := s.sealedModule(path)
 	if err != nil {
 		return protocol.Result{}, fmt.Errorf("sandbox: module: %w", err)
 	}
@@ -537,6 +538,9 @@ func (s *Spawner) runWasm(ctx context.Context, req protocol.Request, wsDir *os.F
 // namespace.
 func (s *Spawner) prepare(req *protocol.Request) (*os.File, error) {
 	protected := []string{filepath.Dir(req.ModulePath), req.LibDir}
+	if req.EpochlessModulePath != "" {
+		protected = append(protected, filepath.Dir(req.EpochlessModulePath))
+	}
 	if req.Backend == protocol.BackendNative {
 		protected = []string{req.RootDir}
 	}

@@ -83,7 +83,10 @@ func run(t *testing.T, code string, edit func(*protocol.Request)) (protocol.Resu
 		req.Hardening = policy.Default().Hardening(limits)
 	}
 	if req.ModulePath == "" {
+		// As the daemon's runs: the epochless module without fuel (see
+		// protocol.Request.RunModule).
 		req.ModulePath = bundletest.Module(t, req.Limits.Fuel > 0)
+		req.EpochlessModulePath = bundletest.VariantModule(t, engine.NoEpoch)
 	}
 	req.LibDir = bundletest.LibDir(t)
 	sp, done := spawnerFor(t, req, "")
@@ -485,6 +488,20 @@ func TestCPULimit(t *testing.T) {
 	if res.ElapsedMS > 10_000 {
 		t.Fatalf("cpu limit took %vms", res.ElapsedMS)
 	}
+	// The run's CPU limit ended the epochless engine's worker, the report sent first.
+	if res.Enforcement == nil || res.Enforcement.Engine != string(engine.NoEpoch) {
+		t.Fatalf("contract %+v: want the epochless engine", res.Enforcement)
+	}
+	// Without the epochless module (a daemon of before), the plain engine's epoch
+	// deadline stops the run.
+	res, _ = run(t, "while True: pass", func(r *protocol.Request) {
+		r.Limits.CPUMS = 300
+		r.Limits.TimeoutMS = 20_000
+		r.ModulePath = bundletest.Module(t, false)
+	})
+	if res.Reason != protocol.CPULimit || res.Enforcement == nil || res.Enforcement.Engine != string(engine.Plain) {
+		t.Fatalf("reason %s contract %+v", res.Reason, res.Enforcement)
+	}
 }
 
 func TestFuel(t *testing.T) {
@@ -497,6 +514,9 @@ func TestFuel(t *testing.T) {
 	res, _ = run(t, "while True: pass", func(r *protocol.Request) { r.Limits.Fuel = 200_000_000 })
 	if res.Reason != protocol.CPULimit || res.FuelConsumed < 200_000_000 {
 		t.Fatalf("reason %s fuel %d stderr %s", res.Reason, res.FuelConsumed, res.Stderr)
+	}
+	if res.Enforcement == nil || res.Enforcement.Engine != string(engine.Fuel) {
+		t.Fatalf("contract %+v: want the fuel-metered engine", res.Enforcement)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/engine"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
@@ -25,8 +26,10 @@ func openSession(t *testing.T) (*sandbox.Session, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The epochless module is the daemon's for runs; a session must never use it.
 	req := protocol.Request{Workspace: ws, Limits: limits, Hardening: policy.Default().Hardening(limits),
-		ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t)}
+		ModulePath: bundletest.Module(t, false), EpochlessModulePath: bundletest.VariantModule(t, engine.NoEpoch),
+		LibDir: bundletest.LibDir(t)}
 	ss, err := sandbox.NewSpawner().OpenSession(context.Background(), req)
 	if err != nil {
 		t.Fatalf("open session: %v", err)
@@ -56,6 +59,9 @@ func cell(t *testing.T, ss *sandbox.Session, code string, edit func(*protocol.Re
 // cell's output is its own, its stdin its own, and the contract is in every result.
 func TestSessionKeepsState(t *testing.T) {
 	ss, ws := openSession(t)
+	if e := ss.Enforcement(); e.Engine != string(engine.Plain) {
+		t.Fatalf("a session's engine %q, want %q", e.Engine, engine.Plain)
+	}
 	if missing := ss.Enforcement().Missing(policy.Default().Require); len(missing) > 0 {
 		t.Fatalf("the session's worker lacks %v", missing)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/engine"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 )
@@ -95,11 +96,13 @@ func waitWarm(t *testing.T, sp *sandbox.Spawner, opts sandbox.PoolOptions, n int
 	}
 }
 
-// defaultRequest is a request with the default policy, limits and interpreter.
+// defaultRequest is a request with the default policy, limits and interpreter (the
+// epochless module for its run, as the daemon's).
 func defaultRequest(t *testing.T, code string) protocol.Request {
 	limits := policy.Default().Default
 	return protocol.Request{Code: code, Workspace: t.TempDir(), Limits: limits, Hardening: policy.Default().Hardening(limits),
-		ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t)}
+		ModulePath: bundletest.Module(t, false), EpochlessModulePath: bundletest.VariantModule(t, engine.NoEpoch),
+		LibDir: bundletest.LibDir(t)}
 }
 
 // Nothing crosses runs in a pool: each warm worker serves one run. The first run
@@ -213,8 +216,8 @@ func TestWarmCPULimitCountsFromClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Reason != protocol.CPULimit || sp.PoolStats().Hits != 1 {
-		t.Fatalf("%s %v %+v", res.Reason, res.Diagnostics, sp.PoolStats())
+	if res.Reason != protocol.CPULimit || sp.PoolStats().Hits != 1 || res.Enforcement.Engine != string(engine.NoEpoch) {
+		t.Fatalf("%s %v %+v %+v", res.Reason, res.Diagnostics, sp.PoolStats(), res.Enforcement)
 	}
 	quick := defaultRequest(t, "print(sum(range(10**5)))")
 	quick.Limits.CPUMS = 300

@@ -15,7 +15,7 @@ import (
 
 var (
 	mu    sync.Mutex
-	cache = map[bool]string{}
+	cache = map[engine.Variant]string{}
 )
 
 // Dir returns the bundle directory: $SANDCELL_BUNDLE_DIR, else build/bundle at the
@@ -75,20 +75,30 @@ func LibDir(t testing.TB) string {
 }
 
 // Module returns the path of a verified .cwasm for the plain (fuel=false) or the
-// fuel-metered engine, compiling it into the bundle directory if needed.
+// fuel-metered engine variant, compiling it into the bundle directory if needed.
 func Module(t testing.TB, fuel bool) string {
+	t.Helper()
+	if fuel {
+		return VariantModule(t, engine.Fuel)
+	}
+	return VariantModule(t, engine.Plain)
+}
+
+// VariantModule returns the path of a verified .cwasm for the engine variant v,
+// compiling it into the bundle directory if needed.
+func VariantModule(t testing.TB, v engine.Variant) string {
 	t.Helper()
 	mu.Lock()
 	defer mu.Unlock()
-	if p, ok := cache[fuel]; ok {
+	if p, ok := cache[v]; ok {
 		return p
 	}
 	b := Open(t)
-	pre, err := b.Precompiled(engine.New(engine.Options{Fuel: fuel}), b.Dir)
+	pre, err := b.Precompiled(engine.New(v.Options()), b.Dir)
 	if err != nil {
 		t.Fatalf("precompile: %v", err)
 	}
-	cache[fuel] = pre.Path
+	cache[v] = pre.Path
 	return pre.Path
 }
 
@@ -96,8 +106,9 @@ func Module(t testing.TB, fuel bool) string {
 // their sidecars) into a new temporary directory, for tests that damage it.
 func Copy(t testing.TB) string {
 	t.Helper()
-	Module(t, false)
-	Module(t, true)
+	for _, v := range engine.Variants() {
+		VariantModule(t, v)
+	}
 	src, dst := Dir(t), t.TempDir()
 	err := filepath.Walk(src, func(p string, fi os.FileInfo, err error) error {
 		if err != nil {

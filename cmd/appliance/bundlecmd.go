@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/spf13/cobra"
 
@@ -36,11 +37,12 @@ func newBundleCmd() *cobra.Command {
 	var variant, into string
 	precompile := &cobra.Command{
 		Use:   "precompile",
-		Short: "Snapshot python.wasm and compile the snapshot to .cwasm in the bundle directory for each engine variant (plain and fuel-metered)",
+		Short: "Snapshot python.wasm and compile the snapshot to .cwasm in the bundle directory for each engine variant (plain, fuel-metered and epochless)",
 		Long: `Make the snapshot of python.wasm (the interpreter initialised once, with the
 directory's hash seed: see the hash-seed file, drawn at random when absent) and
 compile it to .cwasm in the bundle directory for each engine variant: "plain"
-(epoch interruption) and "fuel" (fuel metering), or only the one --variant names; a
+(epoch interruption: sessions), "fuel" (fuel metering) and "epochless" (neither:
+runs without fuel, whose CPU limit ends the worker), or only the one --variant names; a
 variant without its .cwasm is compiled into the cache directory when first needed.
 With --into, each variant is compiled afresh into that directory instead, with its
 hash seed (a new one where it has none), whatever the bundle holds: the daemon
@@ -48,7 +50,7 @@ makes each new hash secret's modules this way (bundle.hash_secret_rotation, thro
 the hidden verb bundle.PrecompileCommand).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			fuels, err := variantFuels(variant)
+			variants, err := parseVariants(variant)
 			if err != nil {
 				return err
 			}
@@ -59,16 +61,16 @@ the hidden verb bundle.PrecompileCommand).`,
 			if err := b.Verify(); err != nil {
 				return err
 			}
-			for _, fuel := range fuels {
+			for _, v := range variants {
 				if into != "" {
-					p, err := b.Precompile(engine.New(engine.Options{Fuel: fuel}), into)
+					p, err := b.Precompile(engine.New(v.Options()), into)
 					if err != nil {
 						return err
 					}
-					fmt.Printf("%s: compiled (fuel=%v)\n", p, fuel)
+					fmt.Printf("%s: compiled (%s)\n", p, v)
 					continue
 				}
-				pre, err := b.Precompiled(engine.New(engine.Options{Fuel: fuel}), dir)
+				pre, err := b.Precompiled(engine.New(v.Options()), dir)
 				if err != nil {
 					return err
 				}
@@ -76,12 +78,12 @@ the hidden verb bundle.PrecompileCommand).`,
 				if pre.Rebuilt {
 					state = "compiled"
 				}
-				fmt.Printf("%s: %s (fuel=%v)\n", pre.Path, state, fuel)
+				fmt.Printf("%s: %s (%s)\n", pre.Path, state, v)
 			}
 			return nil
 		},
 	}
-	precompile.Flags().StringVar(&variant, "variant", "all", `engine variants to compile: "plain", "fuel" or "all"`)
+	precompile.Flags().StringVar(&variant, "variant", "all", `engine variants to compile: "plain", "fuel", "epochless" or "all"`)
 	precompile.Flags().StringVar(&into, "into", "", "compile afresh into this directory, with its own hash seed")
 	var all, snapshot bool
 	var native string
@@ -115,8 +117,8 @@ the hidden verb bundle.PrecompileCommand).`,
 				}
 				fmt.Printf("%s: the snapshot with hash seed 0 is reproducible (sha256 %x)\n", b.Dir, sums[0])
 			}
-			for _, fuel := range []bool{false, true} {
-				e := engine.New(engine.Options{Fuel: fuel})
+			for _, v := range engine.Variants() {
+				e := engine.New(v.Options())
 				key := bundle.Key(e.Fingerprint(), bundle.Pinned().Wasm.SHA256)
 				p := filepath.Join(b.Dir, bundle.PrecompiledName(key))
 				err := bundle.CheckPrecompiled(e, p, key)
@@ -131,14 +133,14 @@ the hidden verb bundle.PrecompileCommand).`,
 						os.RemoveAll(tmp)
 						p = filepath.Join(b.Dir, bundle.CompressedName(key))
 					} else if !all {
-						fmt.Printf("%s: absent, compiled into the cache when first needed (fuel=%v)\n", p, fuel)
+						fmt.Printf("%s: absent, compiled into the cache when first needed (%s)\n", p, v)
 						continue
 					}
 				}
 				if err != nil {
 					return err
 				}
-				fmt.Printf("%s: ok (fuel=%v)\n", p, fuel)
+				fmt.Printf("%s: ok (%s)\n", p, v)
 			}
 			if native == "never" {
 				return nil
@@ -163,17 +165,15 @@ the hidden verb bundle.PrecompileCommand).`,
 	return cmd
 }
 
-// variantFuels maps a --variant value to the engine's fuel settings.
-func variantFuels(v string) ([]bool, error) {
-	switch v {
-	case "plain":
-		return []bool{false}, nil
-	case "fuel":
-		return []bool{true}, nil
-	case "all":
-		return []bool{false, true}, nil
+// parseVariants maps a --variant value to the engine variants it names.
+func parseVariants(v string) ([]engine.Variant, error) {
+	if v == "all" {
+		return engine.Variants(), nil
 	}
-	return nil, fmt.Errorf("--variant %q: want plain, fuel or all", v)
+	if slices.Contains(engine.Variants(), engine.Variant(v)) {
+		return []engine.Variant{engine.Variant(v)}, nil
+	}
+	return nil, fmt.Errorf("--variant %q: want plain, fuel, epochless or all", v)
 }
 
 func newVersionCmd() *cobra.Command {

@@ -163,5 +163,6 @@ func (in *Instance) Restore(cp *Checkpoint) error {
 
 // Interrupt makes the guest of every instance of e that is running trap at its
 // next epoch check (a call of Instance.Call then ends as if its CPU limit were
-// reached); instances not running are not affected. Safe from any goroutine.
+// reached); instances not running are not affected, nor any instance of an
+// epochless engine. Safe from any goroutine.
 func (e *Engine) Interrupt() { e.we.IncrementEpoch() }

@@ -8,8 +8,10 @@
 // configuration, so Fingerprint names that configuration for cache keys.
 //
 // Limits inside a run: linear memory through the store limiter; CPU time through an
-// epoch deadline that a ticker trips once the process has used its CPU budget; optional
-// fuel. The wall clock is not enforced here: the parent process kills the worker.
+// epoch deadline that a ticker trips once the process has used its CPU budget (an
+// engine without epoch interruption cannot stop a call: the same ticker hands the
+// outcome to Spec.Overrun, which ends the process); optional fuel. The wall clock is
+// not enforced here: the parent process kills the worker.
 package engine
 
 import (
@@ -52,9 +54,34 @@ type Options struct {
 	// run-time limit, not part of the compiled code or of the Fingerprint.
 	WasmStack int
 
-	// noEpoch turns epoch interruption off; only benchmarks use it, to measure what
-	// the epoch checks cost. Such an engine cannot enforce a CPU limit.
-	noEpoch bool
+	// Epochless turns epoch interruption off: compiled code checks no deadline at
+	// every loop and call (Python code runs 10-20% faster: make bench's guest table),
+	// and nothing can stop a call from outside. A CPU limit is then enforced by ending
+	// the process (Spec.Overrun), so only a single-use worker's run may use it, never
+	// a session, whose cell must end without losing the interpreter.
+	Epochless bool
+}
+
+// Variant names one engine configuration the interpreter is precompiled for (the
+// bundle's and each hash secret's .cwasm files, bundle precompile --variant).
+type Variant string
+
+const (
+	// Plain has epoch interruption: a CPU limit or an interrupt ends the call and the
+	// instance lives on. Sessions use it.
+	Plain Variant = "plain"
+	// Fuel has fuel metering (and epoch interruption): runs with limits.fuel.
+	Fuel Variant = "fuel"
+	// NoEpoch is Options.Epochless: runs without fuel, in single-use workers.
+	NoEpoch Variant = "epochless"
+)
+
+// Variants returns every Variant, in the order they are compiled and checked.
+func Variants() []Variant { return []Variant{Plain, Fuel, NoEpoch} }
+
+// Options returns the engine options of v (WasmStack left zero).
+func (v Variant) Options() Options {
+	return Options{Fuel: v == Fuel, Epochless: v == NoEpoch}
 }
 
 // Engine is a configured wasmtime engine. It is safe for concurrent use.
@@ -69,7 +96,7 @@ func New(opts Options) *Engine {
 	cfg := wasmtime.NewConfig()
 	cfg.SetStrategy(wasmtime.StrategyCranelift)
 	cfg.SetCraneliftOptLevel(wasmtime.OptLevelSpeed)
-	cfg.SetEpochInterruption(!opts.noEpoch)
+	cfg.SetEpochInterruption(!opts.Epochless)
 	cfg.SetConsumeFuel(opts.Fuel)
 	cfg.SetMemoryInitCOWSet(true)
 	stack := opts.WasmStack
@@ -88,7 +115,18 @@ func New(opts Options) *Engine {
 // features are checked by wasmtime itself when a module is loaded).
 func (e *Engine) Fingerprint() string {
 	return fmt.Sprintf("wasmtime=%s cranelift opt=speed epoch=%d fuel=%d cow=1 target=%s-%s",
-		WasmtimeVersion, b2i(!e.opts.noEpoch), b2i(e.opts.Fuel), runtime.GOARCH, runtime.GOOS)
+		WasmtimeVersion, b2i(!e.opts.Epochless), b2i(e.opts.Fuel), runtime.GOARCH, runtime.GOOS)
+}
+
+// Variant is the Variant of e's options (Fuel when fuel is metered).
+func (e *Engine) Variant() Variant {
+	switch {
+	case e.opts.Fuel:
+		return Fuel
+	case e.opts.Epochless:
+		return NoEpoch
+	}
+	return Plain
 }
 
 // Options returns the options the engine was built with.
@@ -188,6 +226,11 @@ type Spec struct {
 	// ended, before the store is torn down (unmapping a large linear memory takes
 	// milliseconds): a single-use worker reports from it.
 	Ended func(Outcome)
+	// Overrun is called, on an engine without epoch interruption, with the outcome of
+	// a call that used up its CPU limit, from another goroutine while the guest still
+	// runs (PeakMemoryBytes unknown, 0). It must end the process: the engine cannot
+	// stop the guest. Such an engine refuses a call with a CPU limit without it.
+	Overrun func(Outcome)
 }
 
 // Outcome is what Run observed.
@@ -234,6 +277,7 @@ type Instance struct {
 	snapshot bool
 	memory   *wasmtime.Memory
 	fuel     uint64
+	overrun  func(Outcome)
 }
 
 // Instantiate makes a fresh store for spec (its WASI context, preopens and limits)
@@ -276,7 +320,7 @@ func (e *Engine) Instantiate(m *Module, spec Spec) (*Instance, Outcome) {
 		}
 	}
 
-	in := &Instance{e: e, m: m, store: wasmtime.NewStore(e.we), fuel: spec.Fuel}
+	in := &Instance{e: e, m: m, store: wasmtime.NewStore(e.we), fuel: spec.Fuel, overrun: spec.Overrun}
 	in.store.SetWasi(wasi)
 	// Memory, table elements, instances, tables, memories; -1 keeps wasmtime's default.
 	in.store.Limiter(spec.MemoryBytes, -1, 1, -1, 1)
@@ -295,7 +339,7 @@ func (e *Engine) Instantiate(m *Module, spec Spec) (*Instance, Outcome) {
 		in.Close()
 		return nil, internal("cannot define the tools channel")
 	}
-	if !e.opts.noEpoch {
+	if !e.opts.Epochless {
 		in.store.SetEpochDeadline(1)
 	}
 	inst, err := in.linker.Instantiate(in.store, m.m)
@@ -336,7 +380,7 @@ func (in *Instance) Call(cpu time.Duration) Outcome {
 // (or the CPU watch) ends the next call. Call arms itself; a caller that must not
 // lose an interrupt sent between its own steps arms first and calls CallArmed.
 func (in *Instance) Arm() {
-	if !in.e.opts.noEpoch {
+	if !in.e.opts.Epochless {
 		in.store.SetEpochDeadline(1)
 	}
 }
@@ -344,7 +388,14 @@ func (in *Instance) Arm() {
 // CallArmed is Call on an instance already armed (see Arm).
 func (in *Instance) CallArmed(cpu time.Duration) Outcome {
 	if cpu > 0 {
-		stop := watchCPU(in.e.we, cpu)
+		reached := in.e.we.IncrementEpoch
+		if in.e.opts.Epochless {
+			if in.overrun == nil {
+				return internal("an engine without epoch interruption enforces a CPU limit only through Spec.Overrun")
+			}
+			reached = func() { in.overrun(cpuLimit(Outcome{ExitCode: -1})) }
+		}
+		stop := watchCPU(cpu, reached)
 		defer stop()
 	}
 	res, err := in.entry.Call(in.store)
@@ -396,8 +447,7 @@ func classify(err error, fallback Outcome) Outcome {
 			switch *c {
 			case wasmtime.Interrupt:
 				// Interrupts come only from the CPU-time epoch deadline.
-				out.Reason = protocol.CPULimit
-				out.Diagnostics = []string{"cpu time limit reached"}
+				out = cpuLimit(out)
 			case wasmtime.StackOverflow:
 				out.Diagnostics = []string{"wasm stack exhausted"}
 			}
@@ -409,6 +459,13 @@ func classify(err error, fallback Outcome) Outcome {
 	}
 	fallback.Diagnostics = append(fallback.Diagnostics, cause(err.Error()))
 	return fallback
+}
+
+// cpuLimit is out ended by its CPU limit.
+func cpuLimit(out Outcome) Outcome {
+	out.Reason = protocol.CPULimit
+	out.Diagnostics = []string{"cpu time limit reached"}
+	return out
 }
 
 func internal(msg string) Outcome {
@@ -433,9 +490,11 @@ func cause(msg string) string {
 	return msg
 }
 
-// watchCPU increments the engine's epoch, interrupting the guest at its next epoch
-// check, once this process has used budget more CPU time than when it was called.
-func watchCPU(we *wasmtime.Engine, budget time.Duration) (stop func()) {
+// watchCPU calls reached once, from its own goroutine, when this process has used
+// budget more CPU time than when it was called (sampled every epochTick): reached
+// increments the engine's epoch, interrupting the guest at its next epoch check, or
+// on an epochless engine hands the outcome to Spec.Overrun.
+func watchCPU(budget time.Duration, reached func()) (stop func()) {
 	done := make(chan struct{})
 	base := processCPU()
 	go func() {
@@ -447,7 +506,7 @@ func watchCPU(we *wasmtime.Engine, budget time.Duration) (stop func()) {
 				return
 			case <-t.C:
 				if processCPU()-base >= budget {
-					we.IncrementEpoch()
+					reached()
 					return
 				}
 			}

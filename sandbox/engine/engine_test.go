@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -114,6 +115,46 @@ func TestCPULimitInProcess(t *testing.T) {
 	}
 }
 
+// An epochless engine cannot stop the guest: at its CPU limit it hands the outcome
+// to Spec.Overrun (a worker's ends the process) while the guest runs on; without an
+// Overrun a call with a CPU limit is refused before the guest starts.
+func TestEpochlessCPULimit(t *testing.T) {
+	e := engine.New(engine.NoEpoch.Options())
+	mod, err := e.Load(bundletest.VariantModule(t, engine.NoEpoch))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mod.Close()
+	const code = "import sys; sum(i*i for i in range(3_000_000)); open('/ws/ran', 'w').write('ok')"
+	s, ws := spec(t, code)
+	s.CPU = 50 * time.Millisecond
+	if out := e.Run(mod, s); out.Reason != protocol.InternalError {
+		t.Fatalf("a CPU limit without Overrun: %+v", out)
+	}
+	if _, err := os.Stat(filepath.Join(ws, "ran")); err == nil {
+		t.Fatal("the guest ran without a way to enforce its CPU limit")
+	}
+	s, ws = spec(t, code)
+	s.CPU = 50 * time.Millisecond
+	over := make(chan engine.Outcome, 2)
+	s.Overrun = func(out engine.Outcome) { over <- out }
+	if out := e.Run(mod, s); out.Reason != protocol.Exited || out.ExitCode != 0 {
+		t.Fatalf("the guest, left to run on: %+v", out)
+	}
+	if b, _ := os.ReadFile(filepath.Join(ws, "ran")); string(b) != "ok" {
+		t.Fatalf("the guest did not run to its end: %q", b)
+	}
+	if len(over) != 1 {
+		t.Fatalf("Overrun called %d times, want 1", len(over))
+	}
+	if out := <-over; out.Reason != protocol.CPULimit || out.Diagnostics[0] != "cpu time limit reached" {
+		t.Fatalf("overrun: %+v", out)
+	}
+	if !slices.Contains(engine.Variants(), engine.NoEpoch) || e.Fingerprint() == engine.New(engine.Plain.Options()).Fingerprint() {
+		t.Fatalf("the epochless variant is not a configuration of its own: %s", e.Fingerprint())
+	}
+}
+
 // BenchmarkInterruption measures what the CPU-limit mechanisms cost on CPU-bound
 // Python: the same program on engines without interruption, with epoch checks, and
 // with fuel metering. Each op is a whole in-process run (instantiate the snapshot, the
@@ -126,7 +167,7 @@ func BenchmarkInterruption(b *testing.B) {
 		e    *engine.Engine
 		fuel uint64
 	}{
-		{"none", engine.NewWithoutEpoch(), 0},
+		{"none", engine.New(engine.Options{Epochless: true}), 0},
 		{"epoch", engine.New(engine.Options{}), 0},
 		{"fuel", engine.New(engine.Options{Fuel: true}), 1 << 62},
 	} {

@@ -77,7 +77,7 @@ func (e *Engine) Snapshot(wasm []byte, lib, guestLib string, argv []string) ([]b
 			return nil, err
 		}
 	}
-	if !e.opts.noEpoch {
+	if !e.opts.Epochless {
 		store.SetEpochDeadline(math.MaxUint32)
 	}
 	linker := wasmtime.NewLinker(e.we)

@@ -122,6 +122,10 @@ type Enforcement struct {
 	// Capabilities is the worker's capability state in libcap's text form; "=" means
 	// none in any set.
 	Capabilities string `json:"capabilities"`
+	// Engine is the wasm engine's variant that ran the guest: "plain" (epoch
+	// interruption stops a call at its CPU limit), "fuel" (and fuel metering) or
+	// "epochless" (the CPU limit ends the worker); empty on the native backend.
+	Engine string `json:"engine,omitempty"`
 	// GVisor is the gVisor layer of a native run under runsc, or nil.
 	GVisor *GVisorState `json:"gvisor,omitempty"`
 	// Errors says, per layer, why a layer asked for is not active.

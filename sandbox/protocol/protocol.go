@@ -279,8 +279,10 @@ func Reasons() []Reason {
 type Limits struct {
 	// TimeoutMS is the wall-clock limit in milliseconds, enforced by the parent.
 	TimeoutMS int64 `json:"timeout_ms"`
-	// CPUMS is the CPU-time limit in milliseconds, enforced in the worker through an
-	// epoch deadline; 0 means the wall clock is the only time limit.
+	// CPUMS is the CPU-time limit in milliseconds, enforced in the worker (its CPU
+	// time sampled every 5 ms: a session's cell ends at an epoch deadline, a run on
+	// the epochless engine ends the worker); 0 means the wall clock is the only time
+	// limit.
 	CPUMS int64 `json:"cpu_ms,omitempty"`
 	// MemoryBytes caps the guest's linear memory, enforced by the store limiter.
 	MemoryBytes int64 `json:"memory_bytes"`
@@ -303,6 +305,16 @@ const (
 	// code, is the boundary.
 	BackendNative = "native"
 )
+
+// RunModule is the module a run (StepRun, or a warm worker's StepTemplate) of r
+// runs, and whether it is the epochless one: EpochlessModulePath for a run without
+// fuel when set, else ModulePath. Parent and worker both choose with it.
+func (r *Request) RunModule() (path string, epochless bool) {
+	if r.EpochlessModulePath != "" && r.Limits.Fuel == 0 {
+		return r.EpochlessModulePath, true
+	}
+	return r.ModulePath, false
+}
 
 // Backends lists the backends, the default first.
 func Backends() []string { return []string{BackendWasm, BackendNative} }
@@ -328,6 +340,11 @@ type Request struct {
 	// parent has verified it against the bundle, and hands the worker a sealed copy
 	// of it as fd 5; the worker never opens this path.
 	ModulePath string `json:"module_path"`
+	// EpochlessModulePath, when set, is the same interpreter precompiled without
+	// epoch interruption (the engine's epochless variant), for a run without fuel in
+	// a single-use worker: such a run's CPU limit ends the worker. Sessions always
+	// run ModulePath. See RunModule.
+	EpochlessModulePath string `json:"epochless_module_path,omitempty"`
 	// LibDir is the host directory of the interpreter's library, preopened read-only
 	// at /usr/local/lib.
 	LibDir string `json:"lib_dir"`

@@ -30,6 +30,16 @@ func runGuest(req *protocol.Request, env *Env) protocol.Report {
 		env.withDisplays(&rep)
 		env.reply.send(rep)
 	}
+	// An epochless engine cannot stop the guest at its CPU limit: the report goes
+	// from the watcher's goroutine while the guest still runs, and the process ends.
+	// Its output is left open until the exit (closed, a file the guest opened next
+	// could take fd 1).
+	spec.Overrun = func(out engine.Outcome) {
+		rep := report(out)
+		env.withDisplays(&rep)
+		env.reply.deliver(rep, false)
+		os.Exit(0)
+	}
 	rep := report(env.Engine.Run(env.Module, spec))
 	env.withDisplays(&rep)
 	return rep

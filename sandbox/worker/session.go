@@ -38,7 +38,7 @@ func session(r *reply, req *protocol.Request) {
 			r.send(rep)
 		}
 	}()
-	st, eng, mod, failure := setUp(req)
+	st, eng, mod, failure := setUp(req, true)
 	if failure != "" {
 		rep = failed(failure)
 		return

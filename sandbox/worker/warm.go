@@ -66,9 +66,10 @@ func (w *warmWorker) prepare() string {
 		return "a warm worker needs a root of its own: " + w.st.enf.Errors[protocol.LayerMountNS]
 	}
 	var failure string
-	if w.eng, w.mod, failure = load(w.tmpl); failure != "" {
+	if w.eng, w.mod, failure = load(w.tmpl, false); failure != "" {
 		return failure
 	}
+	w.st.enf.Engine = string(w.eng.Variant())
 	pr, pw, err := os.Pipe()
 	if err == nil {
 		err = unix.Dup3(int(pr.Fd()), 0, 0)
@@ -124,7 +125,7 @@ func checkClaim(tmpl, c *protocol.Request) string {
 	switch {
 	case c.Limits.MemoryBytes != tmpl.Limits.MemoryBytes || c.Limits.Fuel != 0 || tmpl.Limits.Fuel != 0:
 		return "the claim's memory or fuel differs from the warm worker's"
-	case c.ModulePath != tmpl.ModulePath || c.LibDir != tmpl.LibDir:
+	case c.ModulePath != tmpl.ModulePath || c.EpochlessModulePath != tmpl.EpochlessModulePath || c.LibDir != tmpl.LibDir:
 		return "the claim's interpreter differs from the warm worker's"
 	}
 	return ""

@@ -177,14 +177,19 @@ type reply struct {
 // guest's output: fds 1 and 2 are closed, so the parent reads end of file at once,
 // not when this process exits (which unmaps the guest's memory, milliseconds of
 // work). Only the first call sends anything.
-func (r *reply) send(rep protocol.Report) {
+func (r *reply) send(rep protocol.Report) { r.deliver(rep, true) }
+
+// deliver is send, closing the guest's output first only when closeOutput is set.
+func (r *reply) deliver(rep protocol.Report, closeOutput bool) {
 	r.once.Do(func() {
 		if r.st != nil && rep.Enforcement == nil {
 			enf := r.st.enf
 			rep.Enforcement = &enf
 		}
-		unix.Close(1)
-		unix.Close(2)
+		if closeOutput {
+			unix.Close(1)
+			unix.Close(2)
+		}
 		if r.status != nil {
 			rep.PeakRSSBytes = peakRSS(r.status)
 		}
@@ -227,7 +232,7 @@ func closeStrayFDs() {
 func cold(r *reply, req *protocol.Request, body func(*protocol.Request, *Env) protocol.Report) {
 	var rep protocol.Report
 	defer func() { recoverReport(&rep); r.send(rep) }()
-	st, eng, mod, failure := setUp(req)
+	st, eng, mod, failure := setUp(req, false)
 	if failure != "" {
 		rep = failed(failure)
 		return
@@ -250,12 +255,15 @@ func cold(r *reply, req *protocol.Request, body func(*protocol.Request, *Env) pr
 // (before the engine starts threads: the capabilities' bounding set is dropped on
 // every thread, one capability at a time), and load the module; failure says why
 // it cannot.
-func setUp(req *protocol.Request) (*hardened, *engine.Engine, *engine.Module, string) {
+func setUp(req *protocol.Request, session bool) (*hardened, *engine.Engine, *engine.Module, string) {
 	if msg := check(req); msg != "" {
 		return nil, nil, nil, msg
 	}
 	st := prepare(req, false)
-	eng, mod, failure := load(req)
+	eng, mod, failure := load(req, session)
+	if eng != nil {
+		st.enf.Engine = string(eng.Variant())
+	}
 	return st, eng, mod, failure
 }
 
@@ -272,15 +280,21 @@ func check(req *protocol.Request) string {
 	return ""
 }
 
-// load loads req's module; failure says why it cannot.
-func load(req *protocol.Request) (*engine.Engine, *engine.Module, string) {
+// load loads the module the parent passed for req (a session's: ModulePath; a
+// run's: see protocol.Request.RunModule) into an engine of its variant; failure says
+// why it cannot.
+func load(req *protocol.Request, session bool) (*engine.Engine, *engine.Module, string) {
 	// Writing past RLIMIT_FSIZE must fail with EFBIG, not kill the worker.
 	signal.Ignore(syscall.SIGXFSZ)
-	eng := engine.New(engine.Options{Fuel: req.Limits.Fuel > 0, WasmStack: sizeStacks()})
+	path, epochless := req.ModulePath, false
+	if !session {
+		path, epochless = req.RunModule()
+	}
+	eng := engine.New(engine.Options{Fuel: req.Limits.Fuel > 0, Epochless: epochless, WasmStack: sizeStacks()})
 	mod, err := eng.Load(fmt.Sprintf("/proc/self/fd/%d", protocol.ModuleFD))
 	if err != nil {
 		// Say why (version, configuration, damage), but not where: no host paths.
-		msg := strings.ReplaceAll(err.Error(), req.ModulePath, filepath.Base(req.ModulePath))
+		msg := strings.ReplaceAll(err.Error(), path, filepath.Base(path))
 		return nil, nil, "cannot load the precompiled interpreter: " + msg
 	}
 	return eng, mod, ""

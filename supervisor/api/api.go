@@ -152,8 +152,9 @@ type Options struct {
 	Policy  policy.Policy
 	// MaxBodyBytes bounds a request body (413 above it).
 	MaxBodyBytes int64
-	// Module returns the precompiled module and library directory for a run.
-	Module func(fuel bool) (module, lib string, err error)
+	// Module returns the interpreter of a wasm job with or without fuel: a Request
+	// with ModulePath, EpochlessModulePath and LibDir set (selftest's Interpreter).
+	Module func(fuel bool) (protocol.Request, error)
 	// Native returns the verified native root for a run on the native backend, or
 	// why there is none; nil means the backend is not offered.
 	Native func() (root string, err error)

@@ -26,6 +26,7 @@ import (
 
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/client"
+	"github.com/sandcell/sandcell/sandbox/engine"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/sandbox/worker"
 	"github.com/sandcell/sandcell/supervisor/api"
@@ -96,8 +97,9 @@ func start(t *testing.T, s setup) *daemon {
 		dir = t.TempDir()
 	}
 	bundleDir := bundletest.Dir(t)
-	bundletest.Module(t, false) // compiled into the bundle directory once
-	bundletest.Module(t, true)
+	for _, v := range engine.Variants() {
+		bundletest.VariantModule(t, v) // compiled into the bundle directory once
+	}
 	d := &daemon{socket: filepath.Join(dir, "s.sock"), workspaces: filepath.Join(dir, "state", "workspaces"),
 		auditPath: filepath.Join(dir, "state", "audit.db")}
 	cfg := config.Default()

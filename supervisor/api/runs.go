@@ -277,11 +277,12 @@ func (s *Server) mayUseBackend(peer Peer, backend string) error {
 // limits (resolved by policy), policy's hardening for them, and the module and
 // library to run; the program is the job's to fill in.
 func (s *Server) base(limits protocol.Limits) (protocol.Request, error) {
-	module, lib, err := s.o.Module(limits.Fuel > 0)
+	req, err := s.o.Module(limits.Fuel > 0)
 	if err != nil {
 		return protocol.Request{}, err
 	}
-	return protocol.Request{Limits: limits, Hardening: s.policy().Hardening(limits), ModulePath: module, LibDir: lib}, nil
+	req.Limits, req.Hardening = limits, s.policy().Hardening(limits)
+	return req, nil
 }
 
 // apiLimitName names a limit as a caller of the API knows it (see wire.RunLimits).

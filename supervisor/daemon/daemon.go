@@ -458,9 +458,9 @@ func (d *Daemon) warm(cfg config.Config, pol policy.Policy) {
 		Roots:  PoolRoots(cfg),
 		Failed: func(err error) { d.log.Warn("a warm worker could not be prepared", "error", err) }}
 	defer d.checkPool()
-	if module, lib, err := d.module(false); err == nil && opts.Size > 0 {
-		opts.Template = protocol.Request{ModulePath: module, LibDir: lib, Limits: pol.Default,
-			Hardening: pol.Hardening(pol.Default)}
+	if interp, err := d.module(false); err == nil && opts.Size > 0 {
+		opts.Template = interp
+		opts.Template.Limits, opts.Template.Hardening = pol.Default, pol.Hardening(pol.Default)
 		os.MkdirAll(d.canaryW, 0o700)
 	} else {
 		opts.Size = 0
@@ -508,13 +508,14 @@ func (d *Daemon) checkPool() {
 	d.health.SetDetail(checkPool, nil, detail)
 }
 
-// module returns the verified precompiled module for a run.
-func (d *Daemon) module(fuel bool) (string, string, error) {
+// module returns the verified interpreter for a job with or without fuel (see
+// selftest.Report.Interpreter).
+func (d *Daemon) module(fuel bool) (protocol.Request, error) {
 	r := d.report.Load()
 	if r == nil {
-		return "", "", errors.New("the sandbox has not been verified")
+		return protocol.Request{}, errors.New("the sandbox has not been verified")
 	}
-	return r.Modules[fuel], r.LibDir, nil
+	return r.Interpreter(fuel), nil
 }
 
 // native returns the verified native root for a run, or why the native backend is
@@ -533,7 +534,7 @@ func (d *Daemon) native() (string, error) {
 // prepareSession gives a session being resumed the module, library and hardening
 // the daemon runs with now.
 func (d *Daemon) prepareSession(req *protocol.Request) error {
-	module, lib, err := d.module(req.Limits.Fuel > 0)
+	interp, err := d.module(req.Limits.Fuel > 0)
 	if err != nil {
 		return err
 	}
@@ -541,7 +542,7 @@ func (d *Daemon) prepareSession(req *protocol.Request) error {
 	if err != nil {
 		return err
 	}
-	req.ModulePath, req.LibDir, req.Hardening = module, lib, pol.Hardening(req.Limits)
+	req.ModulePath, req.LibDir, req.Hardening = interp.ModulePath, interp.LibDir, pol.Hardening(req.Limits)
 	return nil
 }
 
@@ -602,7 +603,7 @@ func (d *Daemon) keepChecking() {
 		pol, _ := d.cfg.Load().Policy()
 		r := d.report.Load()
 		err := selftest.Light(d.bg, selftest.Options{Policy: pol, Spawner: d.sp, WorkDir: d.canaryW},
-			r.Modules[false], r.LibDir)
+			r.Interpreter(false))
 		if d.bg.Err() != nil {
 			return // stopped, not failed
 		}

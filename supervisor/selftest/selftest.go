@@ -49,8 +49,8 @@ type Report struct {
 	Checks []Check `json:"checks"`
 	// Enforcement is the canary's contract, when a canary ran.
 	Enforcement *protocol.Enforcement `json:"enforcement,omitempty"`
-	// Modules are the verified precompiled modules: without and with fuel metering.
-	Modules map[bool]string `json:"-"`
+	// Modules are the verified precompiled modules, one per engine variant.
+	Modules map[engine.Variant]string `json:"-"`
 	// LibDir is the interpreter's standard library directory.
 	LibDir string `json:"-"`
 	// NativeRoot is the verified native root whose canary passed, or "" (then
@@ -96,7 +96,7 @@ type Options struct {
 // Run performs the whole self-test. It stops at the first failure that leaves
 // nothing to test (no bundle, no module).
 func Run(ctx context.Context, o Options) *Report {
-	r := &Report{Modules: map[bool]string{}}
+	r := &Report{Modules: map[engine.Variant]string{}}
 	b, err := bundle.Open(o.BundleDir)
 	if err != nil {
 		r.add("bundle", Fail, "%v (bundle directory %s)", err, o.BundleDir)
@@ -108,22 +108,22 @@ func Run(ctx context.Context, o Options) *Report {
 	}
 	r.LibDir = b.LibPath()
 	r.add("bundle", OK, "CPython %s, python.wasm sha256 %s", bundle.Pinned().Version, bundle.Pinned().Wasm.SHA256[:16])
-	for _, fuel := range []bool{false, true} {
+	for _, v := range engine.Variants() {
 		name := "module"
-		if fuel {
-			name = "module (fuel)"
+		if v != engine.Plain {
+			name = "module (" + string(v) + ")"
 		}
 		if o.Slow != nil {
 			o.Slow(name)
 		}
-		pre, err := b.Precompiled(engine.New(engine.Options{Fuel: fuel}), o.CacheDir)
+		pre, err := b.Precompiled(engine.New(v.Options()), o.CacheDir)
 		switch {
 		case err != nil:
 			r.add(name, Fail, "no usable precompiled module and none can be built: %v", err)
 			return r
 		case pre.Rebuilt && len(pre.Stale) == 0:
 			// The bundle ships no .cwasm for this variant (the OCI image ships the
-			// plain one only): compiled once into the cache, as designed.
+			// epochless one only): compiled once into the cache, as designed.
 			r.add(name, OK, "compiled into %s (the bundle has none for this engine variant)", pre.Path)
 		case pre.Rebuilt:
 			r.add(name, Warn, "compiled for this host into %s (%s)", pre.Path, strings.Join(pre.Stale, "; "))
@@ -132,7 +132,7 @@ func Run(ctx context.Context, o Options) *Report {
 		default:
 			r.add(name, OK, "%s", filepath.Base(pre.Path))
 		}
-		r.Modules[fuel] = pre.Path
+		r.Modules[v] = pre.Path
 	}
 	r.canary(ctx, o, CanaryProgram)
 	r.poolRoots(o.PoolRoots)
@@ -323,7 +323,7 @@ print(json.dumps(r, sort_keys=True))
 // canary runs program under the policy (as a real run, with every configured layer)
 // and checks its contract and output.
 func (r *Report) canary(ctx context.Context, o Options, program string) {
-	res, err := runCanary(ctx, o, r.Modules[false], r.LibDir, program)
+	res, err := runCanary(ctx, o, r.Interpreter(false), program)
 	if err != nil {
 		r.add("canary", Fail, "%v", err)
 		return
@@ -384,13 +384,25 @@ func (r *Report) layers(require []string, res protocol.Result) {
 	}
 }
 
-func runCanary(ctx context.Context, o Options, module, lib, program string) (protocol.Result, error) {
+// Interpreter is the wasm backend's part of a run's or a session's request, from
+// the verified modules: with fuel, the fuel-metered module; without, the plain
+// module (a session's) and the epochless one (a run's); and the library.
+func (r *Report) Interpreter(fuel bool) protocol.Request {
+	if fuel {
+		return protocol.Request{ModulePath: r.Modules[engine.Fuel], LibDir: r.LibDir}
+	}
+	return protocol.Request{ModulePath: r.Modules[engine.Plain], EpochlessModulePath: r.Modules[engine.NoEpoch], LibDir: r.LibDir}
+}
+
+// runCanary runs program as a run of interp's interpreter (see Interpreter).
+func runCanary(ctx context.Context, o Options, interp protocol.Request, program string) (protocol.Result, error) {
 	limits, err := o.Policy.Resolve(protocol.Limits{TimeoutMS: 30_000})
 	if err != nil {
 		return protocol.Result{}, err
 	}
-	return runIn(ctx, o, protocol.Request{Code: program, Isolated: true, Limits: limits,
-		Hardening: o.Policy.Hardening(limits), ModulePath: module, LibDir: lib})
+	req := interp
+	req.Code, req.Isolated, req.Limits, req.Hardening = program, true, limits, o.Policy.Hardening(limits)
+	return runIn(ctx, o, req)
 }
 
 // runIn runs req in a fresh workspace of o.WorkDir, removed after.
@@ -407,10 +419,11 @@ func runIn(ctx context.Context, o Options, req protocol.Request) (protocol.Resul
 	return o.Spawner.Run(ctx, req)
 }
 
-// Light is the periodic canary: `print(6*7)` in a worker with every required layer.
-// An error says what went wrong.
-func Light(ctx context.Context, o Options, module, lib string) error {
-	res, err := runCanary(ctx, o, module, lib, "print(6*7)")
+// Light is the periodic canary: `print(6*7)` as a run of interp's interpreter (see
+// Report.Interpreter) in a worker with every required layer. An error says what
+// went wrong.
+func Light(ctx context.Context, o Options, interp protocol.Request) error {
+	res, err := runCanary(ctx, o, interp, "print(6*7)")
 	switch {
 	case err != nil:
 		return err

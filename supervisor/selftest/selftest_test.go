@@ -11,6 +11,7 @@ import (
 	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/engine"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/sandbox/worker"
@@ -45,7 +46,7 @@ func TestPasses(t *testing.T) {
 			t.Errorf("%+v", c)
 		}
 	}
-	if want := "bundle,module,module (fuel),layers,canary,probe network,probe host_file,probe environment,probe write_outside,probe workspace,native"; strings.Join(names, ",") != want {
+	if want := "bundle,module,module (fuel),module (epochless),layers,canary,probe network,probe host_file,probe environment,probe write_outside,probe workspace,native"; strings.Join(names, ",") != want {
 		t.Fatalf("checks %s", strings.Join(names, ","))
 	}
 	if r.NativeRoot == "" || r.NativeEnforcement == nil || r.NativeEnforcement.Backend != protocol.BackendNative {
@@ -54,10 +55,14 @@ func TestPasses(t *testing.T) {
 	if d := r.Checks[len(r.Checks)-1].Detail; !strings.Contains(d, "probes denied: network, write outside, executable memory, own memory, unshare, exec other, fork") {
 		t.Fatalf("native probes: %s", d)
 	}
-	if len(slow) != 3 || r.Enforcement == nil || len(r.Enforcement.Missing(protocol.Layers())) > 0 {
+	if len(slow) != 4 || r.Enforcement == nil || len(r.Enforcement.Missing(protocol.Layers())) > 0 {
 		t.Fatalf("slow %v, contract %+v", slow, r.Enforcement)
 	}
-	if err := Light(context.Background(), o, r.Modules[false], r.LibDir); err != nil {
+	// The canary is a run as the daemon's runs are: on the epochless engine.
+	if r.Enforcement.Engine != string(engine.NoEpoch) {
+		t.Fatalf("the canary ran on the %q engine", r.Enforcement.Engine)
+	}
+	if err := Light(context.Background(), o, r.Interpreter(false)); err != nil {
 		t.Fatal(err)
 	}
 }
