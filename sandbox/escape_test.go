@@ -31,6 +31,7 @@ import (
 
 	"github.com/sandcell/sandcell/bundle/bundletest"
 	"github.com/sandcell/sandcell/sandbox"
+	"github.com/sandcell/sandcell/sandbox/engine"
 	"github.com/sandcell/sandcell/sandbox/policy"
 	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/sandbox/worker"
@@ -503,7 +504,8 @@ func runEscape(t *testing.T, tg *target, name string, make func(protocol.Limits)
 	limits := policy.Default().Default
 	limits.TimeoutMS = 60_000
 	req := protocol.Request{Code: "pass", Args: []string{string(arg)}, Workspace: ws, Limits: limits,
-		ModulePath: bundletest.Module(t, false), LibDir: bundletest.LibDir(t), Hardening: make(limits)}
+		ModulePath: bundletest.Module(t, false), EpochlessModulePath: bundletest.VariantModule(t, engine.Epochless),
+		LibDir: bundletest.LibDir(t), Hardening: make(limits)}
 	sp, done := spawner(req)
 	res, err := sp.Run(context.Background(), req)
 	done()

@@ -86,7 +86,7 @@ func run(t *testing.T, code string, edit func(*protocol.Request)) (protocol.Resu
 		// As the daemon's runs: the epochless module without fuel (see
 		// protocol.Request.RunModule).
 		req.ModulePath = bundletest.Module(t, req.Limits.Fuel > 0)
-		req.EpochlessModulePath = bundletest.VariantModule(t, engine.NoEpoch)
+		req.EpochlessModulePath = bundletest.VariantModule(t, engine.Epochless)
 	}
 	req.LibDir = bundletest.LibDir(t)
 	sp, done := spawnerFor(t, req, "")
@@ -489,7 +489,7 @@ func TestCPULimit(t *testing.T) {
 		t.Fatalf("cpu limit took %vms", res.ElapsedMS)
 	}
 	// The run's CPU limit ended the epochless engine's worker, the report sent first.
-	if res.Enforcement == nil || res.Enforcement.Engine != string(engine.NoEpoch) {
+	if res.Enforcement == nil || res.Enforcement.Engine != string(engine.Epochless) {
 		t.Fatalf("contract %+v: want the epochless engine", res.Enforcement)
 	}
 	// Without the epochless module (a daemon of before), the plain engine's epoch

@@ -28,7 +28,7 @@ func openSession(t *testing.T) (*sandbox.Session, string) {
 	}
 	// The epochless module is the daemon's for runs; a session must never use it.
 	req := protocol.Request{Workspace: ws, Limits: limits, Hardening: policy.Default().Hardening(limits),
-		ModulePath: bundletest.Module(t, false), EpochlessModulePath: bundletest.VariantModule(t, engine.NoEpoch),
+		ModulePath: bundletest.Module(t, false), EpochlessModulePath: bundletest.VariantModule(t, engine.Epochless),
 		LibDir: bundletest.LibDir(t)}
 	ss, err := sandbox.NewSpawner().OpenSession(context.Background(), req)
 	if err != nil {

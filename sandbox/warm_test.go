@@ -101,7 +101,7 @@ func waitWarm(t *testing.T, sp *sandbox.Spawner, opts sandbox.PoolOptions, n int
 func defaultRequest(t *testing.T, code string) protocol.Request {
 	limits := policy.Default().Default
 	return protocol.Request{Code: code, Workspace: t.TempDir(), Limits: limits, Hardening: policy.Default().Hardening(limits),
-		ModulePath: bundletest.Module(t, false), EpochlessModulePath: bundletest.VariantModule(t, engine.NoEpoch),
+		ModulePath: bundletest.Module(t, false), EpochlessModulePath: bundletest.VariantModule(t, engine.Epochless),
 		LibDir: bundletest.LibDir(t)}
 }
 
@@ -216,7 +216,7 @@ func TestWarmCPULimitCountsFromClaim(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Reason != protocol.CPULimit || sp.PoolStats().Hits != 1 || res.Enforcement.Engine != string(engine.NoEpoch) {
+	if res.Reason != protocol.CPULimit || sp.PoolStats().Hits != 1 || res.Enforcement == nil || res.Enforcement.Engine != string(engine.Epochless) {
 		t.Fatalf("%s %v %+v %+v", res.Reason, res.Diagnostics, sp.PoolStats(), res.Enforcement)
 	}
 	quick := defaultRequest(t, "print(sum(range(10**5)))")

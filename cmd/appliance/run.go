@@ -221,6 +221,8 @@ func runRun(cmd *cobra.Command, f *runFlags, args []string) error {
 		req.RootDir = root.Dir
 	} else if req.ModulePath, req.LibDir, err = precompiled(f.bundleDir, f.cacheDir, req.Limits.Fuel > 0); err != nil {
 		return err
+	} else if req.Limits.Fuel == 0 {
+		req.EpochlessModulePath = req.ModulePath // a run's own module (protocol.Request.RunModule)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
@@ -318,15 +320,19 @@ type rejected struct{ error }
 
 func (r rejected) Unwrap() error { return r.error }
 
-// precompiled opens the bundle and returns a verified .cwasm for the engine variant,
-// compiling one (seconds, once per host) when none is usable, and the interpreter's
-// library directory.
+// precompiled opens the bundle and returns a verified .cwasm for a run (the fuel
+// engine variant with fuel, the epochless one without), compiling one (seconds, once
+// per host) when none is usable, and the interpreter's library directory.
 func precompiled(bundleDir, cacheDir string, fuel bool) (module, lib string, err error) {
 	b, err := bundle.Open(bundleDir)
 	if err != nil {
 		return "", "", fmt.Errorf("%w (bundle directory %s; run `make bundle`)", err, bundleDir)
 	}
-	pre, err := b.Precompiled(engine.New(engine.Options{Fuel: fuel}), cacheDir)
+	v := engine.Epochless
+	if fuel {
+		v = engine.Fuel
+	}
+	pre, err := b.Precompiled(engine.New(v.Options()), cacheDir)
 	if err != nil {
 		return "", "", err
 	}

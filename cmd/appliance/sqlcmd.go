@@ -66,6 +66,7 @@ success, 1 when SQLite fails, 126 when the statement is refused.`,
 			if base.ModulePath, base.LibDir, err = precompiled(bundleDir, cacheDir, false); err != nil {
 				return err
 			}
+			base.EpochlessModulePath = base.ModulePath // the statements' runs' own module
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			out, err := sqltool.Run(ctx, newSpawner(bundleDir, cacheDir), dir, req, base)

@@ -72,16 +72,16 @@ const (
 	Plain Variant = "plain"
 	// Fuel has fuel metering (and epoch interruption): runs with limits.fuel.
 	Fuel Variant = "fuel"
-	// NoEpoch is Options.Epochless: runs without fuel, in single-use workers.
-	NoEpoch Variant = "epochless"
+	// Epochless is Options.Epochless: runs without fuel, in single-use workers.
+	Epochless Variant = "epochless"
 )
 
 // Variants returns every Variant, in the order they are compiled and checked.
-func Variants() []Variant { return []Variant{Plain, Fuel, NoEpoch} }
+func Variants() []Variant { return []Variant{Plain, Fuel, Epochless} }
 
 // Options returns the engine options of v (WasmStack left zero).
 func (v Variant) Options() Options {
-	return Options{Fuel: v == Fuel, Epochless: v == NoEpoch}
+	return Options{Fuel: v == Fuel, Epochless: v == Epochless}
 }
 
 // Engine is a configured wasmtime engine. It is safe for concurrent use.
@@ -90,8 +90,9 @@ type Engine struct {
 	we   *wasmtime.Engine
 }
 
-// New returns an engine for opts: Cranelift at speed, epoch interruption on,
-// copy-on-write memory images on, the wasm stack set to opts.WasmStack.
+// New returns an engine for opts: Cranelift at speed, epoch interruption on (unless
+// opts.Epochless), copy-on-write memory images on, the wasm stack set to
+// opts.WasmStack.
 func New(opts Options) *Engine {
 	cfg := wasmtime.NewConfig()
 	cfg.SetStrategy(wasmtime.StrategyCranelift)
@@ -124,7 +125,7 @@ func (e *Engine) Variant() Variant {
 	case e.opts.Fuel:
 		return Fuel
 	case e.opts.Epochless:
-		return NoEpoch
+		return Epochless
 	}
 	return Plain
 }
@@ -215,7 +216,8 @@ type Spec struct {
 	Preopens []Preopen
 	// MemoryBytes caps linear memory (store limiter); must be positive.
 	MemoryBytes int64
-	// CPU caps the process's CPU time (epoch deadline); 0 means no CPU limit.
+	// CPU caps the process's CPU time (an epoch deadline, or on an epochless engine
+	// Overrun); 0 means no CPU limit.
 	CPU time.Duration
 	// Fuel is the fuel budget; it must be positive exactly when the engine meters fuel.
 	Fuel uint64

@@ -49,6 +49,18 @@ func TestLoadRefusesOtherConfiguration(t *testing.T) {
 	if err := engine.New(engine.Options{Fuel: true}).Check(fuelModule); err != nil {
 		t.Fatal(err)
 	}
+	// The direction that matters for CPU limits: a module without epoch checks must
+	// not load into an engine that would rely on them, nor the reverse.
+	epochless, plain := bundletest.VariantModule(t, engine.Epochless), bundletest.Module(t, false)
+	if _, err := engine.New(engine.Plain.Options()).Load(epochless); err == nil {
+		t.Fatal("an epochless module loaded into a plain engine")
+	}
+	if _, err := engine.New(engine.Epochless.Options()).Load(plain); err == nil {
+		t.Fatal("a plain module loaded into an epochless engine")
+	}
+	if fp := engine.New(engine.Epochless.Options()).Fingerprint(); !strings.Contains(fp, "epoch=0") {
+		t.Fatalf("epochless fingerprint %q", fp)
+	}
 }
 
 // spec runs code as the worker would, with a fresh workspace: the snapshot reads the
@@ -119,8 +131,8 @@ func TestCPULimitInProcess(t *testing.T) {
 // to Spec.Overrun (a worker's ends the process) while the guest runs on; without an
 // Overrun a call with a CPU limit is refused before the guest starts.
 func TestEpochlessCPULimit(t *testing.T) {
-	e := engine.New(engine.NoEpoch.Options())
-	mod, err := e.Load(bundletest.VariantModule(t, engine.NoEpoch))
+	e := engine.New(engine.Epochless.Options())
+	mod, err := e.Load(bundletest.VariantModule(t, engine.Epochless))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +162,7 @@ func TestEpochlessCPULimit(t *testing.T) {
 	if out := <-over; out.Reason != protocol.CPULimit || out.Diagnostics[0] != "cpu time limit reached" {
 		t.Fatalf("overrun: %+v", out)
 	}
-	if !slices.Contains(engine.Variants(), engine.NoEpoch) || e.Fingerprint() == engine.New(engine.Plain.Options()).Fingerprint() {
+	if !slices.Contains(engine.Variants(), engine.Epochless) || e.Fingerprint() == engine.New(engine.Plain.Options()).Fingerprint() {
 		t.Fatalf("the epochless variant is not a configuration of its own: %s", e.Fingerprint())
 	}
 }

@@ -89,8 +89,9 @@ import (
 // state saved and resumed: StepSave, StepCheckpoint, Resume; version 7 a cell's
 // value apart from its output: ValueMark; version 8 the native backend: Backend,
 // RootDir, StepExec; version 9 the tools channel: ToolsFD, StepToolCall,
-// StepToolAnswer).
-const Version = 9
+// StepToolAnswer; version 10 the epochless module of a run: EpochlessModulePath,
+// Enforcement.Engine).
+const Version = 10
 
 // Step is a frame's place in the exchange (see the package doc).
 type Step string

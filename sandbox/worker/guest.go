@@ -38,6 +38,9 @@ func runGuest(req *protocol.Request, env *Env) protocol.Report {
 		rep := report(out)
 		env.withDisplays(&rep)
 		env.reply.deliver(rep, false)
+		if !env.reply.ok {
+			os.Exit(1) // as Serve: the exchange failed
+		}
 		os.Exit(0)
 	}
 	rep := report(env.Engine.Run(env.Module, spec))

@@ -153,7 +153,8 @@ type Options struct {
 	// MaxBodyBytes bounds a request body (413 above it).
 	MaxBodyBytes int64
 	// Module returns the interpreter of a wasm job with or without fuel: a Request
-	// with ModulePath, EpochlessModulePath and LibDir set (selftest's Interpreter).
+	// with ModulePath and LibDir set, and without fuel EpochlessModulePath
+	// (selftest's Interpreter).
 	Module func(fuel bool) (protocol.Request, error)
 	// Native returns the verified native root for a run on the native backend, or
 	// why there is none; nil means the backend is not offered.

@@ -542,7 +542,8 @@ func (d *Daemon) prepareSession(req *protocol.Request) error {
 	if err != nil {
 		return err
 	}
-	req.ModulePath, req.LibDir, req.Hardening = interp.ModulePath, interp.LibDir, pol.Hardening(req.Limits)
+	// A session runs ModulePath only: no run's module is kept in its request.
+	req.ModulePath, req.EpochlessModulePath, req.LibDir, req.Hardening = interp.ModulePath, "", interp.LibDir, pol.Hardening(req.Limits)
 	return nil
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/sandbox/engine"
+	"github.com/sandcell/sandcell/sandbox/protocol"
 	"github.com/sandcell/sandcell/supervisor/selftest"
 )
 
@@ -185,7 +186,7 @@ func (d *Daemon) makeGeneration(ctx context.Context, root string) (*generation, 
 }
 
 // roomForGeneration refuses to make a generation unless the file system of root has
-// room for twice the modules in force (150 MiB: as much again as a generation
+// room for twice the modules in force (about 220 MiB: as much again as a generation
 // needs), so that a compile never fills the disk that runs, sessions and the audit
 // log write to.
 func (d *Daemon) roomForGeneration(root string) error {
@@ -205,21 +206,27 @@ func (d *Daemon) roomForGeneration(root string) error {
 	return nil
 }
 
-// canary runs the light canary with g's plain module and lib.
+// canary runs the light canary as a run does, with g's epochless module, and with
+// g's plain module (the sessions'), each with lib.
 func (d *Daemon) canary(g *generation, lib string) error {
 	pol, err := d.cfg.Load().Policy()
 	if err != nil {
 		return err
 	}
-	interp := (&selftest.Report{Modules: g.modules, LibDir: lib}).Interpreter(false)
-	if err := selftest.Light(d.bg, selftest.Options{Policy: pol, Spawner: d.sp, WorkDir: d.canaryW}, interp); err != nil {
-		return fmt.Errorf("canary: %w", err)
+	o := selftest.Options{Policy: pol, Spawner: d.sp, WorkDir: d.canaryW}
+	for _, interp := range []protocol.Request{
+		(&selftest.Report{Modules: g.modules, LibDir: lib}).Interpreter(false),
+		{ModulePath: g.modules[engine.Plain], LibDir: lib},
+	} {
+		if err := selftest.Light(d.bg, o, interp); err != nil {
+			return fmt.Errorf("canary: %w", err)
+		}
 	}
 	return nil
 }
 
-// adopt makes g's modules those of new runs, sessions and warm workers, after a
-// canary passes with g's plain module, and forgets the sealed copies of every other
+// adopt makes g's modules those of new runs, sessions and warm workers, after its
+// canaries pass, and forgets the sealed copies of every other
 // module (a run queued before still finds its module's file: see rotateHashSecret).
 // It refuses once the daemon is stopping.
 func (d *Daemon) adopt(g *generation) error {

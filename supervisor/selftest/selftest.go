@@ -391,7 +391,7 @@ func (r *Report) Interpreter(fuel bool) protocol.Request {
 	if fuel {
 		return protocol.Request{ModulePath: r.Modules[engine.Fuel], LibDir: r.LibDir}
 	}
-	return protocol.Request{ModulePath: r.Modules[engine.Plain], EpochlessModulePath: r.Modules[engine.NoEpoch], LibDir: r.LibDir}
+	return protocol.Request{ModulePath: r.Modules[engine.Plain], EpochlessModulePath: r.Modules[engine.Epochless], LibDir: r.LibDir}
 }
 
 // runCanary runs program as a run of interp's interpreter (see Interpreter).

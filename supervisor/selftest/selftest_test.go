@@ -59,7 +59,7 @@ func TestPasses(t *testing.T) {
 		t.Fatalf("slow %v, contract %+v", slow, r.Enforcement)
 	}
 	// The canary is a run as the daemon's runs are: on the epochless engine.
-	if r.Enforcement.Engine != string(engine.NoEpoch) {
+	if r.Enforcement.Engine != string(engine.Epochless) {
 		t.Fatalf("the canary ran on the %q engine", r.Enforcement.Engine)
 	}
 	if err := Light(context.Background(), o, r.Interpreter(false)); err != nil {
