@@ -44,6 +44,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandcell/sandcell/bench/harness"
+	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
@@ -59,6 +60,10 @@ type system struct {
 	daemon  *daemon // the daemon serving the runs, or nil
 	// also is another long-lived process whose CPU counts (`sandcell mcp`), or nil.
 	also *exec.Cmd
+	// wait, if set, is called after the row's runs, before its CPU is read (until
+	// the work its runs left in the background is done).
+	wait   func()
+	native bool // runs on the native backend (the note gives its warm workers)
 }
 
 type row struct {
@@ -176,7 +181,7 @@ func run(o options) error {
 			prepare: warm.waitFull},
 		system{name: "sandcell API, cold worker per run", run: cold.run, daemon: cold})
 	if o.main {
-		if err := mainTable(systems, warm, n, dur, bin, python); err != nil {
+		if err := mainTable(systems, warm, cold, o.bundleDir, n, dur, bin, python); err != nil {
 			return err
 		}
 	}
@@ -197,8 +202,9 @@ func run(o options) error {
 }
 
 // mainTable measures and prints the first table (systems, then the MCP tool against
-// the warm daemon), then the CPU-bound program.
-func mainTable(systems []system, warm *daemon, n int, dur time.Duration, bin, python string) error {
+// the warm daemon, then the native backend through both daemons), then the CPU-bound
+// program.
+func mainTable(systems []system, warm, cold *daemon, bundleDir string, n int, dur time.Duration, bin, python string) error {
 	// The MCP tool run_python against the warm daemon, as an agent host calls it:
 	// over `sandcell mcp` (stdio) and over the daemon's /mcp (streamable HTTP).
 	for _, transport := range []string{"stdio", "http"} {
@@ -211,12 +217,20 @@ func mainTable(systems []system, warm *daemon, n int, dur time.Duration, bin, py
 			daemon: warm, prepare: warm.waitFull, also: m.cmd})
 	}
 
+	// Last, so that the warm native workers they leave (prepared in the background
+	// after each native run) spend no CPU in the rows of the wasm backend.
+	native, err := nativeSystems(bundleDir, warm, cold)
+	if err != nil {
+		return err
+	}
+	systems = append(systems, native...)
+
 	var rows []row
 	for _, s := range systems {
 		fmt.Fprintf(os.Stderr, "bench: %s\n", s.name)
 		var before time.Duration
 		if s.daemon != nil {
-			before = procCPU(s.daemon.Pid())
+			before = treeCPU(s.daemon.Pid())
 		}
 		if s.also != nil {
 			before += procCPU(s.also.Process.Pid)
@@ -226,10 +240,14 @@ func mainTable(systems []system, warm *daemon, n int, dur time.Duration, bin, py
 			return err
 		}
 		if s.daemon != nil {
-			// Daemon and its workers (reaped children count in cutime/cstime), over the
-			// sequential runs and the throughput runs.
+			// Daemon and its workers, over the sequential runs and the throughput
+			// runs: the reaped ones (cutime/cstime) and those alive at either end (the
+			// idle warm workers, whose start counts in the row that made them).
 			pid := s.daemon.Pid()
-			after := procCPU(pid)
+			if s.wait != nil {
+				s.wait()
+			}
+			after := treeCPU(pid)
 			if s.also != nil {
 				after += procCPU(s.also.Process.Pid)
 			}
@@ -245,11 +263,56 @@ func mainTable(systems []system, warm *daemon, n int, dur time.Duration, bin, py
 				}
 				r.row.note += fmt.Sprintf("; %d warm, %d cold (pool empty)", st.Hits, st.Misses)
 			}
+			if s.native {
+				w, _ := s.daemon.NativeWarm()
+				r.row.note += fmt.Sprintf("; native: %d warm, %d cold", w.Hits, w.Misses)
+			}
 		}
 		rows = append(rows, r.row)
 	}
 	print(rows)
 	return cpuBound(bin, python)
+}
+
+// nativeSystems are the native backend's rows: print(6*7) with "backend": "native"
+// in a workspace of each daemon, the warm one keeping warm native workers
+// (native.warm 2, each with numpy, pandas and matplotlib imported before its run),
+// the cold one none. None when the bundle has no native root.
+func nativeSystems(bundleDir string, warm, cold *daemon) ([]system, error) {
+	if _, err := os.Stat(filepath.Join(bundleDir, bundle.NativeDir, bundle.NativeRootDir, "usr/bin/python3.13")); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: no native rows (no native root in %s: run make bundle)\n", bundleDir)
+		return nil, nil
+	}
+	var out []system
+	for _, d := range []*daemon{warm, cold} {
+		w, err := d.Client.CreateWorkspace(context.Background())
+		if err != nil {
+			return nil, fmt.Errorf("create a workspace: %w", err)
+		}
+		s := system{name: "sandcell API native, cold worker per run", daemon: d, native: true, run: d.nativeRun(w.ID)}
+		if d == warm {
+			// Latency is of a warm native worker: each sequential run waits, untimed,
+			// until the one its previous run left is ready; the throughput rows do
+			// not wait. Its CPU includes preparing the workers left at the end.
+			s.name, s.prepare, s.wait = "sandcell API native, warm worker", d.waitNativeWarm, d.waitNativeWarm
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// nativeRun is print(6*7) on the native backend in workspace ws.
+func (d *daemon) nativeRun(ws string) func() (time.Duration, int64, error) {
+	return func() (time.Duration, int64, error) {
+		v, err := d.Client.Run(context.Background(), wire.RunRequest{Code: program, Backend: "native", Workspace: ws})
+		if err != nil {
+			return 0, 0, err
+		}
+		if v.Result == nil || string(v.Result.Stdout) != "42\n" {
+			return 0, 0, fmt.Errorf("API native run: %+v", v.Result)
+		}
+		return 0, 0, nil
+	}
 }
 
 // mcpClient is an MCP session (the official Go SDK's client) with a daemon.
@@ -445,7 +508,7 @@ func cpuBound(bin, python string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\n%s: native python3 %.0f ms, sandcell run %.0f ms (%.1fx; epoch interruption on)\n",
+	fmt.Printf("\n%s: native python3 %.0f ms, sandcell run %.0f ms (%.1fx; the engine without epoch interruption, as every run)\n",
 		code, float64(nat.Milliseconds()), float64(sc.Milliseconds()), float64(sc)/float64(nat))
 	return nil
 }
@@ -454,6 +517,16 @@ func childrenCPU() time.Duration {
 	var ru syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// treeCPU is the CPU time of pid, its reaped children and, recursively, its living
+// ones (procCPU of each).
+func treeCPU(pid int) time.Duration {
+	t := procCPU(pid)
+	for _, c := range harness.Children(pid) {
+		t += treeCPU(c)
+	}
+	return t
 }
 
 // procCPU is the CPU time of pid and its reaped children (proc(5), /proc/PID/stat

@@ -56,8 +56,8 @@ func waitNativeIdle(t *testing.T, sp *sandbox.Spawner, n int) {
 // with every layer in force, its own stdin, arguments and CPU limit (counted from
 // the claim: the imports are not charged to it), the warning filters its imports
 // installed (numpy's), and its workspace's own module where one shadows a module
-// the worker imported. A run elsewhere, or under another
-// policy, starts cold.
+// the worker imported. The imports' objects are frozen (gc.freeze), the program's
+// are not. A run elsewhere, or under another policy, starts cold.
 func TestNativeWarm(t *testing.T) {
 	t.Parallel()
 	sp := warmNativeSpawner(t)
@@ -89,17 +89,28 @@ print(pd.DataFrame({"a": [1, 2]}).sum().iloc[0], any("size changed" in str(f[1])
 open("warm.txt", "w").write("w")
 import matplotlib.pyplot as plt
 plt.plot([1, 2])
+import gc
+print(gc.get_freeze_count() > 10_000)
+class Cycle: pass
+c = Cycle(); c.me, c.f = c, open("cycle.txt", "w")
+c.f.write("flushed at exit")
 `)
 	req.Args, req.Stdin = []string{"x y"}, []byte("in")
 	req.Limits.CPUMS = 10_000
 	req.Hardening = policy.Default().NativeHardening(req.Limits)
 	res = run(req)
-	wantOutput(t, res, "True ['-c', 'x y'] in /ws\n1 True\nTrue True\n3 True\n")
+	wantOutput(t, res, "True ['-c', 'x y'] in /ws\n1 True\nTrue True\n3 True\nTrue\n")
 	if st := sp.NativeWarmStats(); st.Hits != 1 {
 		t.Fatalf("not served warm: %+v", st)
 	}
 	if b, err := os.ReadFile(filepath.Join(ws, "warm.txt")); err != nil || string(b) != "w" {
 		t.Fatalf("warm.txt: %q %v", b, err)
+	}
+	// The imports' objects are frozen (the collector and the finalization at the
+	// end skip them), the program's are not: a file in a cycle of its own is still
+	// flushed when the interpreter ends.
+	if b, err := os.ReadFile(filepath.Join(ws, "cycle.txt")); err != nil || string(b) != "flushed at exit" {
+		t.Fatalf("cycle.txt: %q %v", b, err)
 	}
 	if len(res.Displays) != 1 || res.Displays[0].Type != "image/png" {
 		t.Fatalf("displays %+v %v", res.Displays, res.Diagnostics)

@@ -284,19 +284,32 @@ func (d *Daemon) Pool() (sandbox.PoolStats, error) {
 	return info.Pool, err
 }
 
+// NativeWarm returns the daemon's warm native workers as GET /v1/info shows them
+// (backends.native.warm).
+func (d *Daemon) NativeWarm() (sandbox.NativeWarmStats, error) {
+	var info struct {
+		Backends map[string]struct{ Warm sandbox.NativeWarmStats }
+	}
+	st, b, err := Get(context.Background(), d.HTTP, "/v1/info")
+	if err == nil && st != http.StatusOK {
+		err = fmt.Errorf("GET /v1/info: %d", st)
+	}
+	if err == nil {
+		err = json.Unmarshal(b, &info)
+	}
+	return info.Backends["native"].Warm, err
+}
+
 // WaitNativeWarm waits until the daemon holds a warm native worker (GET /v1/info,
 // backends.native.warm.idle), at most timeout.
 func (d *Daemon) WaitNativeWarm(timeout time.Duration) error {
 	for deadline := time.Now().Add(timeout); ; time.Sleep(5 * time.Millisecond) {
-		var info struct {
-			Backends map[string]struct{ Warm sandbox.NativeWarmStats }
-		}
-		st, b, err := Get(context.Background(), d.HTTP, "/v1/info")
-		if err == nil && st == http.StatusOK && json.Unmarshal(b, &info) == nil && info.Backends["native"].Warm.Idle > 0 {
+		w, err := d.NativeWarm()
+		if err == nil && w.Idle > 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("no warm native worker within %s: %+v %v", timeout, info.Backends["native"].Warm, err)
+			return fmt.Errorf("no warm native worker within %s: %+v %v", timeout, w, err)
 		}
 	}
 }
