@@ -180,6 +180,8 @@ def _sandcell_preimport(names):
     # interpreter's finalization at its end walk it (a run's end after numpy, pandas
     # and matplotlib.pyplot: about 190 ms of finalization without this, 35 with).
     # Only the imports' objects are frozen: the program's are collected as ever.
+    # (gc.get_objects() no longer lists the frozen ones, as in the wasm snapshot:
+    # docs/operator.md says so.)
     import gc
     gc.collect()
     gc.freeze()
