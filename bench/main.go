@@ -254,7 +254,7 @@ func mainTable(systems []system, warm, cold *daemon, bundleDir string, n int, du
 			r.row.cpu = (after - before) / time.Duration(max(r.runs, 1))
 			rss, pss := smapsRollup(pid)
 			r.row.note = fmt.Sprintf("daemon RSS %d MiB, PSS %d MiB", rss>>10, pss>>10)
-			if s.daemon == warm {
+			if s.daemon == warm && !s.native { // (a native row's idle workers are of both kinds)
 				s.daemon.waitFull()
 				st, _ := s.daemon.Pool()
 				wrss, wpss, nw := children(pid)
@@ -379,10 +379,13 @@ func (d *daemon) run() (time.Duration, int64, error) {
 // waitFull waits (up to 10 s) until every worker of the pool is idle.
 func (d *daemon) waitFull() { d.WaitPoolFull(10 * time.Second) }
 
-// waitNativeWarm waits until the daemon holds a warm native worker.
+// waitNativeWarm waits until the daemon holds a warm native worker; after 60 s the
+// bench ends with the daemon's last error (a row would otherwise wait a minute
+// before each of its runs). Its daemons end with it (harness.Start: Pdeathsig).
 func (d *daemon) waitNativeWarm() {
 	if err := d.WaitNativeWarm(60 * time.Second); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
 	}
 }
 
@@ -520,7 +523,8 @@ func childrenCPU() time.Duration {
 }
 
 // treeCPU is the CPU time of pid, its reaped children and, recursively, its living
-// ones (procCPU of each).
+// ones (procCPU of each). A child reaped between the read of its parent and the
+// listing of the children counts in neither: a row may miss one worker's CPU.
 func treeCPU(pid int) time.Duration {
 	t := procCPU(pid)
 	for _, c := range harness.Children(pid) {

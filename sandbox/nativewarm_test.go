@@ -57,7 +57,8 @@ func waitNativeIdle(t *testing.T, sp *sandbox.Spawner, n int) {
 // the claim: the imports are not charged to it), the warning filters its imports
 // installed (numpy's), and its workspace's own module where one shadows a module
 // the worker imported. The imports' objects are frozen (gc.freeze), the program's
-// are not. A run elsewhere, or under another policy, starts cold.
+// are not, and its files are flushed at the end even where only a frozen object
+// holds one. A run elsewhere, or under another policy, starts cold.
 func TestNativeWarm(t *testing.T) {
 	t.Parallel()
 	sp := warmNativeSpawner(t)
@@ -94,6 +95,8 @@ print(gc.get_freeze_count() > 10_000)
 class Cycle: pass
 c = Cycle(); c.me, c.f = c, open("cycle.txt", "w")
 c.f.write("flushed at exit")
+pd.DataFrame.f = open("hung.txt", "w")
+pd.DataFrame.f.write("held by a frozen class")
 `)
 	req.Args, req.Stdin = []string{"x y"}, []byte("in")
 	req.Limits.CPUMS = 10_000
@@ -111,6 +114,10 @@ c.f.write("flushed at exit")
 	// flushed when the interpreter ends.
 	if b, err := os.ReadFile(filepath.Join(ws, "cycle.txt")); err != nil || string(b) != "flushed at exit" {
 		t.Fatalf("cycle.txt: %q %v", b, err)
+	}
+	// A file only a frozen object holds (a class of an import's) is flushed too.
+	if b, err := os.ReadFile(filepath.Join(ws, "hung.txt")); err != nil || string(b) != "held by a frozen class" {
+		t.Fatalf("hung.txt: %q %v", b, err)
 	}
 	if len(res.Displays) != 1 || res.Displays[0].Type != "image/png" {
 		t.Fatalf("displays %+v %v", res.Displays, res.Diagnostics)

@@ -160,6 +160,17 @@ def _sandcell_preimport(names):
                 importlib.import_module(name)
             except Exception:
                 pass
+        # What the imports made lives as long as the interpreter: the collector
+        # leaves it alone from now on, so that neither the program's collections
+        # nor the interpreter's finalization at its end walk it (a run's end after
+        # numpy, pandas and matplotlib.pyplot: about 190 ms of finalization without
+        # this, 35 with). Only the imports' objects are frozen: the program's are
+        # collected as ever. Collected here, while the imports' output is still
+        # discarded. (gc.get_objects() and gc.get_referrers() no longer see the
+        # frozen ones, as in the wasm snapshot: docs/operator.md says so.)
+        import gc
+        gc.collect()
+        gc.freeze()
     finally:
         try:
             warnings.filters.remove(quiet)
@@ -175,16 +186,40 @@ def _sandcell_preimport(names):
         os.dup2(saved[1], 2)
         for fd in (null,) + saved:
             os.close(fd)
-    # What the imports made lives as long as the interpreter: the collector leaves
-    # it alone from now on, so that neither the program's collections nor the
-    # interpreter's finalization at its end walk it (a run's end after numpy, pandas
-    # and matplotlib.pyplot: about 190 ms of finalization without this, 35 with).
-    # Only the imports' objects are frozen: the program's are collected as ever.
-    # (gc.get_objects() no longer lists the frozen ones, as in the wasm snapshot:
-    # docs/operator.md says so.)
+    _sandcell_flush_at_exit()
+
+
+def _sandcell_flush_at_exit():
+    # A file the program leaves open is flushed when the interpreter ends, as under
+    # a plain python3, even where only a frozen object (an imported class, a cache
+    # of a library's) still holds it: the collector never frees those, so the file
+    # would be lost unflushed. This handler is registered before the program runs,
+    # so it runs after the program's own; it flushes, and closes nothing, so the
+    # finalizers that run after it can still write. gc.get_objects() lists no
+    # frozen object: this walks what the program made.
+    import atexit
     import gc
-    gc.collect()
-    gc.freeze()
+    import io
+    get_objects, kinds = gc.get_objects, (io.TextIOBase, io.BufferedIOBase)
+
+    def flush_files():
+        try:
+            found = ([], [])
+            for o in get_objects():
+                for i, kind in enumerate(kinds):
+                    if issubclass(type(o), kind):
+                        found[i].append(o)
+                        break
+            for layer in found:  # text layers first: they write into the buffers
+                for f in layer:
+                    try:
+                        if not f.closed and f.writable():
+                            f.flush()
+                    except BaseException:
+                        pass
+        except BaseException:
+            pass
+    atexit.register(flush_files)
 
 
 def _sandcell_unshadow(entry):
