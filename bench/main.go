@@ -26,6 +26,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -44,7 +45,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/sandcell/sandcell/bench/harness"
-	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
@@ -279,7 +279,7 @@ func mainTable(systems []system, warm, cold *daemon, bundleDir string, n int, du
 // (native.warm 2, each with numpy, pandas and matplotlib imported before its run),
 // the cold one none. None when the bundle has no native root.
 func nativeSystems(bundleDir string, warm, cold *daemon) ([]system, error) {
-	if _, err := os.Stat(filepath.Join(bundleDir, bundle.NativeDir, bundle.NativeRootDir, "usr/bin/python3.13")); err != nil {
+	if _, ok := nativeRoot(bundleDir); !ok {
 		fmt.Fprintf(os.Stderr, "bench: no native rows (no native root in %s: run make bundle)\n", bundleDir)
 		return nil, nil
 	}
@@ -289,7 +289,8 @@ func nativeSystems(bundleDir string, warm, cold *daemon) ([]system, error) {
 		if err != nil {
 			return nil, fmt.Errorf("create a workspace: %w", err)
 		}
-		s := system{name: "sandcell API native, cold worker per run", daemon: d, native: true, run: d.nativeRun(w.ID)}
+		s := system{name: "sandcell API native, cold worker per run", daemon: d, native: true,
+			run: d.runOf(wire.RunRequest{Code: program, Backend: "native", Workspace: w.ID})}
 		if d == warm {
 			// Latency is of a warm native worker: each sequential run waits, untimed,
 			// until the one its previous run left is ready; the throughput rows do
@@ -299,20 +300,6 @@ func nativeSystems(bundleDir string, warm, cold *daemon) ([]system, error) {
 		out = append(out, s)
 	}
 	return out, nil
-}
-
-// nativeRun is print(6*7) on the native backend in workspace ws.
-func (d *daemon) nativeRun(ws string) func() (time.Duration, int64, error) {
-	return func() (time.Duration, int64, error) {
-		v, err := d.Client.Run(context.Background(), wire.RunRequest{Code: program, Backend: "native", Workspace: ws})
-		if err != nil {
-			return 0, 0, err
-		}
-		if v.Result == nil || string(v.Result.Stdout) != "42\n" {
-			return 0, 0, fmt.Errorf("API native run: %+v", v.Result)
-		}
-		return 0, 0, nil
-	}
 }
 
 // mcpClient is an MCP session (the official Go SDK's client) with a daemon.
@@ -366,14 +353,21 @@ func startDaemon(bin, dir string, env ...string) (*daemon, error) {
 func (d *daemon) stop() { d.Stop() }
 
 func (d *daemon) run() (time.Duration, int64, error) {
-	v, err := d.Client.Run(context.Background(), wire.RunRequest{Code: program})
-	if err != nil {
-		return 0, 0, err
+	return d.runOf(wire.RunRequest{Code: program})()
+}
+
+// runOf is a system's run of req (print(6*7)) through the daemon's API.
+func (d *daemon) runOf(req wire.RunRequest) func() (time.Duration, int64, error) {
+	return func() (time.Duration, int64, error) {
+		v, err := d.Client.Run(context.Background(), req)
+		if err != nil {
+			return 0, 0, err
+		}
+		if v.Result == nil || string(v.Result.Stdout) != "42\n" {
+			return 0, 0, fmt.Errorf("API run (%s backend): %+v", cmp.Or(req.Backend, "wasm"), v.Result)
+		}
+		return 0, 0, nil
 	}
-	if v.Result == nil || string(v.Result.Stdout) != "42\n" {
-		return 0, 0, fmt.Errorf("API run: %+v", v.Result)
-	}
-	return 0, 0, nil
 }
 
 // waitFull waits (up to 10 s) until every worker of the pool is idle.

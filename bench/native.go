@@ -106,13 +106,21 @@ func p50(ds []time.Duration) time.Duration {
 	return s[(len(s)-1)/2]
 }
 
+// nativeRoot is the bundle's native root and whether it holds its python3.13 (it
+// does once `make bundle` has built it).
+func nativeRoot(bundleDir string) (string, bool) {
+	rootfs := filepath.Join(bundleDir, bundle.NativeDir, bundle.NativeRootDir)
+	_, err := os.Stat(filepath.Join(rootfs, "usr/bin/python3.13"))
+	return rootfs, err == nil
+}
+
 // nativeTable measures and prints the native backend's table. warm is the daemon
 // (warm pool) whose API the sandbox rows use; dir a scratch directory.
 func nativeTable(bin, bundleDir string, warm, cold *daemon, dir string, n, startupN int) error {
 	began, loadBefore := time.Now(), loadavg()
 	n, startupN = max(n, 1), max(startupN, 1)
-	rootfs := filepath.Join(bundleDir, bundle.NativeDir, bundle.NativeRootDir)
-	if _, err := os.Stat(filepath.Join(rootfs, "usr/bin/python3.13")); err != nil {
+	rootfs, ok := nativeRoot(bundleDir)
+	if !ok {
 		fmt.Printf("\nThe native backend: skipped (no native root in %s: run make bundle)\n", bundleDir)
 		return nil
 	}

@@ -27,7 +27,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/sandcell/sandcell/bundle"
 	"github.com/sandcell/sandcell/supervisor/wire"
 )
 
@@ -89,8 +88,8 @@ func pythonTable(bundleDir string, warm *daemon, dir string, rounds, repeats int
 	if only != "" {
 		bodies = slices.DeleteFunc(bodies, func(b pythonBody) bool { return !slices.Contains(strings.Split(only, ","), b.name) })
 	}
-	rootfs := filepath.Join(bundleDir, bundle.NativeDir, bundle.NativeRootDir)
-	if _, err := os.Stat(filepath.Join(rootfs, "usr/bin/python3.13")); err != nil {
+	rootfs, ok := nativeRoot(bundleDir)
+	if !ok {
 		fmt.Printf("\nThe guest's speed: skipped (no native root, whose CPython 3.13 is the reference, in %s: run make bundle)\n", bundleDir)
 		return nil
 	}
