@@ -194,26 +194,39 @@ def _sandcell_flush_at_exit():
     # a plain python3, even where only a frozen object (an imported class, a cache
     # of a library's) still holds it: the collector never frees those, so the file
     # would be lost unflushed. This handler is registered before the program runs,
-    # so it runs after the program's own; it flushes, and closes nothing, so the
-    # finalizers that run after it can still write. gc.get_objects() lists no
-    # frozen object: this walks what the program made.
+    # so it runs after the program's own. It flushes the standard streams first
+    # (they are frozen, and flushed by the interpreter only after the exit
+    # handlers: a program that makes this handler hang keeps its output), then the
+    # files open() made (text layers first: they write into the buffers), matched
+    # by exact type with functions bound now, so no method or class of the
+    # program's runs here. It closes nothing; what a finalizer writes later to a
+    # file only a frozen object holds is lost (docs/operator.md). gc.get_objects()
+    # lists no frozen object: this walks what the program made.
     import atexit
     import gc
     import io
-    get_objects, kinds = gc.get_objects, (io.TextIOBase, io.BufferedIOBase)
+    import sys
+    get_objects, exact, streams = gc.get_objects, type, (sys.__stdout__, sys.__stderr__)
+    layers = ((io.TextIOWrapper,), (io.BufferedWriter, io.BufferedRandom))
 
     def flush_files():
+        for f in streams:
+            try:
+                f.flush()
+            except BaseException:
+                pass
         try:
             found = ([], [])
             for o in get_objects():
-                for i, kind in enumerate(kinds):
-                    if issubclass(type(o), kind):
+                t = exact(o)
+                for i, kinds in enumerate(layers):
+                    if t in kinds:
                         found[i].append(o)
                         break
-            for layer in found:  # text layers first: they write into the buffers
+            for layer in found:
                 for f in layer:
                     try:
-                        if not f.closed and f.writable():
+                        if not f.closed:
                             f.flush()
                     except BaseException:
                         pass
