@@ -1041,6 +1041,40 @@ time.sleep(30)`, Limits: protocol.Limits{TimeoutMS: 1000, MaxStdoutBytes: 1 << 2
 	}
 }
 
+// Signals through a checkpoint's fork still leave the cell its checkpoint: one
+// that interrupts the wait for the daemon's answer takes the approval back
+// (undelivered), and one pending as the approved fork starts restarts the call,
+// which asks again (allow; rare here, TestForkRestartPasses has its answers). With
+// a timer signal every 20 µs, every cell that runs out of time is rolled back. (A
+// forked checkpoint has no timer: each rolled-back cell's state arms it again.)
+func TestNativeSessionCheckpointUnderSignals(t *testing.T) {
+	t.Parallel()
+	ss := openNativeSession(t)
+	lim := protocol.Limits{TimeoutMS: 5000, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}
+	arm := `import signal, time
+ticks = 0
+def tick(*_):
+    global ticks
+    ticks += 1
+signal.signal(signal.SIGALRM, tick)
+signal.setitimer(signal.ITIMER_REAL, 0.00002, 0.00002)`
+	for i := range 8 {
+		c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: arm})
+		if err != nil || c.Reason != protocol.Exited || c.ExitCode != 0 {
+			t.Fatalf("round %d, arming the timer: %v %+v %s", i, err, c.Result, c.Stderr)
+		}
+		c, err = ss.Run(context.Background(), protocol.Request{Code: "time.sleep(30)",
+			Limits: protocol.Limits{TimeoutMS: 300, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}})
+		if err != nil || c.Reason != protocol.Timeout || !c.RolledBack {
+			t.Fatalf("round %d, a cell out of time under the timer's signals: %v %+v rolled back %v %s", i, err, c.Result, c.RolledBack, c.Diagnostics)
+		}
+	}
+	c, err := ss.Run(context.Background(), protocol.Request{Limits: lim, Code: "print(type(ticks).__name__)"})
+	if err != nil || string(c.Stdout) != "int\n" {
+		t.Fatalf("after the rounds: %v %+v %q %s", err, c.Result, c.Stdout, c.Stderr)
+	}
+}
+
 // An interpreter that a cell's thread ends just after the cell's report is never
 // taken for a live one: that cell is rolled back (its checkpoint carries on), or,
 // if it ended after the daemon looked, the next cell finds the session lost and
