@@ -22,8 +22,8 @@ import (
 // (SIGSTOP) and is continued only to carry on as the interpreter when the cell is
 // rolled back (the daemon ends the interpreter). The guest may start no process:
 // its filter asks the daemon about every new process (seccomp.WithCheckpoints), and
-// allow lets one fork through (and its restarts), from the interpreter's main
-// thread, with glibc's fork's flags, while a window is open: at the session's open (pid 1's fork of the
+// allow lets one fork through, from the interpreter's main thread, with glibc's
+// fork's flags, while a window is open: at the session's open (pid 1's fork of the
 // interpreter) and between a cell's frame and its ack (the checkpoint's). Any other
 // is EPERM, as without checkpoints. Guest code can still run on the main thread in
 // the window (an os.register_at_fork hook, a signal handler), and the checkpoint is
@@ -44,7 +44,6 @@ type forks struct {
 	keptLost string // why the cell's checkpoint was ended, if it was
 	open     bool   // one fork may pass
 	forked   bool   // the window's fork passed
-	restarts int    // the window's fork asked again since it passed (see allow)
 	refused  int    // calls refused since refusedAt
 	since    time.Time
 }
@@ -64,29 +63,18 @@ func superviseForks(l *os.File, reaper int, open bool) *forks {
 // which no limit of the guest's counts; past it, each answer waits.
 const refusalsPerSecond = 200
 
-// maxForkRestarts bounds how often one window's fork may ask again (see allow).
-const maxForkRestarts = 8
-
-// allow answers one call the filter asks about: the window's fork passes once, and
-// again only as a restart. A signal pending while the approved fork runs makes the
-// kernel give up before it makes a child (ERESTARTNOINTR) and restart the call,
-// which asks again; refusing that would leave the cell without a checkpoint. So a
-// repeat from the same thread in the same window passes while that thread's process
-// has no child at all, living or not reaped, and at most maxForkRestarts times: a
-// fork that made its child is never followed by a second process beside it.
+// allow answers one call the filter asks about: the window's fork passes, once.
+// A signal pending as the approved fork starts makes the kernel restart the call
+// before it makes a child (ERESTARTNOINTR), and the restart asks again: it is
+// refused, and that cell has no checkpoint. Nothing the daemon can read tells a
+// restart from a second fork whose child has already been reaped (and whose CPU
+// time no count of the session's would then hold), so none passes.
 func (f *forks) allow(c unotify.Call) bool {
 	f.mu.Lock()
-	if c.TID == f.interp && unotify.CheckpointFork(c) {
-		switch {
-		case f.open:
-			f.open, f.forked, f.restarts = false, true, 0
-			f.mu.Unlock()
-			return true
-		case f.forked && f.restarts < maxForkRestarts && childless(c.TID):
-			f.restarts++
-			f.mu.Unlock()
-			return true
-		}
+	if f.open && c.TID == f.interp && unotify.CheckpointFork(c) {
+		f.open, f.forked = false, true
+		f.mu.Unlock()
+		return true
 	}
 	if now := time.Now(); now.Sub(f.since) > time.Second {
 		f.refused, f.since = 0, now
@@ -315,13 +303,6 @@ func processState(pid int) byte {
 	return 0
 }
 
-// childless says process pid has no child, living or not reaped; false when that
-// cannot be read.
-func childless(pid int) bool {
-	kids, err := children(pid)
-	return err == nil && len(kids) == 0
-}
-
 // errSessionEnded is livingChildren's error for a pid 1 that has ended (its
 // children cannot be read): the session's worker is gone.
 var errSessionEnded = errors.New("the session's worker has ended")
@@ -333,10 +314,24 @@ func livingChildren(pid int) ([]int, error) {
 	if err != nil {
 		return nil, errSessionEnded
 	}
-	return slices.DeleteFunc(kids, func(k int) bool {
-		st := processState(k)
-		return st == 0 || st == 'Z' || st == 'X'
-	}), nil
+	return slices.DeleteFunc(kids, func(k int) bool { return !living(k) }), nil
+}
+
+// living says process pid has a thread that has not exited. Its main thread's
+// state alone would not tell: a process whose main thread has exited shows as a
+// zombie (Z) while its other threads run on.
+func living(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return false // gone, and reaped
+	}
+	for _, t := range tasks {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name()))
+		if i := bytes.LastIndexByte(st, ')'); err == nil && i >= 0 && i+2 < len(st) && st[i+2] != 'Z' && st[i+2] != 'X' {
+			return true
+		}
+	}
+	return false
 }
 
 // children lists pid's children, living or not reaped (/proc's children list of
