@@ -822,24 +822,9 @@ os.register_at_fork(before=hook)`})
 	}
 	// Between cells, the hook's process is gone: pid 1, the interpreter, and no
 	// other process in the session's pid namespace.
-	var others int
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", ss.PID()))
-		others = 0
-		ents, _ := os.ReadDir("/proc")
-		for _, e := range ents {
-			if l, err := os.Readlink("/proc/" + e.Name() + "/ns/pid"); err == nil && l == ns {
-				if b, _ := os.ReadFile("/proc/" + e.Name() + "/stat"); !bytes.Contains(b, []byte(") Z")) {
-					others++
-				}
-			}
-		}
-		if others <= 2 || time.Now().After(deadline) {
-			break
-		}
-	}
-	if others != 2 {
-		t.Fatalf("%d living processes in the session's pid namespace between cells, want 2 (pid 1, the interpreter)", others)
+	ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", ss.PID()))
+	if living := settled(ns); len(living) != 2 {
+		t.Fatalf("living processes in the session's pid namespace between cells: %v, want 2 (pid 1, the interpreter)", living)
 	}
 	c, err = ss.Run(context.Background(), protocol.Request{Code: "import time; time.sleep(30)",
 		Limits: protocol.Limits{TimeoutMS: 300, MaxStdoutBytes: 1 << 20, MaxStderrBytes: 1 << 20}})
@@ -1066,15 +1051,18 @@ os.register_at_fork(after_in_child=hook)`})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var living []string
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		living = livingIn(ns)
-		if len(living) <= 2 || time.Now().After(deadline) {
-			break
-		}
+	if living := settled(ns); len(living) != 2 {
+		t.Fatalf("living processes in the session's pid namespace between cells: %v, want 2 (pid 1, the interpreter)", living)
 	}
-	if len(living) != 2 {
-		t.Fatalf("processes with a living thread in the session's pid namespace between cells: %v, want 2 (pid 1, the interpreter)", living)
+}
+
+// settled is livingIn(ns) once it lists at most 2 processes (pid 1 and the
+// interpreter), or after 5 s.
+func settled(ns string) []string {
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if living := livingIn(ns); len(living) <= 2 || time.Now().After(deadline) {
+			return living
+		}
 	}
 }
 
