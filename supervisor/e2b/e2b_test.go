@@ -91,22 +91,28 @@ func TestCreateRefuses(t *testing.T) {
 	}
 }
 
-// Stdout goes out as it comes, in whole characters and ASCII lines: a chunk ending
-// inside a UTF-8 sequence keeps its last bytes for the next; what was queued is
-// counted, so the answer's messages carry only the rest; past the queue's bound,
-// stdout stops streaming and the rest comes with the answer.
+// Stdout goes out as it comes, in whole lines and ASCII messages: a line's start
+// waits for its end (a print's text and its newline come apart), a long line goes
+// in whole characters (a chunk ending inside a UTF-8 sequence keeps its last bytes
+// for the next); what was queued is counted, so the answer's messages carry only
+// the rest; past the queue's bound, stdout stops streaming and the rest comes with
+// the answer.
 func TestLiveStdout(t *testing.T) {
 	rec := httptest.NewRecorder()
 	l := newLiveStdout(rec)
 	l.output("stderr", []byte("not streamed"))
-	l.output("stdout", []byte("a\xc3"))
-	l.output("stdout", []byte("\xa9b😀"))
-	l.output("stdout", []byte("\xe2\x82"))
+	l.output("stdout", []byte("a"))
+	l.output("stdout", []byte("\n"))
+	l.output("stdout", []byte("\xc3"))
+	l.output("stdout", []byte("\xa9b😀\n\xe2"))
+	l.output("stdout", []byte("\x82\xac"))
+	long := strings.Repeat("é", liveLine/2) // liveLine bytes, no end
+	l.output("stdout", []byte(long+"\xe2"))
 	if !l.finish() {
 		t.Fatal("the stream did not start")
 	}
-	if l.sent != 8 {
-		t.Fatalf("sent %d bytes, want 8 (a, é, b, 😀)", l.sent)
+	if want := len("a\néb😀\n€" + long); l.sent != want {
+		t.Fatalf("sent %d bytes, want %d", l.sent, want)
 	}
 	var texts []string
 	for _, line := range strings.Split(strings.TrimSpace(rec.Body.String()), "\n") {
@@ -121,10 +127,10 @@ func TestLiveStdout(t *testing.T) {
 		}
 		texts = append(texts, m["text"].(string))
 	}
-	if want := []string{"a", "éb😀"}; !slices.Equal(texts, want) {
-		t.Fatalf("messages %q, want %q", texts, want)
+	if want := []string{"a\n", "éb😀\n", "€" + long}; !slices.Equal(texts, want) {
+		t.Fatalf("messages %.80q, want %.80q", texts, want)
 	}
-	full := wire.CellAnswer{Result: protocol.Result{Reason: protocol.Exited, Stdout: []byte("aéb😀€")}}
+	full := wire.CellAnswer{Result: protocol.Result{Reason: protocol.Exited, Stdout: []byte("a\néb😀\n€" + long + "€")}}
 	m := messages(full, "now", l.sent, func(protocol.Display) ([]byte, error) { return nil, nil })
 	if m[0]["type"] != "stdout" || m[0]["text"] != "€" {
 		t.Fatalf("the answer's stdout message %v, want the rest: €", m[0])

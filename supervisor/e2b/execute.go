@@ -1,6 +1,7 @@
 package e2b
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -116,8 +117,13 @@ func (s *Server) execute(w http.ResponseWriter, r *http.Request) {
 // answer's messages. The cell never waits for the client.
 const liveQueue = 1 << 20
 
-// liveStdout writes an execution's messages: stdout as it comes, whole characters
-// only (a chunk's last bytes of an incomplete UTF-8 sequence wait for the next), from
+// liveLine is how much of a line without its end stdout holds before it sends it
+// (in whole characters).
+const liveLine = 64 << 10
+
+// liveStdout writes an execution's messages: stdout as it comes, in whole lines (a
+// line past liveLine bytes in pieces of whole characters: the last bytes of an
+// incomplete UTF-8 sequence wait for the next chunk), from
 // a goroutine of its own fed by the cell's observer through a bounded queue; then,
 // once finish has joined that goroutine, the answer's messages. Every line is ASCII
 // (JSON's \u escapes), so a client that decodes each network read on its own never
@@ -178,6 +184,14 @@ func (l *liveStdout) output(stream string, data []byte) {
 			}
 			break
 		}
+	}
+	// Whole lines, as E2B's code interpreter gives them (its kernel's stream sends
+	// what a flush wrote; a print's text and its newline reach the pipe apart): the
+	// rest of a line waits for its end, or for liveLine bytes of it.
+	if i := bytes.LastIndexByte(l.pending[:n], '\n'); i >= 0 {
+		n = i + 1
+	} else if n < liveLine {
+		n = 0
 	}
 	if n == 0 {
 		return
