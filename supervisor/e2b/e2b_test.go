@@ -136,6 +136,14 @@ func TestLiveStdout(t *testing.T) {
 		t.Fatalf("the answer's stdout message %v, want the rest: €", m[0])
 	}
 
+	// A line's end and a long start of the next in one chunk: both go.
+	tail := newLiveStdout(httptest.NewRecorder())
+	tail.output("stdout", []byte("a\n"+strings.Repeat("b", liveLine)))
+	tail.finish()
+	if tail.sent != 2+liveLine {
+		t.Fatalf("sent %d bytes of a line's end and %d of the next, want all", tail.sent, liveLine)
+	}
+
 	// Nothing printed: nothing started, the status is still the handler's to choose.
 	if quiet := newLiveStdout(httptest.NewRecorder()); quiet.finish() {
 		t.Fatal("a stream with no stdout started")

@@ -187,11 +187,15 @@ func (l *liveStdout) output(stream string, data []byte) {
 	}
 	// Whole lines, as E2B's code interpreter gives them (its kernel's stream sends
 	// what a flush wrote; a print's text and its newline reach the pipe apart): the
-	// rest of a line waits for its end, or for liveLine bytes of it.
-	if i := bytes.LastIndexByte(l.pending[:n], '\n'); i >= 0 {
-		n = i + 1
-	} else if n < liveLine {
-		n = 0
+	// rest of a line waits for its end, or for liveLine bytes of it. What pending
+	// held before data has no newline (it was sent up to its last), so only data
+	// is searched.
+	end := 0 // after the last newline
+	if i := bytes.LastIndexByte(data, '\n'); i >= 0 {
+		end = len(l.pending) - len(data) + i + 1
+	}
+	if n-end < liveLine {
+		n = end
 	}
 	if n == 0 {
 		return
